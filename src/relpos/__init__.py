@@ -1,0 +1,74 @@
+"""relpos: positional encodings for transformers, correct for padded, packed and cached batches.
+
+Every scheme is a function of each token's own position inside its own sequence (a
+:class:`Positions`), never of array indices.
+"""
+
+from . import functional
+from .attention import BACKENDS, KVCache, MultiheadAttention, eager_attention
+from .embedding import TokenPositionEmbedding
+from .models import Transformer, TransformerConfig
+from .positions import PAD_SEGMENT, Positions, resolve_positions
+from .schemes import (
+    SCHEMES,
+    ALiBi,
+    ALiBiConfig,
+    LearnedAbsolute,
+    LearnedAbsoluteConfig,
+    MusicConfig,
+    MusicRelative,
+    NoPE,
+    NoPEConfig,
+    Rotary,
+    RotaryConfig,
+    Scheme,
+    SchemeConfig,
+    ShawConfig,
+    ShawRelative,
+    Sinusoidal,
+    SinusoidalConfig,
+    T5Bias,
+    T5Config,
+    config_from_dict,
+    make_scheme,
+    register,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "BACKENDS",
+    "PAD_SEGMENT",
+    "SCHEMES",
+    "ALiBi",
+    "ALiBiConfig",
+    "KVCache",
+    "LearnedAbsolute",
+    "LearnedAbsoluteConfig",
+    "MultiheadAttention",
+    "MusicConfig",
+    "MusicRelative",
+    "NoPE",
+    "NoPEConfig",
+    "Positions",
+    "Rotary",
+    "RotaryConfig",
+    "Scheme",
+    "SchemeConfig",
+    "ShawConfig",
+    "ShawRelative",
+    "Sinusoidal",
+    "SinusoidalConfig",
+    "T5Bias",
+    "T5Config",
+    "TokenPositionEmbedding",
+    "Transformer",
+    "TransformerConfig",
+    "__version__",
+    "config_from_dict",
+    "eager_attention",
+    "functional",
+    "make_scheme",
+    "register",
+    "resolve_positions",
+]

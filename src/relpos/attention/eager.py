@@ -1,0 +1,54 @@
+"""The eager backend: materialised logits; the reference every other backend is tested against."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from ..positions import Positions
+from ..schemes.base import Scheme
+
+__all__ = ["eager_attention"]
+
+
+def eager_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    scheme: Scheme,
+    q_positions: Positions,
+    k_positions: Positions,
+    *,
+    causal: bool,
+    dropout_p: float = 0.0,
+    training: bool = False,
+) -> Tensor:
+    """Attention with a scheme's score bias and value term, computed in float32.
+
+    ``logits = q·kᵀ/√d + score_bias``; pairs that may not attend (other segment, padding, future
+    keys when causal) are masked; ``out = softmax(logits)·v + value_term``. A query with no key to
+    attend to (padding) gets zeros — not NaN — forward and backward.
+
+    Shapes:
+        q: ``(b, h, i, d)``; k, v: ``(b, h, j, d)`` (already rotated); returns ``(b, h, i, d)`` in
+        ``q``'s dtype.
+    """
+    logits = (q.float() @ k.float().transpose(-1, -2)) / math.sqrt(q.shape[-1])
+    bias = scheme.score_bias(q, q_positions, k_positions)
+    if bias is not None:
+        logits = logits + bias
+    allowed = q_positions.allowed(k_positions, causal=causal).unsqueeze(1)  # (b, 1, i, j)
+    # A finite fill (not -inf) keeps a fully masked row finite: its softmax is uniform, then
+    # zeroed by the mask, and the gradient through it is zero rather than NaN.
+    logits = logits.masked_fill(~allowed, torch.finfo(logits.dtype).min)
+    probs = torch.softmax(logits, dim=-1) * allowed
+    if dropout_p > 0.0 and training:
+        probs = F.dropout(probs, dropout_p)
+    out = probs @ v.float()
+    term = scheme.value_term(probs, q_positions, k_positions)
+    if term is not None:
+        out = out + term
+    return out.to(q.dtype)

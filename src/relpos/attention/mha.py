@@ -1,0 +1,114 @@
+"""Multi-head attention that takes any positional scheme, any masks and an optional KV cache."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import Tensor, nn
+
+from ..positions import Positions, resolve_positions
+from ..schemes.base import Scheme, SchemeConfig, check_int, make_scheme
+from .backends import get_backend
+from .cache import KVCache
+
+__all__ = ["MultiheadAttention"]
+
+
+class MultiheadAttention(nn.Module):
+    """Multi-head self-attention with a positional scheme.
+
+    Args:
+        d_model: model width, divisible by ``num_heads``.
+        num_heads: number of heads ``h``; head dim ``d = d_model / h``.
+        scheme: a scheme name, config dict, :class:`SchemeConfig` or built :class:`Scheme`
+            (``None``: no positions).
+        causal: a query sees only keys at positions ``<= `` its own (in its own sequence).
+        dropout: dropout on the attention probabilities, in training.
+        bias: whether the projections have biases.
+        backend: ``"eager"`` (materialised logits; the reference).
+
+    Shapes:
+        ``x``: ``(b, n, d_model)``; returns ``(b, n, d_model)``. Outputs of padding tokens are 0.
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        num_heads: int,
+        scheme: str | dict[str, Any] | SchemeConfig | Scheme | None = None,
+        *,
+        causal: bool = False,
+        dropout: float = 0.0,
+        bias: bool = True,
+        backend: str = "eager",
+    ) -> None:
+        super().__init__()
+        check_int("d_model", d_model, minimum=1)
+        check_int("num_heads", num_heads, minimum=1)
+        if d_model % num_heads:
+            raise ValueError(f"d_model ({d_model}) must be divisible by num_heads ({num_heads})")
+        if not 0.0 <= dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got {dropout}")
+        get_backend(backend)  # fail early on an unknown name
+        self.d_model, self.num_heads, self.head_dim = d_model, num_heads, d_model // num_heads
+        self.causal, self.dropout, self.backend = causal, dropout, backend
+        self.scheme = make_scheme(scheme, d_model=d_model, num_heads=num_heads, causal=causal)
+        self.qkv = nn.Linear(d_model, 3 * d_model, bias=bias)
+        self.out = nn.Linear(d_model, d_model, bias=bias)
+
+    def forward(
+        self,
+        x: Tensor,
+        positions: Positions | None = None,
+        *,
+        padding_mask: Tensor | None = None,
+        segment_ids: Tensor | None = None,
+        cache: KVCache | None = None,
+    ) -> Tensor:
+        """Attend over ``x`` (and the cache's keys).
+
+        Args:
+            x: ``(b, n, d_model)``.
+            positions: where each token is; or give ``padding_mask`` (``(b, n)`` bool, True =
+                token) or ``segment_ids`` (``(b, n)`` int, -1 = padding). Default: ``0..n-1``, or
+                continuing the cache.
+            cache: a :class:`KVCache` to read and extend (incremental decoding).
+        """
+        if not isinstance(x, Tensor) or x.ndim != 3 or x.shape[-1] != self.d_model:
+            shape = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
+            raise ValueError(f"x must have shape (b, n, d_model={self.d_model}), got {shape}")
+        b, n, _ = x.shape
+        positions = resolve_positions(
+            b,
+            n,
+            positions=positions,
+            padding_mask=padding_mask,
+            segment_ids=segment_ids,
+            cached=None if cache is None else cache.positions,
+            device=x.device,
+        )
+        q, k, v = self.qkv(x).view(b, n, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        q, k = self.scheme.rotate(q, k, positions, positions)
+        k_positions = positions
+        if cache is not None:
+            k, v, k_positions = cache.update(k, v, positions)
+        y = get_backend(self.backend)(
+            q,
+            k,
+            v,
+            self.scheme,
+            positions,
+            k_positions,
+            causal=self.causal,
+            dropout_p=self.dropout,
+            training=self.training,
+        )
+        y = self.out(y.transpose(1, 2).reshape(b, n, self.d_model))
+        # Padding tokens attend nowhere: their output is exactly zero (not the projection's bias).
+        return y * positions.valid.unsqueeze(-1).to(y.dtype)
+
+    def extra_repr(self) -> str:
+        return (
+            f"d_model={self.d_model}, num_heads={self.num_heads}, causal={self.causal}, "
+            f"backend={self.backend!r}"
+        )

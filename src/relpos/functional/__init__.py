@@ -1,0 +1,23 @@
+"""Pure tensor functions: the math of every scheme, stateless and compile-friendly."""
+
+from .alibi import alibi_bias, alibi_slopes
+from .relative import clipped_relative_index, relative_distance
+from .rope import apply_rope, rope_angles, rope_frequencies
+from .sinusoidal import sinusoid_frequencies, sinusoidal_table
+from .skew import gather_relative, skew
+from .t5 import t5_buckets
+
+__all__ = [
+    "alibi_bias",
+    "alibi_slopes",
+    "apply_rope",
+    "clipped_relative_index",
+    "gather_relative",
+    "relative_distance",
+    "rope_angles",
+    "rope_frequencies",
+    "sinusoid_frequencies",
+    "sinusoidal_table",
+    "skew",
+    "t5_buckets",
+]

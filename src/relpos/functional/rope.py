@@ -1,0 +1,49 @@
+"""Rotary position embedding (Su et al., 2021, "RoFormer: Enhanced Transformer with Rotary Position
+Embedding", §3.4)."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+__all__ = ["apply_rope", "rope_angles", "rope_frequencies"]
+
+
+def rope_frequencies(rotary_dim: int, theta: float = 10000.0, device=None) -> Tensor:
+    """Inverse frequencies ``theta^(-2i/rotary_dim)``, float32, shape ``(rotary_dim/2,)``."""
+    if rotary_dim <= 0 or rotary_dim % 2:
+        raise ValueError(f"rotary_dim must be a positive even number, got {rotary_dim}")
+    exponent = torch.arange(0, rotary_dim, 2, device=device, dtype=torch.float32) / rotary_dim
+    return theta ** (-exponent)
+
+
+def rope_angles(pos: Tensor, inv_freq: Tensor) -> Tensor:
+    """Rotation angle ``pos · ω_i`` for every token and pair, float32, shape ``(..., n, d/2)``."""
+    return pos.to(torch.float32).unsqueeze(-1) * inv_freq.to(torch.float32)
+
+
+def apply_rope(x: Tensor, angles: Tensor, *, interleaved: bool = False) -> Tensor:
+    """Rotate pairs of features of ``x`` by ``angles``; features past ``2·angles.shape[-1]`` pass.
+
+    Pairing: ``interleaved=False`` rotates ``(x[k], x[k + r/2])`` (half-split, GPT-NeoX/Llama);
+    ``interleaved=True`` rotates ``(x[2k], x[2k+1])`` (the RoFormer paper, GPT-J).
+
+    Shapes:
+        x: ``(b, h, n, d)``; angles: ``(b|1, n, r/2)`` with ``r <= d``; returns ``x``'s shape and
+        dtype (the rotation itself runs in float32).
+    """
+    half = angles.shape[-1]
+    r = 2 * half
+    if r > x.shape[-1]:
+        raise ValueError(f"rotary dim {r} exceeds the head dim {x.shape[-1]}")
+    cos = angles.cos().unsqueeze(1)  # (b, 1, n, r/2)
+    sin = angles.sin().unsqueeze(1)
+    rot, rest = x[..., :r].to(torch.float32), x[..., r:]
+    if interleaved:
+        x1, x2 = rot[..., 0::2], rot[..., 1::2]
+    else:
+        x1, x2 = rot[..., :half], rot[..., half:]
+    y1 = x1 * cos - x2 * sin
+    y2 = x1 * sin + x2 * cos
+    out = torch.stack([y1, y2], dim=-1).flatten(-2) if interleaved else torch.cat([y1, y2], -1)
+    return torch.cat([out.to(x.dtype), rest], dim=-1)

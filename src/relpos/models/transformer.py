@@ -1,0 +1,165 @@
+"""A small reference transformer (pre-LayerNorm) that takes any registered scheme.
+
+Read top to bottom: :class:`TransformerConfig` → :class:`Block` (attention + MLP) →
+:class:`Transformer` (embedding, blocks, head). Positions are resolved once per forward and handed
+to every layer; absolute schemes act at the input, relative ones inside every attention layer.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from ..attention import KVCache, MultiheadAttention
+from ..attention.backends import get_backend
+from ..embedding import TokenPositionEmbedding
+from ..positions import Positions, resolve_positions
+from ..schemes.base import check_int, config_from_dict, make_scheme
+
+__all__ = ["Block", "Transformer", "TransformerConfig"]
+
+
+@dataclass(frozen=True)
+class TransformerConfig:
+    """Size and scheme of a :class:`Transformer`; round-trips through ``to_dict``/``from_dict``.
+
+    Args:
+        vocab_size: number of token ids.
+        d_model, num_heads, num_layers: width, heads, depth.
+        d_ff: MLP hidden width (default ``4·d_model``).
+        dropout: dropout on residual branches and attention probabilities.
+        causal: decoder-only (True) or encoder (False).
+        scheme: the positional scheme, as a dict ``{"name": ..., **fields}`` (or a bare name).
+        backend: attention backend.
+    """
+
+    vocab_size: int
+    d_model: int = 256
+    num_heads: int = 8
+    num_layers: int = 4
+    d_ff: int | None = None
+    dropout: float = 0.1
+    causal: bool = True
+    scheme: dict[str, Any] = field(default_factory=lambda: {"name": "nope"})
+    backend: str = "eager"
+
+    def __post_init__(self) -> None:
+        for name in ("vocab_size", "d_model", "num_heads", "num_layers"):
+            check_int(name, getattr(self, name), minimum=1)
+        if self.d_ff is not None:
+            check_int("d_ff", self.d_ff, minimum=1)
+        if self.d_model % self.num_heads:
+            raise ValueError(
+                f"d_model ({self.d_model}) must be divisible by num_heads ({self.num_heads})"
+            )
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
+        get_backend(self.backend)  # fail early on an unknown name
+        scheme = {"name": self.scheme} if isinstance(self.scheme, str) else self.scheme
+        # Validate now (unknown names or keys fail here, not deep inside the model).
+        object.__setattr__(self, "scheme", config_from_dict(scheme).to_dict())
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TransformerConfig:
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"unknown model config key(s) {unknown}; valid keys: {sorted(known)}")
+        return cls(**data)
+
+
+class Block(nn.Module):
+    """``x + attn(ln(x))`` then ``x + mlp(ln(x))``."""
+
+    def __init__(self, cfg: TransformerConfig, scheme: dict[str, Any] | None) -> None:
+        super().__init__()
+        self.ln1 = nn.LayerNorm(cfg.d_model)
+        self.attn = MultiheadAttention(
+            cfg.d_model,
+            cfg.num_heads,
+            scheme,
+            causal=cfg.causal,
+            dropout=cfg.dropout,
+            backend=cfg.backend,
+        )
+        self.ln2 = nn.LayerNorm(cfg.d_model)
+        d_ff = cfg.d_ff or 4 * cfg.d_model
+        self.mlp = nn.Sequential(
+            nn.Linear(cfg.d_model, d_ff), nn.GELU(), nn.Linear(d_ff, cfg.d_model)
+        )
+        self.drop = nn.Dropout(cfg.dropout)
+
+    def forward(self, x: Tensor, positions: Positions, cache: KVCache | None) -> Tensor:
+        x = x + self.drop(self.attn(self.ln1(x), positions, cache=cache))
+        return x + self.drop(self.mlp(self.ln2(x)))
+
+
+class Transformer(nn.Module):
+    """Token embedding (+ absolute positions), ``num_layers`` blocks, final LayerNorm, LM head.
+
+    Shapes:
+        tokens: ``(b, n)`` int; returns logits ``(b, n, vocab_size)``.
+    """
+
+    def __init__(self, cfg: TransformerConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        # A scheme whose only hook is `embed` acts at the input; any other acts in every layer.
+        probe = make_scheme(
+            cfg.scheme, d_model=cfg.d_model, num_heads=cfg.num_heads, causal=cfg.causal
+        )
+        absolute = probe.hooks == frozenset({"embed"})
+        self.embed = TokenPositionEmbedding(
+            cfg.vocab_size, cfg.d_model, cfg.scheme if absolute else None
+        )
+        self.drop = nn.Dropout(cfg.dropout)
+        layer_scheme = None if absolute else cfg.scheme
+        self.blocks = nn.ModuleList(Block(cfg, layer_scheme) for _ in range(cfg.num_layers))
+        self.ln_f = nn.LayerNorm(cfg.d_model)
+        self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+
+    def new_cache(self) -> list[KVCache]:
+        """One empty :class:`KVCache` per layer, for incremental decoding."""
+        return [KVCache() for _ in self.blocks]
+
+    def forward(
+        self,
+        tokens: Tensor,
+        positions: Positions | None = None,
+        *,
+        padding_mask: Tensor | None = None,
+        segment_ids: Tensor | None = None,
+        cache: list[KVCache] | None = None,
+    ) -> Tensor:
+        if not isinstance(tokens, Tensor) or tokens.ndim != 2:
+            shape = tuple(tokens.shape) if isinstance(tokens, Tensor) else type(tokens).__name__
+            raise ValueError(f"tokens must have shape (b, n), got {shape}")
+        if cache is not None and len(cache) != len(self.blocks):
+            raise ValueError(
+                f"cache must hold {len(self.blocks)} KVCache objects, got {len(cache)}"
+            )
+        b, n = tokens.shape
+        positions = resolve_positions(
+            b,
+            n,
+            positions=positions,
+            padding_mask=padding_mask,
+            segment_ids=segment_ids,
+            cached=None if cache is None else cache[0].positions,
+            device=tokens.device,
+        )
+        x = self.drop(self.embed(tokens, positions))
+        for i, block in enumerate(self.blocks):
+            x = block(x, positions, None if cache is None else cache[i])
+        return self.head(self.ln_f(x))
+
+    @torch.no_grad()
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.parameters())

@@ -1,0 +1,318 @@
+"""Per-token positions: the one place in relpos where positions are computed.
+
+Every positional scheme is a function of *token positions*, never of array indices. A
+:class:`Positions` value carries, for every token of a batch, its position inside its own sequence
+and the id of the sequence (segment) it belongs to. Padding tokens belong to no segment
+(``segment == -1``): they have no position, attend nowhere and are attended by nobody.
+
+Shape legend: ``b`` batch, ``n`` tokens, ``i`` query, ``j`` key. A ``Positions`` may have batch size
+1 and stand for every row of a batch (the plain ``from_length`` case): its tensors broadcast.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+__all__ = ["PAD_SEGMENT", "Positions", "as_offset", "resolve_positions"]
+
+#: Segment id of padding tokens.
+PAD_SEGMENT = -1
+
+
+def _check_int_tensor(name: str, t: Tensor, ndim: int) -> None:
+    if not isinstance(t, Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool:
+        raise TypeError(f"{name} must hold integers, got dtype {t.dtype}")
+    if t.ndim != ndim:
+        raise ValueError(f"{name} must have {ndim} dimensions, got shape {tuple(t.shape)}")
+
+
+def as_offset(offset: int | Tensor, batch: int, device: torch.device | None) -> Tensor:
+    """Normalise a decoding offset (scalar or per row) to an int64 tensor of shape ``(b, 1)``."""
+    if isinstance(offset, bool):
+        raise TypeError("offset must be an int or an integer tensor, got bool")
+    if isinstance(offset, int):
+        if offset < 0:
+            raise ValueError(f"offset must be >= 0, got {offset}")
+        return torch.full((1, 1), offset, dtype=torch.long, device=device)
+    if not isinstance(offset, Tensor):
+        raise TypeError(f"offset must be an int or an integer tensor, got {type(offset).__name__}")
+    if offset.dtype.is_floating_point or offset.dtype == torch.bool:
+        raise TypeError(f"offset must hold integers, got dtype {offset.dtype}")
+    if offset.ndim == 0:
+        offset = offset.reshape(1)
+    if offset.ndim != 1 or offset.shape[0] not in (1, batch):
+        raise ValueError(
+            f"offset must be a scalar or have shape ({batch},), got shape {tuple(offset.shape)}"
+        )
+    if bool((offset < 0).any()):
+        raise ValueError("offset must be >= 0")
+    return offset.to(device=device, dtype=torch.long).reshape(-1, 1)
+
+
+@dataclass(frozen=True, eq=False)
+class Positions:
+    """Where every token is: position inside its own sequence and the sequence it belongs to.
+
+    Build one with a constructor rather than by hand: :meth:`from_length`,
+    :meth:`from_padding_mask`, :meth:`from_segments`, :meth:`from_lengths`; continue one for
+    KV-cache decoding with :meth:`continued` or an ``offset``.
+
+    Attributes:
+        pos: ``(b, n)`` int64, the token's position inside its own sequence (0 for padding).
+        seg: ``(b, n)`` int64, the token's sequence id within its row; ``-1`` for padding.
+
+    ``b`` may be 1 for a batch whose rows all share the same positions.
+    """
+
+    pos: Tensor
+    seg: Tensor
+    #: Static promise that ``pos[r, t] == t + c`` for one shared ``c``, one segment, no padding
+    #: (set by :meth:`from_length` with an int offset). Lets kernels use index arithmetic, like the
+    #: Music Transformer skew, instead of gathers. Never inferred from data.
+    contiguous: bool = False
+
+    def __post_init__(self) -> None:
+        _check_int_tensor("pos", self.pos, 2)
+        _check_int_tensor("seg", self.seg, 2)
+        if self.pos.shape != self.seg.shape:
+            raise ValueError(
+                f"pos and seg must have the same shape, got {tuple(self.pos.shape)} "
+                f"and {tuple(self.seg.shape)}"
+            )
+
+    # ------------------------------------------------------------------ constructors
+    @classmethod
+    def from_length(
+        cls, n: int, *, offset: int | Tensor = 0, device: torch.device | str | None = None
+    ) -> Positions:
+        """Positions ``offset, offset+1, …`` for ``n`` tokens, one sequence per row.
+
+        Returns a batch-1 value (broadcasts over any batch) unless ``offset`` is per row.
+        """
+        if isinstance(n, bool) or not isinstance(n, int):
+            raise TypeError(f"n must be an int, got {type(n).__name__}")
+        if n < 0:
+            raise ValueError(f"n must be >= 0, got {n}")
+        off = as_offset(
+            offset, batch=1 if isinstance(offset, int) else offset.numel(), device=device
+        )
+        pos = torch.arange(n, device=off.device).unsqueeze(0) + off
+        return cls(pos, torch.zeros_like(pos), contiguous=off.shape[0] == 1)
+
+    @classmethod
+    def from_padding_mask(cls, mask: Tensor, *, offset: int | Tensor = 0) -> Positions:
+        """Positions from a ``(b, n)`` boolean mask, True for real tokens, False for padding.
+
+        Works for left, right or any padding: a real token's position is the number of real tokens
+        before it in its row (plus ``offset``).
+        """
+        if not isinstance(mask, Tensor):
+            raise TypeError(f"mask must be a torch.Tensor, got {type(mask).__name__}")
+        if mask.dtype != torch.bool:
+            raise TypeError(f"mask must be a bool tensor (True = token), got dtype {mask.dtype}")
+        if mask.ndim != 2:
+            raise ValueError(f"mask must have shape (b, n), got shape {tuple(mask.shape)}")
+        seg = torch.where(mask, 0, PAD_SEGMENT).long()
+        return cls.from_segments(seg, offset=offset)
+
+    @classmethod
+    def from_segments(cls, segment_ids: Tensor, *, offset: int | Tensor = 0) -> Positions:
+        """Positions for packed rows from ``(b, n)`` integer segment ids (``-1`` for padding).
+
+        A token's position is the number of earlier tokens in its row with the same segment id, so
+        positions restart at every document and skip padding. Tokens of different segments never
+        attend to each other. ``offset`` (scalar or per row) is added to every position.
+        """
+        _check_int_tensor("segment_ids", segment_ids, 2)
+        seg = segment_ids.long()
+        if bool((seg < PAD_SEGMENT).any()):
+            raise ValueError("segment_ids must be >= 0, or -1 for padding")
+        b, n = seg.shape
+        off = as_offset(offset, batch=b, device=seg.device)
+        idx = torch.arange(n, device=seg.device).expand(b, n)
+        # Rank of each token among the tokens of its segment, in order of appearance: a stable
+        # sort by segment id groups each segment with its tokens in row order; within a group the
+        # rank is (sorted index - index where the group starts).
+        order = torch.sort(seg, dim=-1, stable=True).indices
+        sorted_seg = torch.gather(seg, -1, order)
+        starts = torch.ones_like(sorted_seg, dtype=torch.bool)
+        starts[:, 1:] = sorted_seg[:, 1:] != sorted_seg[:, :-1]
+        group_start = torch.cummax(torch.where(starts, idx, 0), dim=-1).values
+        rank = torch.empty_like(seg).scatter_(-1, order, idx - group_start)
+        pos = torch.where(seg == PAD_SEGMENT, 0, rank + off)
+        return cls(pos, seg)
+
+    @classmethod
+    def from_lengths(
+        cls, lengths: Sequence[Sequence[int]], n: int, *, device: torch.device | str | None = None
+    ) -> Positions:
+        """Positions for packed rows from per-row document lengths, padding the rest of each row.
+
+        ``from_lengths([[3, 2], [4]], n=5)`` packs documents of 3 and 2 tokens into row 0 and one of
+        4 tokens (then one padding token) into row 1.
+        """
+        rows = []
+        for r, row in enumerate(lengths):
+            ids: list[int] = []
+            for s, length in enumerate(row):
+                if isinstance(length, bool) or not isinstance(length, int) or length < 0:
+                    raise ValueError(
+                        f"lengths[{r}][{s}] must be a non-negative int, got {length!r}"
+                    )
+                ids += [s] * length
+            if len(ids) > n:
+                raise ValueError(f"lengths[{r}] sums to {len(ids)} tokens, more than n={n}")
+            rows.append(ids + [PAD_SEGMENT] * (n - len(ids)))
+        if not rows:
+            raise ValueError("lengths must hold at least one row")
+        return cls.from_segments(torch.tensor(rows, dtype=torch.long, device=device))
+
+    # ------------------------------------------------------------------ views
+    @property
+    def batch(self) -> int:
+        return self.pos.shape[0]
+
+    def __len__(self) -> int:
+        return self.pos.shape[1]
+
+    @property
+    def device(self) -> torch.device:
+        return self.pos.device
+
+    @property
+    def valid(self) -> Tensor:
+        """``(b, n)`` bool: True for real tokens, False for padding."""
+        return self.seg != PAD_SEGMENT
+
+    def to(self, device: torch.device | str) -> Positions:
+        return Positions(self.pos.to(device), self.seg.to(device), self.contiguous)
+
+    def expand(self, batch: int) -> Positions:
+        """The same positions for ``batch`` rows (only a batch-1 value can expand)."""
+        if self.batch == batch:
+            return self
+        if self.batch != 1:
+            raise ValueError(f"cannot expand Positions of batch {self.batch} to batch {batch}")
+        return Positions(self.pos.expand(batch, -1), self.seg.expand(batch, -1), self.contiguous)
+
+    def __getitem__(self, tokens: slice) -> Positions:
+        """The positions of a slice of tokens, e.g. one block of queries: ``positions[i0:i1]``."""
+        if not isinstance(tokens, slice):
+            raise TypeError(
+                f"Positions can be sliced along tokens only, got {type(tokens).__name__}"
+            )
+        contiguous = self.contiguous and tokens.step in (None, 1)
+        return Positions(self.pos[:, tokens], self.seg[:, tokens], contiguous)
+
+    def cat(self, other: Positions) -> Positions:
+        """Concatenate along the token axis (cached keys followed by new keys)."""
+        b = max(self.batch, other.batch)
+        a, o = self.expand(b), other.expand(b)
+        return Positions(torch.cat([a.pos, o.pos], 1), torch.cat([a.seg, o.seg], 1))
+
+    def continued(self, n: int) -> Positions:
+        """Positions of ``n`` new tokens that continue each row's last sequence (KV decoding).
+
+        The new tokens join the segment of the row's last real token, at the next positions. A row
+        with no real token yet starts segment 0 at position 0.
+        """
+        if n < 0:
+            raise ValueError(f"n must be >= 0, got {n}")
+        valid = self.valid
+        has_any = valid.any(-1, keepdim=True)
+        # Last real token of each row: the largest index among real tokens.
+        idx = torch.arange(len(self), device=self.device).expand_as(self.pos)
+        last = torch.where(valid, idx, -1).max(-1, keepdim=True).values.clamp_min(0)
+        last_pos = torch.gather(self.pos, 1, last)
+        last_seg = torch.gather(self.seg, 1, last)
+        start = torch.where(has_any, last_pos + 1, 0)
+        seg = torch.where(has_any, last_seg, 0)
+        new = torch.arange(n, device=self.device).unsqueeze(0)
+        return Positions(start + new, seg.expand(-1, n).clone())
+
+    # ------------------------------------------------------------------ pairs
+    def distance(self, keys: Positions | None = None) -> Tensor:
+        """Relative distance ``k_pos - q_pos`` for every query/key pair, shape ``(b, i, j)``."""
+        keys = self if keys is None else keys
+        return keys.pos.unsqueeze(-2) - self.pos.unsqueeze(-1)
+
+    def allowed(self, keys: Positions | None = None, *, causal: bool = False) -> Tensor:
+        """Which query/key pairs may attend, shape ``(b, i, j)`` bool.
+
+        A pair may attend when both are real tokens of the same segment and, if ``causal``, the key
+        is not after the query (``k_pos <= q_pos``).
+        """
+        keys = self if keys is None else keys
+        q_seg, k_seg = self.seg.unsqueeze(-1), keys.seg.unsqueeze(-2)
+        ok = (q_seg == k_seg) & (q_seg != PAD_SEGMENT)
+        if causal:
+            ok = ok & (self.distance(keys) <= 0)
+        return ok
+
+    def __repr__(self) -> str:
+        return f"Positions(pos={self.pos.tolist()}, seg={self.seg.tolist()})"
+
+
+def resolve_positions(
+    batch: int,
+    n: int,
+    *,
+    positions: Positions | None = None,
+    padding_mask: Tensor | None = None,
+    segment_ids: Tensor | None = None,
+    cached: Positions | None = None,
+    device: torch.device | None = None,
+) -> Positions:
+    """The :class:`Positions` of ``n`` new tokens in ``batch`` rows, from whichever the caller gave.
+
+    At most one of ``positions``, ``padding_mask`` (True = token) and ``segment_ids`` may be given.
+    With none, the tokens continue ``cached`` (the KV cache's positions) or start at 0. With a
+    non-empty cache, a mask or segment ids would not say where the new tokens continue, so pass
+    ``positions`` (e.g. ``cache.positions.continued(n)``) or nothing.
+    """
+    given = [
+        name
+        for name, v in (
+            ("positions", positions),
+            ("padding_mask", padding_mask),
+            ("segment_ids", segment_ids),
+        )
+        if v is not None
+    ]
+    if len(given) > 1:
+        raise ValueError(f"pass at most one of positions, padding_mask, segment_ids; got {given}")
+    if cached is not None and len(cached) and given and given[0] != "positions":
+        raise ValueError(
+            f"{given[0]} cannot be combined with a non-empty KV cache: pass positions= "
+            "(e.g. cache.positions.continued(n)) or nothing to continue each row"
+        )
+    for name, mask in (("padding_mask", padding_mask), ("segment_ids", segment_ids)):
+        if mask is not None and (mask.ndim != 2 or tuple(mask.shape) != (batch, n)):
+            raise ValueError(
+                f"{name} must have shape (b, n) = ({batch}, {n}), got {tuple(mask.shape)}"
+            )
+    if padding_mask is not None:
+        positions = Positions.from_padding_mask(padding_mask)
+    elif segment_ids is not None:
+        positions = Positions.from_segments(segment_ids)
+    elif positions is None:
+        if cached is not None and len(cached):
+            positions = cached.continued(n)
+        else:
+            positions = Positions.from_length(n, device=device)
+    if not isinstance(positions, Positions):
+        raise TypeError(f"positions must be a Positions, got {type(positions).__name__}")
+    if len(positions) != n or positions.batch not in (1, batch):
+        raise ValueError(
+            f"positions have shape (b, n) = {tuple(positions.pos.shape)}; expected "
+            f"({batch}, {n}) or (1, {n})"
+        )
+    if device is not None and positions.device != torch.device(device):
+        positions = positions.to(device)
+    return positions

@@ -1,0 +1,35 @@
+"""Every positional scheme, registered by name (see :data:`SCHEMES`)."""
+
+from .absolute import LearnedAbsolute, LearnedAbsoluteConfig, Sinusoidal, SinusoidalConfig
+from .alibi import ALiBi, ALiBiConfig
+from .base import SCHEMES, Scheme, SchemeConfig, config_from_dict, make_scheme, register
+from .music import MusicConfig, MusicRelative
+from .nope import NoPE, NoPEConfig
+from .rope import Rotary, RotaryConfig
+from .shaw import ShawConfig, ShawRelative
+from .t5 import T5Bias, T5Config
+
+__all__ = [
+    "SCHEMES",
+    "ALiBi",
+    "ALiBiConfig",
+    "LearnedAbsolute",
+    "LearnedAbsoluteConfig",
+    "MusicConfig",
+    "MusicRelative",
+    "NoPE",
+    "NoPEConfig",
+    "Rotary",
+    "RotaryConfig",
+    "Scheme",
+    "SchemeConfig",
+    "ShawConfig",
+    "ShawRelative",
+    "Sinusoidal",
+    "SinusoidalConfig",
+    "T5Bias",
+    "T5Config",
+    "config_from_dict",
+    "make_scheme",
+    "register",
+]

@@ -1,0 +1,212 @@
+"""The scheme contract: a frozen config, a thin module, four optional hooks, one registry.
+
+A scheme contributes to a transformer through at most four hooks (every default does nothing):
+
+========================  ====================================================================
+hook                      contract
+========================  ====================================================================
+``embed(positions)``      ``(b|1, n, d_model)`` encoding the caller adds to token embeddings
+``rotate(q, k, qp, kp)``  rotated ``(q, k)``, applied before keys enter the KV cache
+``score_bias(q, qp, kp)`` float32 ``(b|1, h|1, i, j)`` added to the *scaled* logits ``q·k/√d``
+``value_term(p, qp, kp)`` float32 ``(b, h, i, d)`` added to the attention output ``p·v``
+========================  ====================================================================
+
+Shape legend: ``b`` batch, ``h`` heads, ``i`` queries, ``j`` keys, ``d`` head dim, ``n`` tokens.
+``qp``/``kp`` are the :class:`~relpos.Positions` of queries and keys; every hook reads positions
+from them and never from array indices.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from torch import Tensor, nn
+
+from ..positions import Positions
+
+__all__ = [
+    "SCHEMES",
+    "Scheme",
+    "SchemeConfig",
+    "config_from_dict",
+    "make_scheme",
+    "register",
+]
+
+#: Registered scheme modules by name.
+SCHEMES: dict[str, type[Scheme]] = {}
+
+
+def check_int(name: str, value: Any, *, minimum: int) -> None:
+    """Raise a clear error unless ``value`` is an int ``>= minimum``."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__} ({value!r})")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+
+
+def check_positive_float(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(f"{name} must be a number, got {type(value).__name__}")
+    if not value > 0:
+        raise ValueError(f"{name} must be > 0, got {value}")
+
+
+@dataclass(frozen=True)
+class SchemeConfig:
+    """Base of every scheme's hyper-parameters: a frozen, validated dataclass.
+
+    Model geometry (``d_model``, ``num_heads``, ``causal``) is not part of it: the attention layer
+    or model supplies it when the scheme is built, so one config serves every layer size.
+    """
+
+    name: ClassVar[str] = ""
+
+    def validate(self) -> None:
+        """Raise ``ValueError``/``TypeError`` for impossible values (subclasses extend)."""
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, **dataclasses.asdict(self)}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> SchemeConfig:
+        return config_from_dict(data)
+
+
+class Scheme(nn.Module):
+    """A positional scheme: parameters and caches, hooks that call the functional core."""
+
+    config_class: ClassVar[type[SchemeConfig]] = SchemeConfig
+    #: The hooks this scheme implements, for backends and docs.
+    hooks: ClassVar[frozenset[str]] = frozenset()
+
+    def __init__(
+        self, config: SchemeConfig | None = None, *, d_model: int, num_heads: int, causal: bool
+    ) -> None:
+        super().__init__()
+        config = self.config_class() if config is None else config
+        if not isinstance(config, self.config_class):
+            raise TypeError(
+                f"{type(self).__name__} needs a {self.config_class.__name__}, "
+                f"got {type(config).__name__}"
+            )
+        check_int("d_model", d_model, minimum=1)
+        check_int("num_heads", num_heads, minimum=1)
+        if d_model % num_heads:
+            raise ValueError(f"d_model ({d_model}) must be divisible by num_heads ({num_heads})")
+        self.config = config
+        self.d_model = d_model
+        self.num_heads = num_heads
+        self.head_dim = d_model // num_heads
+        self.causal = bool(causal)
+
+    # ---------------------------------------------------------------- hooks (defaults: no-ops)
+    def embed(self, positions: Positions) -> Tensor | None:
+        """Absolute encoding ``(b|1, n, d_model)`` to add to token embeddings, or None."""
+        return None
+
+    def rotate(
+        self, q: Tensor, k: Tensor, q_positions: Positions, k_positions: Positions
+    ) -> tuple[Tensor, Tensor]:
+        """Rotate ``q (b, h, i, d)`` and new keys ``k (b, h, j, d)`` by their positions."""
+        return q, k
+
+    def score_bias(
+        self, q: Tensor, q_positions: Positions, k_positions: Positions
+    ) -> Tensor | None:
+        """Float32 term ``(b|1, h|1, i, j)`` added to the scaled logits, or None."""
+        return None
+
+    def value_term(
+        self, probs: Tensor, q_positions: Positions, k_positions: Positions
+    ) -> Tensor | None:
+        """Float32 term ``(b, h, i, d)`` added to the attention output, or None."""
+        return None
+
+    # ---------------------------------------------------------------- config round trip
+    def get_config(self) -> dict[str, Any]:
+        return self.config.to_dict()
+
+    def extra_repr(self) -> str:
+        fields = ", ".join(f"{k}={v}" for k, v in dataclasses.asdict(self.config).items())
+        return (
+            f"{fields}, num_heads={self.num_heads}, head_dim={self.head_dim}, causal={self.causal}"
+        )
+
+
+def register(cls: type[Scheme]) -> type[Scheme]:
+    """Class decorator: register a scheme module under its config's name."""
+    name = cls.config_class.name
+    if not name:
+        raise ValueError(f"{cls.__name__}.config_class must define a name")
+    if name in SCHEMES and SCHEMES[name] is not cls:
+        raise ValueError(f"scheme name {name!r} is already registered to {SCHEMES[name].__name__}")
+    SCHEMES[name] = cls
+    return cls
+
+
+def _lookup(name: Any) -> type[Scheme]:
+    if not isinstance(name, str):
+        raise TypeError(f"scheme name must be a str, got {type(name).__name__}")
+    if name not in SCHEMES:
+        raise ValueError(f"unknown scheme {name!r}; registered schemes: {sorted(SCHEMES)}")
+    return SCHEMES[name]
+
+
+def config_from_dict(data: dict[str, Any]) -> SchemeConfig:
+    """Build a scheme config from ``{"name": ..., **fields}``; unknown keys are an error."""
+    if not isinstance(data, dict):
+        raise TypeError(f"scheme config must be a dict, got {type(data).__name__}")
+    if "name" not in data:
+        raise ValueError(f"scheme config needs a 'name' key, got keys {sorted(data)}")
+    fields = dict(data)
+    config_class = _lookup(fields.pop("name")).config_class
+    known = {f.name for f in dataclasses.fields(config_class)}
+    unknown = sorted(set(fields) - known)
+    if unknown:
+        raise ValueError(
+            f"unknown key(s) {unknown} for scheme {config_class.name!r}; "
+            f"valid keys: {sorted(known)}"
+        )
+    return config_class(**fields)
+
+
+def make_scheme(
+    spec: str | dict[str, Any] | SchemeConfig | Scheme | None,
+    *,
+    d_model: int,
+    num_heads: int,
+    causal: bool,
+) -> Scheme:
+    """Build a scheme from a name, a config dict, a config, or pass a built module through.
+
+    ``None`` means no positional information (``"nope"``).
+    """
+    if isinstance(spec, Scheme):
+        if spec.d_model != d_model or spec.num_heads != num_heads:
+            raise ValueError(
+                f"scheme was built for d_model={spec.d_model}, num_heads={spec.num_heads}; "
+                f"the layer has d_model={d_model}, num_heads={num_heads}"
+            )
+        if spec.causal != causal:
+            raise ValueError(f"scheme was built with causal={spec.causal}; the layer has {causal}")
+        return spec
+    if spec is None:
+        spec = "nope"
+    if isinstance(spec, str):
+        config: SchemeConfig = _lookup(spec).config_class()
+    elif isinstance(spec, dict):
+        config = config_from_dict(spec)
+    elif isinstance(spec, SchemeConfig):
+        config = spec
+    else:
+        raise TypeError(
+            "scheme must be a name, a config dict, a SchemeConfig or a Scheme, "
+            f"got {type(spec).__name__}"
+        )
+    return _lookup(config.name)(config, d_model=d_model, num_heads=num_heads, causal=causal)

@@ -1,0 +1,73 @@
+"""Music Transformer relative global attention (Huang et al., 2018, "Music Transformer: Generating
+Music with Long-Term Structure", §3.4)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from ..functional.skew import gather_relative, skew
+from ..positions import Positions
+from .base import Scheme, SchemeConfig, check_int, register
+
+__all__ = ["MusicConfig", "MusicRelative"]
+
+
+@dataclass(frozen=True)
+class MusicConfig(SchemeConfig):
+    """Args:
+    max_distance: the largest ``|k_pos - q_pos|`` with its own embedding. Farther pairs use the
+        embedding at ``±max_distance`` (clipping, as in Shaw et al.), so any length runs.
+    """
+
+    name = "music"
+    max_distance: int = 1024
+
+    def validate(self) -> None:
+        check_int("max_distance", self.max_distance, minimum=0)
+
+
+@register
+class MusicRelative(Scheme):
+    """Relative logits ``S_rel[i, j] = q_i · Er[clip(p_j - p_i)] / √d`` with a learned per-head
+    table ``Er`` (``max_distance+1`` rows when causal: distances ``-M..0``; ``2M+1`` when
+    bidirectional: ``-M..M``). The logits are ``(Q·Kᵀ + S_rel)/√d``.
+
+    Two equal ways to get ``S_rel``: for contiguous positions, ``skew(Q·Erᵀ)`` — the paper's
+    memory-saving reshape, no index tensor; for any positions (padding, packing, a KV cache),
+    ``Q·Erᵀ`` gathered by the clipped distance. Both hold ``O(L·R)`` relative logits, never
+    ``(L, L, d)``.
+    """
+
+    config_class = MusicConfig
+    hooks = frozenset({"score_bias"})
+
+    def __init__(self, config: MusicConfig | None = None, **dims) -> None:
+        super().__init__(config, **dims)
+        m = self.config.max_distance
+        rows = m + 1 if self.causal else 2 * m + 1
+        self.table = nn.Parameter(
+            torch.randn(self.num_heads, rows, self.head_dim) * self.head_dim**-0.5
+        )
+
+    def index(self, distance: Tensor) -> Tensor:
+        """Row of ``Er`` for each relative distance (row ``M`` is distance 0)."""
+        m = self.config.max_distance
+        return distance.clamp(-m, 0 if self.causal else m) + m
+
+    def score_bias(self, q: Tensor, q_positions: Positions, k_positions: Positions) -> Tensor:
+        qf = q.to(torch.float32) / math.sqrt(self.head_dim)
+        table = self.table.to(torch.float32)
+        n = q.shape[-2]
+        if q_positions is k_positions and q_positions.contiguous:
+            # Self-attention over contiguous positions: distances -(n-1)..(0 or n-1), one table
+            # row each (clipped rows repeat), then the skew puts every row into place.
+            hi = 0 if self.causal else n - 1
+            dist = torch.arange(-(n - 1), hi + 1, device=q.device)
+            rel = torch.einsum("bhid,hrd->bhir", qf, table[:, self.index(dist)])
+            return skew(rel, causal=self.causal)
+        rel = torch.einsum("bhid,hrd->bhir", qf, table)
+        return gather_relative(rel, self.index(q_positions.distance(k_positions)))

@@ -1,0 +1,65 @@
+"""Rotary position embedding (Su et al., 2021, "RoFormer", §3.4)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torch import Tensor
+
+from ..functional.rope import apply_rope, rope_angles, rope_frequencies
+from ..positions import Positions
+from .base import Scheme, SchemeConfig, check_int, check_positive_float, register
+
+__all__ = ["Rotary", "RotaryConfig"]
+
+
+@dataclass(frozen=True)
+class RotaryConfig(SchemeConfig):
+    """Args:
+    theta: frequency base (10000 in the paper; 500000 in Llama 3).
+    rotary_dim: how many leading features of each head rotate (even, ``<= head_dim``); ``None``
+        rotates all of them. The rest pass through (partial rotary, as in GPT-NeoX).
+    interleaved: pair ``(x[2k], x[2k+1])`` (the paper, GPT-J) instead of ``(x[k], x[k + r/2])``
+        (half-split, GPT-NeoX and Llama).
+    """
+
+    name = "rope"
+    theta: float = 10000.0
+    rotary_dim: int | None = None
+    interleaved: bool = False
+
+    def validate(self) -> None:
+        check_positive_float("theta", self.theta)
+        if self.rotary_dim is not None:
+            check_int("rotary_dim", self.rotary_dim, minimum=2)
+            if self.rotary_dim % 2:
+                raise ValueError(
+                    f"rotary_dim must be even (features rotate in pairs), got {self.rotary_dim}"
+                )
+
+
+@register
+class Rotary(Scheme):
+    """Rotates queries and keys by angles ``p·θ^(-2k/r)`` from each token's own position, so
+    ``q_i·k_j`` depends on ``p_j - p_i`` only. Keys are rotated before they enter the KV cache.
+    """
+
+    config_class = RotaryConfig
+    hooks = frozenset({"rotate"})
+
+    def __init__(self, config: RotaryConfig | None = None, **dims) -> None:
+        super().__init__(config, **dims)
+        c = self.config
+        r = self.head_dim if c.rotary_dim is None else c.rotary_dim
+        if r > self.head_dim or r % 2:
+            raise ValueError(f"rotary_dim must be even and <= head_dim ({self.head_dim}), got {r}")
+        self.rotary_dim = r
+        self.register_buffer("inv_freq", rope_frequencies(r, c.theta), persistent=False)
+
+    def rotate(
+        self, q: Tensor, k: Tensor, q_positions: Positions, k_positions: Positions
+    ) -> tuple[Tensor, Tensor]:
+        il = self.config.interleaved
+        q = apply_rope(q, rope_angles(q_positions.pos, self.inv_freq), interleaved=il)
+        k = apply_rope(k, rope_angles(k_positions.pos, self.inv_freq), interleaved=il)
+        return q, k

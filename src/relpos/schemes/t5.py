@@ -1,0 +1,74 @@
+"""T5 relative position bias (Raffel et al., 2020, §2.1)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from ..functional.t5 import t5_buckets
+from ..positions import Positions
+from .base import Scheme, SchemeConfig, check_int, register
+
+__all__ = ["T5Bias", "T5Config"]
+
+
+@dataclass(frozen=True)
+class T5Config(SchemeConfig):
+    """Args:
+    num_buckets: buckets shared by all distances (half per direction when bidirectional).
+    max_distance: distance from which all pairs share the farthest bucket.
+    """
+
+    name = "t5"
+    num_buckets: int = 32
+    max_distance: int = 128
+
+    def validate(self) -> None:
+        check_int("num_buckets", self.num_buckets, minimum=2)
+        check_int("max_distance", self.max_distance, minimum=1)
+
+
+@register
+class T5Bias(Scheme):
+    """A learned scalar per (bucket, head) added to the logits. Bucketing is bidirectional unless
+    the attention is causal; beyond ``max_distance`` every distance shares the last bucket, so any
+    length runs.
+
+    Shapes:
+        ``score_bias`` returns float32 ``(b|1, h, i, j)``.
+    """
+
+    config_class = T5Config
+    hooks = frozenset({"score_bias"})
+
+    def __init__(self, config: T5Config | None = None, **dims) -> None:
+        super().__init__(config, **dims)
+        c = self.config
+        if not self.causal and c.num_buckets % 2:
+            raise ValueError(
+                f"bidirectional T5 bias needs an even num_buckets, got {c.num_buckets}"
+            )
+        per_direction = c.num_buckets // (1 if self.causal else 2)
+        if c.max_distance <= per_direction // 2:
+            raise ValueError(
+                f"max_distance ({c.max_distance}) must exceed the exact buckets per direction "
+                f"({per_direction // 2})"
+            )
+        self.table = nn.Parameter(torch.randn(c.num_buckets, self.num_heads) * 0.02)
+
+    def buckets(self, q_positions: Positions, k_positions: Positions) -> Tensor:
+        c = self.config
+        return t5_buckets(
+            q_positions.distance(k_positions),
+            bidirectional=not self.causal,
+            num_buckets=c.num_buckets,
+            max_distance=c.max_distance,
+        )
+
+    def score_bias(self, q: Tensor, q_positions: Positions, k_positions: Positions) -> Tensor:
+        values = self.table.to(torch.float32)[
+            self.buckets(q_positions, k_positions)
+        ]  # (b, i, j, h)
+        return values.permute(0, 3, 1, 2)
