@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from ..functional.dtypes import compute_dtype
 from ..positions import Positions
 from ..schemes.base import Scheme
 
@@ -26,7 +27,7 @@ def eager_attention(
     dropout_p: float = 0.0,
     training: bool = False,
 ) -> Tensor:
-    """Attention with a scheme's score bias and value term, computed in float32.
+    """Attention with a scheme's score bias and value term, computed in at least float32.
 
     ``logits = q·kᵀ/√d + score_bias``; pairs that may not attend (other segment, padding, future
     keys when causal) are masked; ``out = softmax(logits)·v + value_term``. A query with no key to
@@ -36,10 +37,11 @@ def eager_attention(
         q: ``(b, h, i, d)``; k, v: ``(b, h, j, d)`` (already rotated); returns ``(b, h, i, d)`` in
         ``q``'s dtype.
     """
-    logits = (q.float() @ k.float().transpose(-1, -2)) / math.sqrt(q.shape[-1])
+    dtype = compute_dtype(q.dtype)
+    logits = (q.to(dtype) @ k.to(dtype).transpose(-1, -2)) / math.sqrt(q.shape[-1])
     bias = scheme.score_bias(q, q_positions, k_positions)
     if bias is not None:
-        logits = logits + bias
+        logits = logits + bias.to(dtype)
     allowed = q_positions.allowed(k_positions, causal=causal).unsqueeze(1)  # (b, 1, i, j)
     # A finite fill (not -inf) keeps a fully masked row finite: its softmax is uniform, then
     # zeroed by the mask, and the gradient through it is zero rather than NaN.
@@ -47,8 +49,8 @@ def eager_attention(
     probs = torch.softmax(logits, dim=-1) * allowed
     if dropout_p > 0.0 and training:
         probs = F.dropout(probs, dropout_p)
-    out = probs @ v.float()
+    out = probs @ v.to(dtype)
     term = scheme.value_term(probs, q_positions, k_positions)
     if term is not None:
-        out = out + term
+        out = out + term.to(dtype)
     return out.to(q.dtype)

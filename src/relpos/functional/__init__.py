@@ -1,6 +1,7 @@
 """Pure tensor functions: the math of every scheme, stateless and compile-friendly."""
 
 from .alibi import alibi_bias, alibi_slopes
+from .dtypes import compute_dtype
 from .relative import clipped_relative_index, relative_distance
 from .rope import apply_rope, rope_angles, rope_frequencies
 from .sinusoidal import sinusoid_frequencies, sinusoidal_table
@@ -12,6 +13,7 @@ __all__ = [
     "alibi_slopes",
     "apply_rope",
     "clipped_relative_index",
+    "compute_dtype",
     "gather_relative",
     "relative_distance",
     "rope_angles",

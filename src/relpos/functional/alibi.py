@@ -7,6 +7,8 @@ import math
 import torch
 from torch import Tensor
 
+from .dtypes import compute_dtype
+
 __all__ = ["alibi_bias", "alibi_slopes"]
 
 
@@ -39,8 +41,9 @@ def alibi_bias(slopes: Tensor, distance: Tensor, *, causal: bool) -> Tensor:
     the symmetric ``-slope · |k_pos - q_pos|``.
 
     Shapes:
-        slopes: ``(h,)``; distance: ``(b, i, j)``; returns float32 ``(b, h, i, j)``.
+        slopes: ``(h,)``; distance: ``(b, i, j)``; returns ``(b, h, i, j)`` in at least float32.
     """
-    d = distance.to(torch.float32).unsqueeze(1)
+    dtype = compute_dtype(slopes.dtype)
+    d = distance.to(dtype).unsqueeze(1)
     d = d if causal else -d.abs()
-    return slopes.to(torch.float32).view(1, -1, 1, 1) * d
+    return slopes.to(dtype).view(1, -1, 1, 1) * d

@@ -6,6 +6,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from .dtypes import compute_dtype
+
 __all__ = ["apply_rope", "rope_angles", "rope_frequencies"]
 
 
@@ -18,8 +20,9 @@ def rope_frequencies(rotary_dim: int, theta: float = 10000.0, device=None) -> Te
 
 
 def rope_angles(pos: Tensor, inv_freq: Tensor) -> Tensor:
-    """Rotation angle ``pos · ω_i`` for every token and pair, float32, shape ``(..., n, d/2)``."""
-    return pos.to(torch.float32).unsqueeze(-1) * inv_freq.to(torch.float32)
+    """Rotation angle ``pos · ω_i`` per token and pair, at least float32, ``(..., n, d/2)``."""
+    dtype = compute_dtype(inv_freq.dtype)
+    return pos.to(dtype).unsqueeze(-1) * inv_freq.to(dtype)
 
 
 def apply_rope(x: Tensor, angles: Tensor, *, interleaved: bool = False) -> Tensor:
@@ -30,7 +33,7 @@ def apply_rope(x: Tensor, angles: Tensor, *, interleaved: bool = False) -> Tenso
 
     Shapes:
         x: ``(b, h, n, d)``; angles: ``(b|1, n, r/2)`` with ``r <= d``; returns ``x``'s shape and
-        dtype (the rotation itself runs in float32).
+        dtype (the rotation itself runs in at least float32).
     """
     half = angles.shape[-1]
     r = 2 * half
@@ -38,7 +41,7 @@ def apply_rope(x: Tensor, angles: Tensor, *, interleaved: bool = False) -> Tenso
         raise ValueError(f"rotary dim {r} exceeds the head dim {x.shape[-1]}")
     cos = angles.cos().unsqueeze(1)  # (b, 1, n, r/2)
     sin = angles.sin().unsqueeze(1)
-    rot, rest = x[..., :r].to(torch.float32), x[..., r:]
+    rot, rest = x[..., :r].to(compute_dtype(x.dtype)), x[..., r:]
     if interleaved:
         x1, x2 = rot[..., 0::2], rot[..., 1::2]
     else:

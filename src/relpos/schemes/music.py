@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from ..functional.dtypes import compute_dtype
 from ..functional.skew import gather_relative, skew
 from ..positions import Positions
 from .base import Scheme, SchemeConfig, check_int, register
@@ -59,8 +60,9 @@ class MusicRelative(Scheme):
         return distance.clamp(-m, 0 if self.causal else m) + m
 
     def score_bias(self, q: Tensor, q_positions: Positions, k_positions: Positions) -> Tensor:
-        qf = q.to(torch.float32) / math.sqrt(self.head_dim)
-        table = self.table.to(torch.float32)
+        dtype = compute_dtype(q.dtype)
+        qf = q.to(dtype) / math.sqrt(self.head_dim)
+        table = self.table.to(dtype)
         n = q.shape[-2]
         if q_positions is k_positions and q_positions.contiguous:
             # Self-attention over contiguous positions: distances -(n-1)..(0 or n-1), one table

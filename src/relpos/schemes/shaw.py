@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from ..functional.dtypes import compute_dtype
 from ..functional.relative import clipped_relative_index
 from ..functional.skew import gather_relative
 from ..positions import Positions
@@ -81,8 +82,8 @@ class ShawRelative(Scheme):
     ) -> Tensor | None:
         if self.key_table is None:
             return None
-        table = self.key_table.to(torch.float32)
-        qf = q.to(torch.float32)
+        dtype = compute_dtype(q.dtype)
+        table, qf = self.key_table.to(dtype), q.to(dtype)
         if self.config.per_head:
             rel = torch.einsum("bhid,hrd->bhir", qf, table)
         else:
@@ -96,8 +97,9 @@ class ShawRelative(Scheme):
         if self.value_table is None:
             return None
         rows = 2 * self.config.max_distance + 1
-        mass = bucket_mass(probs.to(torch.float32), self.index(q_positions, k_positions), rows)
-        table = self.value_table.to(torch.float32)
+        dtype = compute_dtype(probs.dtype)
+        mass = bucket_mass(probs.to(dtype), self.index(q_positions, k_positions), rows)
+        table = self.value_table.to(dtype)
         if self.config.per_head:
             return torch.einsum("bhir,hrd->bhid", mass, table)
         return mass @ table

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from ..functional.dtypes import compute_dtype
 from ..functional.t5 import t5_buckets
 from ..positions import Positions
 from .base import Scheme, SchemeConfig, check_int, register
@@ -68,7 +69,8 @@ class T5Bias(Scheme):
         )
 
     def score_bias(self, q: Tensor, q_positions: Positions, k_positions: Positions) -> Tensor:
-        values = self.table.to(torch.float32)[
+        table = self.table.to(compute_dtype(self.table.dtype))
+        values = table[
             self.buckets(q_positions, k_positions)
         ]  # (b, i, j, h)
         return values.permute(0, 3, 1, 2)

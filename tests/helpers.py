@@ -1,0 +1,53 @@
+"""Shared test helpers: scheme specs covering every registered scheme, random positions."""
+
+from __future__ import annotations
+
+import random
+
+import torch
+
+#: Scheme configurations under test: every registered scheme, plus its important variants. Sizes
+#: are small so that clipping and bucketing edges are reached by short sequences.
+SCHEME_SPECS: list[dict] = [
+    {"name": "nope"},
+    {"name": "sinusoidal"},
+    {"name": "sinusoidal", "interleaved": False},
+    {"name": "learned", "max_len": 64},
+    {"name": "shaw", "max_distance": 2},
+    {"name": "shaw", "max_distance": 3, "per_head": True},
+    {"name": "shaw", "max_distance": 2, "values": False},
+    {"name": "shaw", "max_distance": 2, "keys": False},
+    {"name": "music", "max_distance": 4},
+    {"name": "t5", "num_buckets": 8, "max_distance": 12},
+    {"name": "alibi"},
+    {"name": "rope"},
+    {"name": "rope", "interleaved": True, "rotary_dim": 4},
+]
+
+
+def spec_id(spec: dict) -> str:
+    rest = ",".join(f"{k}={v}" for k, v in spec.items() if k != "name")
+    return spec["name"] + (f"[{rest}]" if rest else "")
+
+
+def randomize_parameters(module: torch.nn.Module, seed: int = 0) -> None:
+    """Give every parameter non-trivial values (tables start small or zero)."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in module.parameters():
+            p.copy_(torch.randn(p.shape, generator=g, dtype=p.dtype) * 0.5)
+
+
+def random_segments(
+    rng: random.Random, n: int, *, max_docs: int = 3, pad: bool = True
+) -> list[int]:
+    """Segment ids for a row of n tokens: a few contiguous documents, maybe padding at either end."""
+    left = rng.randint(0, n // 3) if pad and rng.random() < 0.5 else 0
+    right = rng.randint(0, n // 3) if pad and rng.random() < 0.5 else 0
+    body = n - left - right
+    docs = min(rng.randint(1, max_docs), body)
+    cuts = sorted(rng.sample(range(1, body), docs - 1)) if body > 1 else []
+    ids: list[int] = []
+    for s, (a, b) in enumerate(zip([0, *cuts], [*cuts, body], strict=True)):
+        ids += [s] * (b - a)
+    return [-1] * left + ids + [-1] * right

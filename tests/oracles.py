@@ -1,0 +1,174 @@
+"""Slow, obviously-correct reference implementations: loops over (b, h, i, j), straight from the papers.
+
+Nothing here is vectorised or clever, and nothing reuses relpos's functional core: positions are
+Python ints read per token, every term is written as the paper writes it. Built from torch scalar
+ops so that autograd runs through the oracle too, and gradients can be compared.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+import relpos
+
+# ----------------------------------------------------------------------------- per-scheme terms
+
+
+def clip(x: int, lo: int, hi: int) -> int:
+    return max(lo, min(hi, x))
+
+
+def t5_bucket(distance: int, *, bidirectional: bool, num_buckets: int, max_distance: int) -> int:
+    """T5's bucketing (Raffel et al. 2020), one distance at a time, with Python floats."""
+    n = -distance  # > 0: key before the query
+    bucket = 0
+    if bidirectional:
+        num_buckets //= 2
+        if n < 0:
+            bucket += num_buckets
+        n = abs(n)
+    else:
+        n = max(n, 0)
+    exact = num_buckets // 2
+    if n < exact:
+        return bucket + n
+    far = exact + int(math.log(n / exact) / math.log(max_distance / exact) * (num_buckets - exact))
+    return bucket + min(far, num_buckets - 1)
+
+
+def alibi_slope(head: int, num_heads: int) -> float:
+    """Press et al.: 2^(-8/n)^(h+1) for n a power of two; otherwise the nearest lower power of two's
+    slopes, then every other slope of twice that power."""
+
+    def geometric(n: int) -> list[float]:
+        return [2 ** (-8 * (i + 1) / n) for i in range(n)]
+
+    p = 1
+    while p * 2 <= num_heads:
+        p *= 2
+    slopes = geometric(p) + geometric(2 * p)[0::2][: num_heads - p]
+    return slopes[head]
+
+
+def logit_term(scheme: relpos.Scheme, q: Tensor, h: int, pi: int, pj: int) -> Tensor | float:
+    """The scheme's additive term of the scaled logit of query (position pi) and key (pj)."""
+    d = q.shape[-1]
+    if isinstance(scheme, relpos.ShawRelative) and scheme.key_table is not None:
+        k = scheme.config.max_distance
+        table = scheme.key_table[h] if scheme.config.per_head else scheme.key_table
+        return torch.dot(q, table[clip(pj - pi, -k, k) + k]) / math.sqrt(d)
+    if isinstance(scheme, relpos.MusicRelative):
+        m = scheme.config.max_distance
+        row = clip(pj - pi, -m, 0 if scheme.causal else m) + m
+        return torch.dot(q, scheme.table[h, row]) / math.sqrt(d)
+    if isinstance(scheme, relpos.T5Bias):
+        c = scheme.config
+        b = t5_bucket(
+            pj - pi,
+            bidirectional=not scheme.causal,
+            num_buckets=c.num_buckets,
+            max_distance=c.max_distance,
+        )
+        return scheme.table[b, h]
+    if isinstance(scheme, relpos.ALiBi):
+        slope = alibi_slope(h, scheme.num_heads)
+        return slope * (pj - pi) if scheme.causal else -slope * abs(pj - pi)
+    return 0.0
+
+
+def value_vector(scheme: relpos.Scheme, h: int, pi: int, pj: int) -> Tensor | None:
+    """Shaw's ``a^V_ij``, added to value j for query i."""
+    if isinstance(scheme, relpos.ShawRelative) and scheme.value_table is not None:
+        k = scheme.config.max_distance
+        table = scheme.value_table[h] if scheme.config.per_head else scheme.value_table
+        return table[clip(pj - pi, -k, k) + k]
+    return None
+
+
+def rotate_vector(scheme: relpos.Scheme, x: Tensor, p: int) -> Tensor:
+    """RoPE: rotate each feature pair m by angle ``p·θ^(-2m/r)`` with an explicit 2×2 rotation."""
+    if not isinstance(scheme, relpos.Rotary):
+        return x
+    r, theta = scheme.rotary_dim, scheme.config.theta
+    out = list(x.unbind(0))
+    for m in range(r // 2):
+        a, b = (2 * m, 2 * m + 1) if scheme.config.interleaved else (m, m + r // 2)
+        angle = p * theta ** (-2 * m / r)
+        c, s = math.cos(angle), math.sin(angle)
+        out[a], out[b] = x[a] * c - x[b] * s, x[a] * s + x[b] * c
+    return torch.stack(out)
+
+
+def embedding(scheme: relpos.Scheme, p: int) -> Tensor | None:
+    """Absolute encoding of position p (Vaswani et al. §3.5; learned tables)."""
+    d = scheme.d_model
+    if isinstance(scheme, relpos.Sinusoidal):
+        base = scheme.config.base
+        sin = [math.sin(p / base ** (2 * i / d)) for i in range(d // 2)]
+        cos = [math.cos(p / base ** (2 * i / d)) for i in range(d // 2)]
+        if scheme.config.interleaved:
+            values = [v for pair in zip(sin, cos, strict=True) for v in pair]
+        else:
+            values = sin + cos
+        return torch.tensor(values)
+    if isinstance(scheme, relpos.LearnedAbsolute):
+        return scheme.table[p]
+    return None
+
+
+# ----------------------------------------------------------------------------- attention
+
+
+def attention(
+    scheme: relpos.Scheme,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    q_pos: list[list[int]],
+    q_seg: list[list[int]],
+    k_pos: list[list[int]],
+    k_seg: list[list[int]],
+    *,
+    causal: bool,
+) -> Tensor:
+    """Attention of un-rotated ``q (b, h, i, d)`` over ``k, v (b, h, j, d)``, one pair at a time.
+
+    Query i may see key j when both are real tokens (segment != -1) of the same segment and, if
+    causal, ``k_pos <= q_pos``. A query that sees nothing outputs zeros.
+    """
+    B, H, I, D = q.shape
+    J = k.shape[2]
+    rows = []
+    for b in range(B):
+        heads = []
+        for h in range(H):
+            outs = []
+            for i in range(I):
+                pi, si = q_pos[b][i], q_seg[b][i]
+                keys = [
+                    j
+                    for j in range(J)
+                    if si != -1 and k_seg[b][j] == si and (not causal or k_pos[b][j] <= pi)
+                ]
+                if not keys:
+                    outs.append(q.new_zeros(D))
+                    continue
+                qi = rotate_vector(scheme, q[b, h, i], pi)
+                logits = []
+                for j in keys:
+                    kj = rotate_vector(scheme, k[b, h, j], k_pos[b][j])
+                    logit = torch.dot(qi, kj) / math.sqrt(D)
+                    logits.append(logit + logit_term(scheme, qi, h, pi, k_pos[b][j]))
+                probs = torch.softmax(torch.stack(logits), dim=0)
+                acc = q.new_zeros(D)
+                for p, j in zip(probs, keys, strict=True):
+                    value = v[b, h, j]
+                    extra = value_vector(scheme, h, pi, k_pos[b][j])
+                    acc = acc + p * (value if extra is None else value + extra)
+                outs.append(acc)
+            heads.append(torch.stack(outs))
+        rows.append(torch.stack(heads))
+    return torch.stack(rows)

@@ -1,0 +1,230 @@
+"""One conformance suite, run over every registered scheme (and its variants).
+
+For each scheme, a tiny reference transformer must give every sequence the same numbers however it
+is batched: (a) padded on the left or right, (b) packed with other documents in one row, (c) decoded
+token by token or in chunks with a KV cache. Plus shapes, dtypes, config and state_dict round
+trips, and a torch.compile smoke test.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+import torch
+
+import relpos
+from relpos import Positions, Transformer, TransformerConfig
+from tests.helpers import SCHEME_SPECS, randomize_parameters, spec_id
+
+VOCAB = 13
+ATOL = 1e-5
+
+
+def tiny_model(spec: dict, causal: bool, seed: int = 0) -> Transformer:
+    torch.manual_seed(seed)
+    cfg = TransformerConfig(
+        vocab_size=VOCAB,
+        d_model=16,
+        num_heads=2,
+        num_layers=2,
+        dropout=0.0,
+        causal=causal,
+        scheme=spec,
+    )
+    model = Transformer(cfg).eval()
+    randomize_parameters(model, seed)
+    return model
+
+
+def random_docs(rng: random.Random, count: int, lo: int = 1, hi: int = 9) -> list[torch.Tensor]:
+    return [
+        torch.tensor([rng.randrange(VOCAB) for _ in range(rng.randint(lo, hi))])
+        for _ in range(count)
+    ]
+
+
+def alone(model: Transformer, doc: torch.Tensor) -> torch.Tensor:
+    return model(doc.unsqueeze(0))[0]
+
+
+causal_ids = ["causal", "bidirectional"]
+
+
+@pytest.mark.parametrize("spec", SCHEME_SPECS, ids=spec_id)
+@pytest.mark.parametrize("causal", [True, False], ids=causal_ids)
+@pytest.mark.parametrize("side", ["left", "right"])
+def test_padded_batch_equals_each_sample_alone(spec, causal, side):
+    rng = random.Random(1)
+    model = tiny_model(spec, causal)
+    docs = random_docs(rng, 4)
+    n = max(len(d) for d in docs) + 2
+    tokens = torch.zeros(len(docs), n, dtype=torch.long)
+    mask = torch.zeros(len(docs), n, dtype=torch.bool)
+    for r, d in enumerate(docs):
+        sl = slice(n - len(d), n) if side == "left" else slice(0, len(d))
+        tokens[r, sl], mask[r, sl] = d, True
+    out = model(tokens, padding_mask=mask)
+    for r, d in enumerate(docs):
+        torch.testing.assert_close(out[r][mask[r]], alone(model, d), atol=ATOL, rtol=ATOL)
+
+
+@pytest.mark.parametrize("spec", SCHEME_SPECS, ids=spec_id)
+@pytest.mark.parametrize("causal", [True, False], ids=causal_ids)
+def test_packed_row_equals_each_document_alone(spec, causal):
+    rng = random.Random(2)
+    model = tiny_model(spec, causal)
+    rows = [random_docs(rng, 3), random_docs(rng, 2)]
+    n = max(sum(len(d) for d in row) for row in rows) + 1  # at least one padding token
+    tokens = torch.zeros(len(rows), n, dtype=torch.long)
+    seg = torch.full((len(rows), n), -1)
+    for r, row in enumerate(rows):
+        t = 0
+        for s, d in enumerate(row):
+            tokens[r, t : t + len(d)], seg[r, t : t + len(d)] = d, s
+            t += len(d)
+    out = model(tokens, segment_ids=seg)
+    for r, row in enumerate(rows):
+        for s, d in enumerate(row):
+            torch.testing.assert_close(out[r][seg[r] == s], alone(model, d), atol=ATOL, rtol=ATOL)
+
+
+@pytest.mark.parametrize("spec", SCHEME_SPECS, ids=spec_id)
+@pytest.mark.parametrize("chunk", [1, 3])
+def test_cached_decoding_equals_full_forward(spec, chunk):
+    rng = random.Random(3)
+    model = tiny_model(spec, causal=True)
+    tokens = torch.tensor([[rng.randrange(VOCAB) for _ in range(10)] for _ in range(2)])
+    full = model(tokens)
+    cache = model.new_cache()
+    steps = [model(tokens[:, t : t + chunk], cache=cache) for t in range(0, tokens.shape[1], chunk)]
+    torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=ATOL, rtol=ATOL)
+    assert len(cache[0]) == tokens.shape[1]
+
+
+@pytest.mark.parametrize("spec", SCHEME_SPECS, ids=spec_id)
+def test_left_padded_prompts_decode_like_each_alone(spec):
+    """Batched generation: left-padded prompts, then one token per step for every row."""
+    rng = random.Random(4)
+    model = tiny_model(spec, causal=True)
+    prompts = random_docs(rng, 3, lo=2, hi=6)
+    cont = torch.tensor([[rng.randrange(VOCAB) for _ in range(4)] for _ in prompts])
+    n = max(len(p) for p in prompts)
+    tokens = torch.zeros(len(prompts), n, dtype=torch.long)
+    mask = torch.zeros(len(prompts), n, dtype=torch.bool)
+    for r, p in enumerate(prompts):
+        tokens[r, n - len(p) :], mask[r, n - len(p) :] = p, True
+    cache = model.new_cache()
+    first = model(tokens, padding_mask=mask, cache=cache)
+    steps = [model(cont[:, t : t + 1], cache=cache) for t in range(cont.shape[1])]
+    for r, p in enumerate(prompts):
+        ref = alone(model, torch.cat([p, cont[r]]))
+        got = torch.cat([first[r][mask[r]], *[s[r] for s in steps]])
+        torch.testing.assert_close(got, ref, atol=ATOL, rtol=ATOL)
+
+
+@pytest.mark.parametrize("spec", SCHEME_SPECS, ids=spec_id)
+def test_config_round_trip(spec):
+    scheme = relpos.make_scheme(spec, d_model=16, num_heads=2, causal=True)
+    data = json.loads(json.dumps(scheme.get_config()))
+    again = relpos.make_scheme(data, d_model=16, num_heads=2, causal=True)
+    assert again.config == scheme.config
+    assert relpos.config_from_dict(data) == scheme.config
+    cfg = tiny_model(spec, True).cfg
+    assert TransformerConfig.from_dict(json.loads(json.dumps(cfg.to_dict()))) == cfg
+
+
+@pytest.mark.parametrize("spec", SCHEME_SPECS, ids=spec_id)
+def test_state_dict_round_trip(spec):
+    a, b = tiny_model(spec, True, seed=0), tiny_model(spec, True, seed=1)
+    tokens = torch.randint(0, VOCAB, (2, 7))
+    assert not torch.allclose(a(tokens), b(tokens))
+    b.load_state_dict(a.state_dict())
+    torch.testing.assert_close(b(tokens), a(tokens))
+    # Caches (ALiBi slopes, RoPE frequencies) are rebuilt, never saved.
+    assert all(".slopes" not in k and ".inv_freq" not in k for k in a.state_dict())
+
+
+@pytest.mark.parametrize("spec", SCHEME_SPECS, ids=spec_id)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+def test_attention_dtypes_and_shapes(spec, dtype):
+    attn = relpos.MultiheadAttention(16, 2, spec, causal=True).to(dtype)
+    x = torch.randn(3, 5, 16, dtype=dtype)
+    y = attn(
+        x, padding_mask=torch.tensor([[1, 1, 1, 1, 1], [0, 0, 1, 1, 1], [1, 1, 0, 0, 0]]).bool()
+    )
+    assert y.shape == x.shape and y.dtype == dtype
+    assert torch.isfinite(y).all()
+    assert torch.all(y[1, :2] == 0) and torch.all(y[2, 2:] == 0)
+
+
+@pytest.mark.parametrize("spec", SCHEME_SPECS, ids=spec_id)
+def test_fully_masked_rows_give_zeros_and_finite_gradients(spec):
+    attn = relpos.MultiheadAttention(16, 2, spec, causal=False)
+    randomize_parameters(attn)
+    x = torch.randn(2, 4, 16, requires_grad=True)
+    mask = torch.tensor([[False] * 4, [True, True, False, False]])
+    y = attn(x, padding_mask=mask)
+    assert torch.all(y[0] == 0) and torch.all(y[1, 2:] == 0)
+    y.square().sum().backward()
+    assert torch.isfinite(x.grad).all()
+    assert all(torch.isfinite(p.grad).all() for p in attn.parameters() if p.grad is not None)
+
+
+def test_bf16_bias_does_not_overflow():
+    """Long distances make large ALiBi/T5 biases: computed in float32, they stay finite in bf16."""
+    attn = relpos.MultiheadAttention(16, 2, "alibi", causal=True).to(torch.bfloat16)
+    pos = Positions.from_length(4, offset=60000)  # distances stay small, positions are huge
+    y = attn(torch.randn(1, 4, 16, dtype=torch.bfloat16), pos)
+    assert torch.isfinite(y).all()
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+@pytest.mark.parametrize("spec", SCHEME_SPECS, ids=spec_id)
+def test_torch_compile_smoke(spec):
+    model = tiny_model(spec, True)
+    tokens = torch.randint(0, VOCAB, (2, 6))
+    mask = torch.tensor([[1, 1, 1, 1, 1, 1], [0, 0, 1, 1, 1, 1]]).bool()
+    compiled = torch.compile(model, dynamic=False)
+    torch.testing.assert_close(
+        compiled(tokens, padding_mask=mask), model(tokens, padding_mask=mask)
+    )
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [s for s in SCHEME_SPECS if s["name"] in ("shaw", "music", "t5", "learned")],
+    ids=spec_id,
+)
+def test_gradcheck_learned_tables(spec):
+    """float64 finite differences agree with autograd for every learned table."""
+    causal = True
+    scheme = relpos.make_scheme(spec, d_model=4, num_heads=2, causal=causal).double()
+    randomize_parameters(scheme)
+    pos = Positions.from_segments(torch.tensor([[-1, 0, 0, 0, 1, 1]]))
+    q, k, v = (torch.randn(1, 2, 6, 2, dtype=torch.float64) for _ in range(3))
+    names = [n for n, _ in scheme.named_parameters()]
+    assert names
+
+    probe = _Probe(scheme, causal)
+
+    def f(*tables):
+        params = {f"scheme.{n}": t for n, t in zip(names, tables, strict=True)}
+        return torch.func.functional_call(probe, params, (q, k, v, pos))
+
+    tables = tuple(p.detach().clone().requires_grad_(True) for p in scheme.parameters())
+    assert torch.autograd.gradcheck(f, tables, eps=1e-6, atol=1e-5)
+
+
+class _Probe(torch.nn.Module):
+    """What a learned table feeds: the embedding, or attention through the scheme's hooks."""
+
+    def __init__(self, scheme: relpos.Scheme, causal: bool) -> None:
+        super().__init__()
+        self.scheme, self.causal = scheme, causal
+
+    def forward(self, q, k, v, pos):
+        if "embed" in self.scheme.hooks:
+            return self.scheme.embed(pos)
+        return relpos.eager_attention(q, k, v, self.scheme, pos, pos, causal=self.causal)

@@ -1,0 +1,146 @@
+"""The functional core against explicit formulas, and its invariants."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+import relpos
+from relpos import Positions
+from relpos.functional import (
+    alibi_slopes,
+    apply_rope,
+    clipped_relative_index,
+    gather_relative,
+    rope_angles,
+    rope_frequencies,
+    sinusoidal_table,
+    skew,
+    t5_buckets,
+)
+from tests import oracles
+
+
+def test_clipped_index_matches_the_issue_example():
+    d = Positions.from_length(10).distance()[0]
+    assert clipped_relative_index(d, 3)[0].tolist() == [3, 4, 5, 6, 6, 6, 6, 6, 6, 6]
+    assert clipped_relative_index(d, 3)[9].tolist() == [0, 0, 0, 0, 0, 0, 0, 1, 2, 3]
+
+
+@pytest.mark.parametrize("L", [1, 2, 3, 7, 16])
+@pytest.mark.parametrize("causal", [True, False])
+def test_skew_equals_explicit_gather(L, causal):
+    R = L if causal else 2 * L - 1
+    rel = torch.randn(2, 3, L, R)
+    out = skew(rel, causal=causal)
+    assert out.shape == (2, 3, L, L)
+    for i in range(L):
+        for j in range(L if not causal else i + 1):
+            assert torch.equal(out[..., i, j], rel[..., i, j - i + L - 1])
+    # ... and the general gather with index j - i + L - 1 agrees wherever the skew is defined.
+    index = (Positions.from_length(L).distance() + L - 1).clamp(0, R - 1)
+    gathered = gather_relative(rel, index)
+    keep = (
+        torch.ones(L, L, dtype=torch.bool).tril() if causal else torch.ones(L, L, dtype=torch.bool)
+    )
+    assert torch.equal(out[..., keep], gathered[..., keep])
+
+
+def test_skew_rejects_wrong_shapes():
+    with pytest.raises(ValueError, match=r"\(\.\.\., L, L\)"):
+        skew(torch.randn(3, 4), causal=True)
+    with pytest.raises(ValueError, match="2L-1"):
+        skew(torch.randn(3, 4), causal=False)
+
+
+@given(st.integers(-300, 300), st.booleans(), st.sampled_from([(32, 128), (8, 20), (16, 9)]))
+def test_t5_buckets_match_the_scalar_formula(distance, bidirectional, sizes):
+    nb, md = sizes
+    got = t5_buckets(
+        torch.tensor([distance]), bidirectional=bidirectional, num_buckets=nb, max_distance=md
+    )
+    want = oracles.t5_bucket(distance, bidirectional=bidirectional, num_buckets=nb, max_distance=md)
+    assert got.item() == want
+
+
+def test_t5_buckets_are_monotone_and_in_range():
+    d = torch.arange(-500, 501)
+    for bidirectional in (True, False):
+        b = t5_buckets(d, bidirectional=bidirectional, num_buckets=32, max_distance=128)
+        assert b.min() >= 0 and b.max() < 32
+        past = b[d <= 0].flip(0)  # distance 0, -1, -2, ...
+        assert torch.all(past[1:] >= past[:-1])
+    causal = t5_buckets(d, bidirectional=False, num_buckets=32, max_distance=128)
+    assert torch.all(causal[d > 0] == 0)
+
+
+def test_alibi_slopes_known_values():
+    assert alibi_slopes(8).tolist() == [2.0**-k for k in range(1, 9)]
+    # 12 heads: the 8-head slopes, then every other slope of the 16-head sequence.
+    expected = [2.0**-k for k in range(1, 9)] + [2.0 ** (-k / 2) for k in (1, 3, 5, 7)]
+    torch.testing.assert_close(alibi_slopes(12), torch.tensor(expected))
+    for n in (1, 3, 5, 6, 7, 12, 24):
+        torch.testing.assert_close(
+            alibi_slopes(n), torch.tensor([oracles.alibi_slope(h, n) for h in range(n)])
+        )
+
+
+@given(st.integers(0, 5000), st.sampled_from([4, 8, 64]), st.booleans())
+def test_rope_preserves_norms(pos, d, interleaved):
+    x = torch.randn(1, 2, 1, d)
+    y = apply_rope(
+        x, rope_angles(torch.tensor([[pos]]), rope_frequencies(d)), interleaved=interleaved
+    )
+    torch.testing.assert_close(y.norm(dim=-1), x.norm(dim=-1))
+
+
+@given(st.integers(0, 1000), st.integers(0, 1000), st.integers(-50, 50), st.booleans())
+def test_rope_dot_product_depends_only_on_distance(p, shift_q, shift, interleaved):
+    d = 16
+    inv = rope_frequencies(d)
+    q, k = (
+        torch.randn(1, 1, 1, d, dtype=torch.float64),
+        torch.randn(1, 1, 1, d, dtype=torch.float64),
+    )
+
+    def score(pq, pk):
+        rq = apply_rope(q, rope_angles(torch.tensor([[pq]]), inv.double()), interleaved=interleaved)
+        rk = apply_rope(k, rope_angles(torch.tensor([[pk]]), inv.double()), interleaved=interleaved)
+        return (rq * rk).sum()
+
+    a = score(p, max(p + shift, 0))
+    b = score(p + shift_q, max(p + shift, 0) + shift_q)
+    torch.testing.assert_close(a, b)
+
+
+def test_partial_rope_leaves_the_rest_alone():
+    x = torch.randn(1, 1, 3, 8)
+    y = apply_rope(x, rope_angles(torch.tensor([[1, 2, 3]]), rope_frequencies(4)))
+    assert torch.equal(y[..., 4:], x[..., 4:]) and not torch.allclose(y[..., :4], x[..., :4])
+
+
+def test_sinusoid_layouts():
+    t = sinusoidal_table(torch.tensor([0, 3]), 6)
+    assert t[0].tolist() == [0.0, 1.0, 0.0, 1.0, 0.0, 1.0]
+    assert t[1, 0].item() == pytest.approx(math.sin(3)) and t[1, 1].item() == pytest.approx(
+        math.cos(3)
+    )
+    halves = sinusoidal_table(torch.tensor([3]), 6, interleaved=False)[0]
+    torch.testing.assert_close(halves, torch.cat([t[1, 0::2], t[1, 1::2]]))
+
+
+@pytest.mark.parametrize("name", ["shaw", "music", "t5", "alibi"])
+@pytest.mark.parametrize("causal", [True, False])
+@given(offset=st.integers(1, 10_000))
+def test_relative_terms_depend_only_on_distance(name, causal, offset):
+    """Shifting every position by the same amount changes no relative term."""
+    scheme = relpos.make_scheme(name, d_model=8, num_heads=2, causal=causal)
+    torch.nn.init.normal_(next(iter(scheme.parameters()), torch.empty(0)))
+    q = torch.randn(1, 2, 5, 4)
+    p = Positions.from_segments(torch.tensor([[0, 0, 0, 1, 1]]))
+    shifted = Positions.from_segments(p.seg, offset=offset)
+    torch.testing.assert_close(scheme.score_bias(q, p, p), scheme.score_bias(q, shifted, shifted))

@@ -1,0 +1,109 @@
+"""Positions: every constructor gives each token its position inside its own sequence."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from relpos import Positions
+
+lengths = st.lists(st.integers(0, 7), min_size=1, max_size=4)
+
+
+def test_from_length_is_a_broadcastable_range():
+    p = Positions.from_length(4, offset=3)
+    assert p.pos.tolist() == [[3, 4, 5, 6]] and p.seg.tolist() == [[0, 0, 0, 0]]
+    assert p.batch == 1 and p.contiguous
+
+
+@given(lengths, st.integers(0, 3), st.booleans())
+def test_padding_mask_positions_count_real_tokens(lens, extra, left):
+    n = max(lens) + extra
+    mask = torch.zeros(len(lens), n, dtype=torch.bool)
+    for r, length in enumerate(lens):
+        if left:
+            mask[r, n - length :] = True
+        else:
+            mask[r, :length] = True
+    p = Positions.from_padding_mask(mask)
+    for r, length in enumerate(lens):
+        assert p.pos[r][mask[r]].tolist() == list(range(length))
+        assert p.seg[r][~mask[r]].eq(-1).all()
+        assert p.pos[r][~mask[r]].eq(0).all()
+
+
+@given(st.lists(lengths, min_size=1, max_size=3), st.integers(0, 2))
+def test_packed_positions_restart_at_every_document(rows, extra):
+    n = max(sum(r) for r in rows) + extra
+    p = Positions.from_lengths(rows, n)
+    for r, docs in enumerate(rows):
+        expected = [t for length in docs for t in range(length)]
+        assert p.pos[r, : len(expected)].tolist() == expected
+        assert p.seg[r, len(expected) :].eq(-1).all()
+
+
+def test_segments_may_be_interleaved_with_padding():
+    p = Positions.from_segments(torch.tensor([[-1, 4, 4, -1, 4, 2, 2]]))
+    assert p.pos.tolist() == [[0, 0, 1, 0, 2, 0, 1]]
+    allowed = p.allowed(causal=True)[0]
+    assert allowed[4].tolist() == [False, True, True, False, True, False, False]
+    assert not allowed[0].any() and not allowed[:, 0].any()
+
+
+def test_offset_per_row_and_continuation():
+    p = Positions.from_padding_mask(
+        torch.tensor([[0, 1, 1], [1, 1, 1]]).bool(), offset=torch.tensor([5, 0])
+    )
+    assert p.pos.tolist() == [[0, 5, 6], [0, 1, 2]]
+    c = p.continued(2)
+    assert c.pos.tolist() == [[7, 8], [3, 4]] and c.seg.tolist() == [[0, 0], [0, 0]]
+    empty = Positions.from_padding_mask(torch.zeros(1, 3, dtype=torch.bool)).continued(1)
+    assert empty.pos.tolist() == [[0]] and empty.seg.tolist() == [[0]]
+
+
+def test_distance_and_causal_mask():
+    p = Positions.from_segments(torch.tensor([[0, 0, 1, 1]]))
+    assert p.distance()[0].tolist() == [[0, 1, 0, 1], [-1, 0, -1, 0], [0, 1, 0, 1], [-1, 0, -1, 0]]
+    assert p.allowed(causal=True)[0].int().tolist() == [
+        [1, 0, 0, 0],
+        [1, 1, 0, 0],
+        [0, 0, 1, 0],
+        [0, 0, 1, 1],
+    ]
+
+
+@pytest.mark.parametrize(
+    ("call", "error", "match"),
+    [
+        (lambda: Positions.from_segments(torch.zeros(2, 3)), TypeError, "integers"),
+        (
+            lambda: Positions.from_segments(torch.zeros(3, dtype=torch.long)),
+            ValueError,
+            r"shape \(3,\)",
+        ),
+        (lambda: Positions.from_segments(torch.tensor([[-2, 0]])), ValueError, "-1 for padding"),
+        (lambda: Positions.from_padding_mask(torch.ones(2, 3)), TypeError, "bool"),
+        (lambda: Positions.from_length(3, offset=-1), ValueError, "offset"),
+        (lambda: Positions.from_length(3.0), TypeError, "int"),
+        (lambda: Positions.from_lengths([[2, 3]], 4), ValueError, "more than n=4"),
+        (
+            lambda: Positions(
+                torch.zeros(1, 2, dtype=torch.long), torch.zeros(1, 3, dtype=torch.long)
+            ),
+            ValueError,
+            "same shape",
+        ),
+        (
+            lambda: Positions.from_padding_mask(
+                torch.ones(2, 3, dtype=torch.bool), offset=torch.tensor([1, 2, 3])
+            ),
+            ValueError,
+            r"shape \(2,\)",
+        ),
+    ],
+)
+def test_bad_input_is_a_clear_error(call, error, match):
+    with pytest.raises(error, match=match):
+        call()
