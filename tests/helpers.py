@@ -41,7 +41,7 @@ def randomize_parameters(module: torch.nn.Module, seed: int = 0) -> None:
 def random_segments(
     rng: random.Random, n: int, *, max_docs: int = 3, pad: bool = True
 ) -> list[int]:
-    """Segment ids for a row of n tokens: a few contiguous documents, maybe padding at either end."""
+    """Segment ids for n tokens: a few contiguous documents, maybe padding at either end."""
     left = rng.randint(0, n // 3) if pad and rng.random() < 0.5 else 0
     right = rng.randint(0, n // 3) if pad and rng.random() < 0.5 else 0
     body = n - left - right

@@ -1,4 +1,4 @@
-"""Slow, obviously-correct reference implementations: loops over (b, h, i, j), straight from the papers.
+"""Slow, obviously-correct references: loops over (b, h, i, j), straight from the papers.
 
 Nothing here is vectorised or clever, and nothing reuses relpos's functional core: positions are
 Python ints read per token, every term is written as the paper writes it. Built from torch scalar
@@ -139,18 +139,18 @@ def attention(
     Query i may see key j when both are real tokens (segment != -1) of the same segment and, if
     causal, ``k_pos <= q_pos``. A query that sees nothing outputs zeros.
     """
-    B, H, I, D = q.shape
-    J = k.shape[2]
+    n_b, n_h, n_i, D = q.shape
+    n_j = k.shape[2]
     rows = []
-    for b in range(B):
+    for b in range(n_b):
         heads = []
-        for h in range(H):
+        for h in range(n_h):
             outs = []
-            for i in range(I):
+            for i in range(n_i):
                 pi, si = q_pos[b][i], q_seg[b][i]
                 keys = [
                     j
-                    for j in range(J)
+                    for j in range(n_j)
                     if si != -1 and k_seg[b][j] == si and (not causal or k_pos[b][j] <= pi)
                 ]
                 if not keys:

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import relpos
-from relpos import Positions, Transformer, TransformerConfig
+from relpos import Positions, Transformer, TransformerConfig, checks
 from tests.helpers import SCHEME_SPECS, randomize_parameters, spec_id
 
 VOCAB = 13
@@ -45,10 +45,6 @@ def random_docs(rng: random.Random, count: int, lo: int = 1, hi: int = 9) -> lis
     ]
 
 
-def alone(model: Transformer, doc: torch.Tensor) -> torch.Tensor:
-    return model(doc.unsqueeze(0))[0]
-
-
 causal_ids = ["causal", "bidirectional"]
 
 
@@ -56,72 +52,52 @@ causal_ids = ["causal", "bidirectional"]
 @pytest.mark.parametrize("causal", [True, False], ids=causal_ids)
 @pytest.mark.parametrize("side", ["left", "right"])
 def test_padded_batch_equals_each_sample_alone(spec, causal, side):
-    rng = random.Random(1)
-    model = tiny_model(spec, causal)
-    docs = random_docs(rng, 4)
-    n = max(len(d) for d in docs) + 2
-    tokens = torch.zeros(len(docs), n, dtype=torch.long)
-    mask = torch.zeros(len(docs), n, dtype=torch.bool)
-    for r, d in enumerate(docs):
-        sl = slice(n - len(d), n) if side == "left" else slice(0, len(d))
-        tokens[r, sl], mask[r, sl] = d, True
-    out = model(tokens, padding_mask=mask)
-    for r, d in enumerate(docs):
-        torch.testing.assert_close(out[r][mask[r]], alone(model, d), atol=ATOL, rtol=ATOL)
+    docs = random_docs(random.Random(1), 4)
+    assert checks.padded_gap(tiny_model(spec, causal), docs, side=side) < ATOL
 
 
 @pytest.mark.parametrize("spec", SCHEME_SPECS, ids=spec_id)
 @pytest.mark.parametrize("causal", [True, False], ids=causal_ids)
 def test_packed_row_equals_each_document_alone(spec, causal):
     rng = random.Random(2)
-    model = tiny_model(spec, causal)
     rows = [random_docs(rng, 3), random_docs(rng, 2)]
-    n = max(sum(len(d) for d in row) for row in rows) + 1  # at least one padding token
-    tokens = torch.zeros(len(rows), n, dtype=torch.long)
-    seg = torch.full((len(rows), n), -1)
-    for r, row in enumerate(rows):
-        t = 0
-        for s, d in enumerate(row):
-            tokens[r, t : t + len(d)], seg[r, t : t + len(d)] = d, s
-            t += len(d)
-    out = model(tokens, segment_ids=seg)
-    for r, row in enumerate(rows):
-        for s, d in enumerate(row):
-            torch.testing.assert_close(out[r][seg[r] == s], alone(model, d), atol=ATOL, rtol=ATOL)
+    assert checks.packed_gap(tiny_model(spec, causal), rows) < ATOL
 
 
 @pytest.mark.parametrize("spec", SCHEME_SPECS, ids=spec_id)
 @pytest.mark.parametrize("chunk", [1, 3])
 def test_cached_decoding_equals_full_forward(spec, chunk):
-    rng = random.Random(3)
-    model = tiny_model(spec, causal=True)
-    tokens = torch.tensor([[rng.randrange(VOCAB) for _ in range(10)] for _ in range(2)])
-    full = model(tokens)
-    cache = model.new_cache()
-    steps = [model(tokens[:, t : t + chunk], cache=cache) for t in range(0, tokens.shape[1], chunk)]
-    torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=ATOL, rtol=ATOL)
-    assert len(cache[0]) == tokens.shape[1]
+    tokens = torch.randint(0, VOCAB, (2, 10), generator=torch.Generator().manual_seed(3))
+    assert checks.cached_gap(tiny_model(spec, causal=True), tokens, chunk=chunk) < ATOL
 
 
 @pytest.mark.parametrize("spec", SCHEME_SPECS, ids=spec_id)
 def test_left_padded_prompts_decode_like_each_alone(spec):
     """Batched generation: left-padded prompts, then one token per step for every row."""
     rng = random.Random(4)
-    model = tiny_model(spec, causal=True)
     prompts = random_docs(rng, 3, lo=2, hi=6)
-    cont = torch.tensor([[rng.randrange(VOCAB) for _ in range(4)] for _ in prompts])
-    n = max(len(p) for p in prompts)
-    tokens = torch.zeros(len(prompts), n, dtype=torch.long)
-    mask = torch.zeros(len(prompts), n, dtype=torch.bool)
-    for r, p in enumerate(prompts):
-        tokens[r, n - len(p) :], mask[r, n - len(p) :] = p, True
-    cache = model.new_cache()
-    first = model(tokens, padding_mask=mask, cache=cache)
-    steps = [model(cont[:, t : t + 1], cache=cache) for t in range(cont.shape[1])]
-    for r, p in enumerate(prompts):
-        ref = alone(model, torch.cat([p, cont[r]]))
-        got = torch.cat([first[r][mask[r]], *[s[r] for s in steps]])
-        torch.testing.assert_close(got, ref, atol=ATOL, rtol=ATOL)
+    cont = torch.randint(0, VOCAB, (3, 4), generator=torch.Generator().manual_seed(4))
+    model = tiny_model(spec, causal=True)
+    assert checks.left_padded_decoding_gap(model, prompts, cont) < ATOL
+
+
+class IndexSinusoid(relpos.Sinusoidal):
+    """A deliberately wrong scheme: encodes array indices, not positions."""
+
+    def embed(self, positions):
+        return super().embed(Positions.from_length(len(positions)))
+
+
+def test_the_checks_catch_a_scheme_that_reads_array_indices():
+    """Relative terms computed from index differences survive padding and packing (masked pairs
+    aside, index and position differences agree); absolute ones do not, and caches break both."""
+    model = tiny_model({"name": "sinusoidal"}, causal=True)
+    model.embed.scheme = IndexSinusoid(d_model=16, num_heads=1, causal=False)
+    rng = random.Random(5)
+    docs = random_docs(rng, 3, lo=3)
+    assert checks.padded_gap(model, docs, side="left") > 1e-3
+    assert checks.packed_gap(model, [docs]) > 1e-3
+    assert checks.cached_gap(model, torch.randint(0, VOCAB, (2, 8))) > 1e-3
 
 
 @pytest.mark.parametrize("spec", SCHEME_SPECS, ids=spec_id)

@@ -1,4 +1,4 @@
-"""Bad input gets a clear ValueError/TypeError naming the argument, what was received and expected."""
+"""Bad input: a clear ValueError/TypeError naming the argument, what was received and expected."""
 
 from __future__ import annotations
 

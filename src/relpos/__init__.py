@@ -4,7 +4,7 @@ Every scheme is a function of each token's own position inside its own sequence 
 :class:`Positions`), never of array indices.
 """
 
-from . import functional
+from . import checks, functional
 from .attention import BACKENDS, KVCache, MultiheadAttention, eager_attention
 from .embedding import TokenPositionEmbedding
 from .models import Transformer, TransformerConfig
@@ -65,6 +65,7 @@ __all__ = [
     "Transformer",
     "TransformerConfig",
     "__version__",
+    "checks",
     "config_from_dict",
     "eager_attention",
     "functional",
