@@ -1,0 +1,52 @@
+"""Checkpoints: written atomically, loaded with ``weights_only=True``, checked before use.
+
+A checkpoint is a plain dict of tensors and Python values (no pickled objects): the model and
+optimiser states, the step, the RNG states and the run's config. It is written to a temporary
+file and renamed into place, so the previous checkpoint stays usable if anything fails midway.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..data.atomic import atomic_path
+
+__all__ = ["FORMAT_VERSION", "load_checkpoint", "save_checkpoint"]
+
+FORMAT_VERSION = 1
+_REQUIRED = ("format", "step", "model", "optimizer", "config")
+
+
+def save_checkpoint(path: str | Path, state: dict[str, Any]) -> Path:
+    """Write ``state`` (plus the format version) to ``path`` atomically."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_path(path) as tmp:
+        torch.save({"format": FORMAT_VERSION, **state}, tmp)
+    return path
+
+
+def load_checkpoint(path: str | Path) -> dict[str, Any]:
+    """Load and check a checkpoint; a clear ``ValueError`` if it is missing pieces or corrupt."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"checkpoint {path} does not exist")
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # torch raises several types for truncated or foreign files
+        raise ValueError(f"checkpoint {path} is corrupt or not a relpos checkpoint ({e})") from None
+    if not isinstance(state, dict) or any(k not in state for k in _REQUIRED):
+        keys = sorted(state) if isinstance(state, dict) else type(state).__name__
+        raise ValueError(
+            f"checkpoint {path} is not a relpos checkpoint: expected keys "
+            f"{list(_REQUIRED)}, found {keys}"
+        )
+    if state["format"] != FORMAT_VERSION:
+        raise ValueError(
+            f"checkpoint {path} has format {state['format']}, this relpos reads "
+            f"format {FORMAT_VERSION}"
+        )
+    return state
