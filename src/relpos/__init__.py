@@ -67,6 +67,7 @@ __all__ = [
     "__version__",
     "checks",
     "config_from_dict",
+    "data",
     "eager_attention",
     "functional",
     "make_scheme",

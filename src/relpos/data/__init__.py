@@ -1,0 +1,82 @@
+"""Four-part Bach chorale data for a Music Transformer (Huang et al., 2018 representation).
+
+* :func:`load_chorales` — the music21 corpus (default, cached) or a JSB JSON file, as
+  :class:`ChoraleSplits` of ``(T, 4)`` int16 arrays (16th-note steps × S, A, T, B; ``-1`` silent).
+* :mod:`.tokens` — ``encode`` / ``decode`` between chorales and token ids (one token per voice
+  per step, S, A, T, B), :data:`VOCAB_SIZE`.
+* :mod:`.augment` — transposition within voice ranges (training only).
+* :mod:`.batching` — random training windows and exhaustive evaluation windows (numpy).
+* :mod:`.midi` — MIDI / MusicXML output.
+* :mod:`.cache` — the versioned, checksummed corpus cache.
+
+Nothing here imports torch; music21 and tqdm are imported only when the corpus is parsed or a
+score written.
+"""
+
+from .augment import VOICE_RANGES, allowed_shifts, random_transpose, transpose, voice_ranges
+from .batching import Windows, eval_windows, random_windows, step_boundaries
+from .cache import CacheWarning, default_cache_dir
+from .chorales import load_music21_chorales, split_of
+from .jsb import load_jsb_json
+from .load import MUSIC21, load_chorales
+from .midi import chorale_to_score, write_midi, write_musicxml
+from .splits import (
+    NUM_VOICES,
+    SILENCE,
+    SPLITS,
+    VOICE_NAMES,
+    ChoraleSplits,
+    SplitName,
+    check_chorale,
+)
+from .tokens import (
+    BOS,
+    EOS,
+    MAX_PITCH,
+    MIN_PITCH,
+    PAD,
+    REST,
+    VOCAB_SIZE,
+    decode,
+    encode,
+    token_voices,
+)
+
+__all__ = [
+    "BOS",
+    "EOS",
+    "MAX_PITCH",
+    "MIN_PITCH",
+    "MUSIC21",
+    "NUM_VOICES",
+    "PAD",
+    "REST",
+    "SILENCE",
+    "SPLITS",
+    "VOCAB_SIZE",
+    "VOICE_NAMES",
+    "VOICE_RANGES",
+    "CacheWarning",
+    "ChoraleSplits",
+    "SplitName",
+    "Windows",
+    "allowed_shifts",
+    "check_chorale",
+    "chorale_to_score",
+    "decode",
+    "default_cache_dir",
+    "encode",
+    "eval_windows",
+    "load_chorales",
+    "load_jsb_json",
+    "load_music21_chorales",
+    "random_transpose",
+    "random_windows",
+    "split_of",
+    "step_boundaries",
+    "token_voices",
+    "transpose",
+    "voice_ranges",
+    "write_midi",
+    "write_musicxml",
+]

@@ -1,0 +1,201 @@
+"""Windows of token sequences for next-token training and evaluation (numpy only).
+
+A window is ``length + 1`` token ids: the model reads ``tokens[:, :-1]`` and predicts
+``tokens[:, 1:]``. Every window starts at a *step boundary* of its sequence — position 0 (BOS) or
+a soprano token (position ``1 + 4k`` of an encoded chorale) — so
+:func:`relpos.data.tokens.token_voices` gives the right voice of every token of a window.
+Sequences that end inside a window are padded with PAD; ``mask`` is ``True`` on real tokens, so
+the targets to score are ``mask[:, 1:]`` (the input at a PAD position is PAD and its target is
+masked out).
+
+Everything here returns numpy arrays; the caller makes tensors
+(``torch.from_numpy(w.tokens)``, ``torch.from_numpy(w.mask)``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .splits import NUM_VOICES
+from .tokens import PAD
+
+__all__ = ["Windows", "eval_windows", "random_windows", "step_boundaries"]
+
+
+@dataclass(frozen=True, eq=False)  # arrays inside: compare contents explicitly
+class Windows:
+    """A batch of windows.
+
+    Attributes:
+        tokens: ``int64 (n, length + 1)`` token ids, PAD after the end of a sequence.
+        mask: ``bool (n, length + 1)``, ``True`` on real tokens.
+        seq_index: ``int64 (n,)``, which input sequence each window comes from.
+        start: ``int64 (n,)``, position in that sequence of the window's first token.
+    """
+
+    tokens: np.ndarray
+    mask: np.ndarray
+    seq_index: np.ndarray
+    start: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def num_targets(self) -> int:
+        """Number of scored target tokens, ``mask[:, 1:].sum()``."""
+        return int(self.mask[:, 1:].sum())
+
+    def batches(self, batch_size: int) -> Iterator[Windows]:
+        """Consecutive slices of at most ``batch_size`` windows, in order."""
+        _check_positive_int("batch_size", batch_size)
+        for i in range(0, len(self), batch_size):
+            sl = slice(i, i + batch_size)
+            yield Windows(self.tokens[sl], self.mask[sl], self.seq_index[sl], self.start[sl])
+
+
+def _check_positive_int(name: str, value: Any) -> None:
+    if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"{name}: expected a positive int, got {value!r}")
+
+
+def _check_seqs(token_seqs: Sequence[Any]) -> list[np.ndarray]:
+    if isinstance(token_seqs, np.ndarray) or not isinstance(token_seqs, Sequence):
+        raise TypeError(
+            f"token_seqs: expected a sequence of 1-D token arrays, got {type(token_seqs).__name__}"
+        )
+    out = []
+    for i, s in enumerate(token_seqs):
+        arr = np.asarray(s)
+        if arr.ndim != 1 or (arr.size and arr.dtype.kind not in "iu"):
+            raise ValueError(
+                f"token_seqs[{i}]: expected a 1-D integer array, got shape {arr.shape}, "
+                f"dtype {arr.dtype}"
+            )
+        out.append(arr.astype(np.int64, copy=False))
+    return out
+
+
+def step_boundaries(seq_len: int) -> np.ndarray:
+    """Window start positions allowed in an encoded chorale of ``seq_len`` tokens:
+    0 (BOS) and ``1, 5, 9, ...`` (sopranos), all ``< seq_len``."""
+    if seq_len <= 0:
+        return np.zeros(0, dtype=np.int64)
+    return np.concatenate([[0], np.arange(1, seq_len, NUM_VOICES)]).astype(np.int64)
+
+
+def _window(seq: np.ndarray, start: int, size: int) -> tuple[np.ndarray, np.ndarray]:
+    chunk = seq[start : start + size]
+    tokens = np.full(size, PAD, dtype=np.int64)
+    tokens[: len(chunk)] = chunk
+    mask = np.zeros(size, dtype=bool)
+    mask[: len(chunk)] = True
+    return tokens, mask
+
+
+def random_windows(
+    token_seqs: Sequence[Any],
+    batch_size: int,
+    length: int,
+    rng: np.random.Generator,
+    *,
+    weighted: bool = True,
+) -> Windows:
+    """``batch_size`` random training windows of ``length + 1`` tokens.
+
+    Each window picks a sequence (with probability proportional to its number of tokens when
+    ``weighted``, so every token is about equally likely to be seen; uniformly otherwise), then a
+    start uniformly among its step boundaries ``s`` with ``s + length + 1 ≤ len`` — plus the
+    first boundary past that limit, so the last tokens (EOS) can be drawn even when ``length`` is
+    not a multiple of 4. A sequence of at most ``length + 1`` tokens is taken whole, padded.
+
+    Args:
+        token_seqs: encoded chorales (1-D int arrays, e.g. from :func:`relpos.data.tokens.encode`;
+            re-encode transposed copies each epoch for augmentation).
+        batch_size: number of windows.
+        length: model context; windows hold ``length + 1`` tokens.
+        rng: ``numpy.random.Generator``.
+        weighted: sample sequences by length (default) or uniformly.
+    """
+    seqs = _check_seqs(token_seqs)
+    _check_positive_int("batch_size", batch_size)
+    _check_positive_int("length", length)
+    if not isinstance(rng, np.random.Generator):
+        raise TypeError(f"rng: expected numpy.random.Generator, got {type(rng).__name__}")
+    if not seqs:
+        raise ValueError("token_seqs: empty, nothing to sample from")
+    lengths = np.array([len(s) for s in seqs], dtype=np.float64)
+    if lengths.sum() == 0:
+        raise ValueError("token_seqs: all sequences are empty")
+    p = lengths / lengths.sum() if weighted else (lengths > 0) / (lengths > 0).sum()
+    size = length + 1
+    which = rng.choice(len(seqs), size=batch_size, p=p)
+    tokens = np.empty((batch_size, size), dtype=np.int64)
+    mask = np.empty((batch_size, size), dtype=bool)
+    starts = np.empty(batch_size, dtype=np.int64)
+    for b, i in enumerate(which):
+        seq = seqs[i]
+        bounds = step_boundaries(len(seq))
+        last = len(seq) - size  # largest start that fills the window
+        if last <= 0:
+            start = 0
+        else:
+            n_ok = int(np.searchsorted(bounds, last, side="right"))
+            # Boundaries <= last, plus the next one if `last` itself isn't a boundary.
+            n = n_ok + (1 if n_ok < len(bounds) and bounds[n_ok - 1] != last else 0)
+            start = int(bounds[rng.integers(n)])
+        tokens[b], mask[b] = _window(seq, start, size)
+        starts[b] = start
+    return Windows(tokens, mask, which.astype(np.int64), starts)
+
+
+def eval_windows(token_seqs: Sequence[Any], length: int) -> Windows:
+    """Deterministic windows that score every token of every sequence exactly once.
+
+    For each sequence (in order), windows are cut at step boundaries ``0 = s_0 < s_1 < ...``
+    where ``s_{j+1}`` is the last boundary ``≤ s_j + length``; window ``j`` holds tokens
+    ``[s_j, s_{j+1}]`` (its inputs ``[s_j, s_{j+1})`` and targets ``(s_j, s_{j+1}]``), padded to
+    ``length + 1``; the last window runs to the end of the sequence. So the targets of a sequence
+    of ``n`` tokens are positions ``1..n-1`` (BOS is never a target), each exactly once, and
+    ``Windows.num_targets == sum(n - 1)``: summing NLL over ``mask[:, 1:]`` and dividing by
+    ``num_targets`` gives the per-token NLL. Each window's context restarts at its first token.
+    Requires ``length ≥ 4`` so that a window always advances by at least one step.
+    """
+    seqs = _check_seqs(token_seqs)
+    _check_positive_int("length", length)
+    if length < NUM_VOICES:
+        raise ValueError(f"length: expected at least {NUM_VOICES} (one step), got {length}")
+    size = length + 1
+    rows: list[np.ndarray] = []
+    masks: list[np.ndarray] = []
+    index: list[int] = []
+    starts: list[int] = []
+    for i, seq in enumerate(seqs):
+        n = len(seq)
+        if n < 2:  # nothing to predict
+            continue
+        bounds = step_boundaries(n)
+        start = 0
+        while True:
+            if start + length >= n - 1:  # the rest fits: targets up to n - 1
+                stop = n - 1
+            else:
+                stop = int(bounds[np.searchsorted(bounds, start + length, side="right") - 1])
+            row, m = _window(seq[: stop + 1], start, size)
+            rows.append(row)
+            masks.append(m)
+            index.append(i)
+            starts.append(start)
+            if stop >= n - 1:
+                break
+            start = stop
+    if not rows:
+        empty = np.zeros((0, size), dtype=np.int64)
+        return Windows(empty, empty.astype(bool), np.zeros(0, np.int64), np.zeros(0, np.int64))
+    return Windows(
+        np.stack(rows), np.stack(masks), np.array(index, np.int64), np.array(starts, np.int64)
+    )

@@ -1,0 +1,153 @@
+"""Loader for the JSB chorales with the standard split (Boulanger-Lewandowski et al., 2012), in the
+JSON edition of the Coconet ``Jsb16thSeparated`` data:
+
+.. code-block:: text
+
+    {"train": [chorale, ...], "valid": [...], "test": [...]}
+    chorale = [[S, A, T, B], [S, A, T, B], ...]     one entry per 16th-note step
+    S, A, T, B = MIDI pitch (int), -1 = the voice is silent
+
+What the reference file holds (``Jsb16thSeparated.json``, checked when this loader was written):
+229 / 76 / 77 chorales with 55,228 / 18,408 / 18,900 steps; every step has exactly four entries,
+every entry is an int; pitches 36..81; ``-1`` occurs (a few hundred steps per split, where a voice
+rests). So the strict rules below reject nothing in it.
+
+Rules:
+
+* the top level must be an object with the keys ``train``, ``valid`` and ``test`` (other keys are
+  ignored), each a list of chorales (a split may be empty);
+* a chorale is a non-empty list of steps; a step is a list of **exactly four** values — a step
+  with fewer or more entries is an error, since one can't tell which voice is missing;
+* a value is an int in 0..127 or ``-1``; also accepted: a float with an integral value
+  (``60.0``), and ``null`` or ``NaN`` as silence (``-1``), which is how the ``.npz`` edition of the
+  same data marks silent voices; anything else (``60.5``, ``"C4"``, ``true``, ``Infinity``) is an
+  error.
+
+Every error is a ``ValueError`` whose message names the file and the place (split, chorale, step).
+Chorales are named ``"<split>/<index>"`` (``"train/000"``), in file order.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .splits import NUM_VOICES, SILENCE, SPLITS, ChoraleSplits
+
+__all__ = ["load_jsb_json", "parse_jsb_splits"]
+
+
+def _value(x: Any, where: str) -> int:
+    if isinstance(x, bool):
+        raise ValueError(f"{where}: expected a MIDI pitch or -1, got {x!r}")
+    if x is None:
+        return SILENCE
+    if isinstance(x, float):
+        if math.isnan(x):
+            return SILENCE
+        if not x.is_integer():
+            raise ValueError(f"{where}: expected an integer MIDI pitch or -1, got {x!r}")
+        x = int(x)
+    if not isinstance(x, int):
+        raise ValueError(
+            f"{where}: expected an integer MIDI pitch or -1, got {type(x).__name__} {x!r}"
+        )
+    if x != SILENCE and not 0 <= x <= 127:
+        raise ValueError(f"{where}: expected -1 or a MIDI pitch 0..127, got {x}")
+    return x
+
+
+def _chorale(raw: Any, where: str) -> np.ndarray:
+    if not isinstance(raw, list):
+        raise ValueError(f"{where}: expected a list of time steps, got {type(raw).__name__}")
+    if not raw:
+        raise ValueError(f"{where}: empty chorale (no time steps)")
+    # Fast path: a clean integer grid, as in the reference file.
+    try:
+        arr = np.array(raw)
+    except (TypeError, ValueError):  # ragged
+        arr = None
+    if (
+        arr is not None
+        and arr.dtype.kind == "i"
+        and arr.ndim == 2
+        and not any(type(x) is bool for step in raw for x in step)  # numpy turns True into 1
+        and arr.shape[1] == NUM_VOICES
+        and int(arr.min()) >= SILENCE
+        and int(arr.max()) <= 127
+    ):
+        return arr.astype(np.int16)
+    out = np.empty((len(raw), NUM_VOICES), dtype=np.int16)
+    for t, step in enumerate(raw):
+        if not isinstance(step, list):
+            raise ValueError(
+                f"{where}, step {t}: expected a list of {NUM_VOICES} pitches [S, A, T, B], got "
+                f"{type(step).__name__} {step!r}"
+            )
+        if len(step) != NUM_VOICES:
+            raise ValueError(
+                f"{where}, step {t}: expected {NUM_VOICES} pitches [S, A, T, B], got "
+                f"{len(step)}: {step!r}"
+            )
+        for v, x in enumerate(step):
+            out[t, v] = _value(x, f"{where}, step {t}, voice {v}")
+    return out
+
+
+def parse_jsb_splits(data: Any, *, source: str = "<data>") -> ChoraleSplits:
+    """Validate already-decoded JSON ``data`` (see the module docstring) into
+    :class:`ChoraleSplits`; ``source`` is used in error messages and as ``.source``."""
+    if not isinstance(data, dict):
+        raise ValueError(
+            f"{source}: expected a JSON object with keys {list(SPLITS)}, got {type(data).__name__}"
+        )
+    missing = [s for s in SPLITS if s not in data]
+    if missing:
+        raise ValueError(
+            f"{source}: missing key(s) {missing}; expected {list(SPLITS)}, found "
+            f"{sorted(map(str, data))}"
+        )
+    chorales: dict[str, list[np.ndarray]] = {}
+    for split in SPLITS:
+        raw = data[split]
+        if not isinstance(raw, list):
+            raise ValueError(
+                f"{source}: {split!r} must be a list of chorales, got {type(raw).__name__}"
+            )
+        chorales[split] = [_chorale(c, f"{source}: {split} chorale {i}") for i, c in enumerate(raw)]
+    return ChoraleSplits(
+        train=chorales["train"],
+        valid=chorales["valid"],
+        test=chorales["test"],
+        train_names=[f"train/{i:03d}" for i in range(len(chorales["train"]))],
+        valid_names=[f"valid/{i:03d}" for i in range(len(chorales["valid"]))],
+        test_names=[f"test/{i:03d}" for i in range(len(chorales["test"]))],
+        source=source,
+    )
+
+
+def load_jsb_json(path: str | os.PathLike[str]) -> ChoraleSplits:
+    """Load a JSB chorales JSON file (format and rules in the module docstring).
+
+    Raises:
+        FileNotFoundError: no such file.
+        ValueError: not UTF-8 JSON, or not in the expected format (the message names the path
+            and what is wrong).
+    """
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{str(path)!r}: not a UTF-8 text file ({exc})") from None
+    except IsADirectoryError:
+        raise ValueError(f"{str(path)!r}: is a directory, expected a JSON file") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{str(path)!r}: not valid JSON ({exc})") from None
+    return parse_jsb_splits(data, source=str(path))

@@ -1,0 +1,60 @@
+"""One entry point for every chorale source: :func:`load_chorales`."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from .chorales import load_music21_chorales
+from .jsb import load_jsb_json
+from .splits import SPLITS, ChoraleSplits
+
+__all__ = ["MUSIC21", "load_chorales"]
+
+#: The ``source`` value that selects the music21 corpus (as does ``None``).
+MUSIC21 = "music21"
+
+
+def load_chorales(
+    source: str | os.PathLike[str] | None = None,
+    *,
+    cache_dir: str | os.PathLike[str] | None = None,
+    progress: bool = True,
+    limit: int | None = None,
+) -> ChoraleSplits:
+    """Load four-part chorales as :class:`ChoraleSplits` (``(T, 4)`` int16 arrays, S, A, T, B).
+
+    Args:
+        source: ``None`` or ``"music21"``: the Bach chorales of the music21 corpus, parsed once
+            and cached (:func:`relpos.data.chorales.load_music21_chorales`). Any other string or
+            path: a JSB JSON file ``{"train", "valid", "test"}``
+            (:func:`relpos.data.jsb.load_jsb_json`). (A file literally named ``music21`` must be
+            given as a ``Path`` or as ``"./music21"``.)
+        cache_dir: cache directory for the corpus (default ``$RELPOS_CACHE`` or
+            ``~/.cache/relpos``); unused for a JSON file.
+        progress: progress bar on stderr while parsing the corpus.
+        limit: corpus: parse only until this many chorales are kept (for tests). JSON file: keep
+            the first ``limit`` chorales of each split.
+
+    Raises:
+        TypeError: ``source`` is neither ``None``, a string nor a path.
+        ValueError: a malformed JSON file, or a bad ``limit``.
+        FileNotFoundError: no file at ``source``.
+    """
+    if source is None or (isinstance(source, str) and source == MUSIC21):
+        return load_music21_chorales(cache_dir=cache_dir, progress=progress, limit=limit)
+    if not isinstance(source, (str, os.PathLike)):
+        raise TypeError(
+            f"source: expected None, {MUSIC21!r} or a path to a JSON file, got "
+            f"{type(source).__name__}"
+        )
+    if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 1):
+        raise ValueError(f"limit: expected a positive int or None, got {limit!r}")
+    splits = load_jsb_json(Path(source))
+    if limit is None:
+        return splits
+    return ChoraleSplits(
+        **{s: splits.split(s)[:limit] for s in SPLITS},
+        **{f"{s}_names": splits.names(s)[:limit] for s in SPLITS},
+        source=splits.source,
+    )
