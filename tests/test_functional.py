@@ -144,3 +144,20 @@ def test_relative_terms_depend_only_on_distance(name, causal, offset):
     p = Positions.from_segments(torch.tensor([[0, 0, 0, 1, 1]]))
     shifted = Positions.from_segments(p.seg, offset=offset)
     torch.testing.assert_close(scheme.score_bias(q, p, p), scheme.score_bias(q, shifted, shifted))
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("n", [1, 3, 8])
+def test_music_table_slice_by_span_equals_the_full_table(causal, n):
+    """With a known span only the reachable rows of Er are multiplied; the result is the same."""
+    scheme = relpos.make_scheme(
+        {"name": "music", "max_distance": 16}, d_model=8, num_heads=2, causal=causal
+    )
+    q = torch.randn(2, 2, n, 4)
+    with_span = Positions.from_segments(torch.tensor([[0] * n, [-1] + [0] * (n - 1)]))
+    assert with_span.span == n - 1
+    without = Positions(with_span.pos, with_span.seg)  # hand-built: span unknown, full table
+    keep = with_span.allowed(causal=causal).unsqueeze(1)
+    a = scheme.score_bias(q, with_span, with_span)
+    b = scheme.score_bias(q, without, without)
+    torch.testing.assert_close(a[keep.expand_as(a)], b[keep.expand_as(b)])

@@ -76,6 +76,10 @@ class Positions:
     #: (set by :meth:`from_length` with an int offset). Lets kernels use index arithmetic, like the
     #: Music Transformer skew, instead of gathers. Never inferred from data.
     contiguous: bool = False
+    #: Static bound on ``|pos_i - pos_j|`` for two tokens of the same row, or None if unknown.
+    #: Every constructor knows it (positions are ranks inside a row: ``n - 1``), so kernels can
+    #: size relative tables to the distances that can occur without reading the data.
+    span: int | None = None
 
     def __post_init__(self) -> None:
         _check_int_tensor("pos", self.pos, 2)
@@ -103,7 +107,7 @@ class Positions:
             offset, batch=1 if isinstance(offset, int) else offset.numel(), device=device
         )
         pos = torch.arange(n, device=off.device).unsqueeze(0) + off
-        return cls(pos, torch.zeros_like(pos), contiguous=off.shape[0] == 1)
+        return cls(pos, torch.zeros_like(pos), contiguous=off.shape[0] == 1, span=max(n - 1, 0))
 
     @classmethod
     def from_padding_mask(cls, mask: Tensor, *, offset: int | Tensor = 0) -> Positions:
@@ -146,7 +150,8 @@ class Positions:
         group_start = torch.cummax(torch.where(starts, idx, 0), dim=-1).values
         rank = torch.empty_like(seg).scatter_(-1, order, idx - group_start)
         pos = torch.where(seg == PAD_SEGMENT, 0, rank + off)
-        return cls(pos, seg)
+        # Ranks lie in [0, n-1] and the offset is per row, so |Δpos| <= n - 1 within a row.
+        return cls(pos, seg, span=max(n - 1, 0))
 
     @classmethod
     def from_lengths(
@@ -191,7 +196,7 @@ class Positions:
         return self.seg != PAD_SEGMENT
 
     def to(self, device: torch.device | str) -> Positions:
-        return Positions(self.pos.to(device), self.seg.to(device), self.contiguous)
+        return Positions(self.pos.to(device), self.seg.to(device), self.contiguous, self.span)
 
     def expand(self, batch: int) -> Positions:
         """The same positions for ``batch`` rows (only a batch-1 value can expand)."""
@@ -199,7 +204,9 @@ class Positions:
             return self
         if self.batch != 1:
             raise ValueError(f"cannot expand Positions of batch {self.batch} to batch {batch}")
-        return Positions(self.pos.expand(batch, -1), self.seg.expand(batch, -1), self.contiguous)
+        return Positions(
+            self.pos.expand(batch, -1), self.seg.expand(batch, -1), self.contiguous, self.span
+        )
 
     def __getitem__(self, tokens: slice) -> Positions:
         """The positions of a slice of tokens, e.g. one block of queries: ``positions[i0:i1]``."""
@@ -208,7 +215,7 @@ class Positions:
                 f"Positions can be sliced along tokens only, got {type(tokens).__name__}"
             )
         contiguous = self.contiguous and tokens.step in (None, 1)
-        return Positions(self.pos[:, tokens], self.seg[:, tokens], contiguous)
+        return Positions(self.pos[:, tokens], self.seg[:, tokens], contiguous, self.span)
 
     def cat(self, other: Positions) -> Positions:
         """Concatenate along the token axis (cached keys followed by new keys)."""

@@ -71,5 +71,13 @@ class MusicRelative(Scheme):
             dist = torch.arange(-(n - 1), hi + 1, device=q.device)
             rel = torch.einsum("bhid,hrd->bhir", qf, table[:, self.index(dist)])
             return skew(rel, causal=self.causal)
+        index = self.index(q_positions.distance(k_positions))
+        span = q_positions.span
+        if q_positions is k_positions and span is not None and span < self.config.max_distance:
+            # Self-attention: no distance exceeds the span, so only table rows M-span..M(+span)
+            # can be read. Slice them rather than multiply q by the whole table.
+            m = self.config.max_distance
+            lo, hi = m - span, m + (0 if self.causal else span)
+            table, index = table[:, lo : hi + 1], index.clamp(lo, hi) - lo
         rel = torch.einsum("bhid,hrd->bhir", qf, table)
-        return gather_relative(rel, self.index(q_positions.distance(k_positions)))
+        return gather_relative(rel, index)
