@@ -13,7 +13,7 @@ $(STAMP): pyproject.toml constraints-cpu.txt
 	touch $(STAMP)
 
 run: $(STAMP)
-	$(BIN)/python examples/schemes_tour.py
+	$(BIN)/relpos demo --run-dir runs/demo
 
 test: $(STAMP)
 	$(BIN)/ruff check src tests examples benchmarks
