@@ -7,7 +7,7 @@ from typing import Any
 from torch import Tensor, nn
 
 from ..positions import Positions, resolve_positions
-from ..schemes.base import Scheme, SchemeConfig, check_int, make_scheme
+from ..schemes.base import Scheme, SchemeConfig, check_heads, make_scheme
 from .backends import get_backend
 from .cache import KVCache
 
@@ -43,10 +43,7 @@ class MultiheadAttention(nn.Module):
         backend: str = "eager",
     ) -> None:
         super().__init__()
-        check_int("d_model", d_model, minimum=1)
-        check_int("num_heads", num_heads, minimum=1)
-        if d_model % num_heads:
-            raise ValueError(f"d_model ({d_model}) must be divisible by num_heads ({num_heads})")
+        check_heads(d_model, num_heads)
         if not 0.0 <= dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {dropout}")
         get_backend(backend)  # fail early on an unknown name

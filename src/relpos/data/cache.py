@@ -202,15 +202,7 @@ def load_splits(path: str | os.PathLike[str], *, key: Mapping[str, Any]) -> Chor
         chorales, chorale_names = parts[SPLITS[int(split[i])]]
         chorales.append(steps[offsets[i] : offsets[i + 1]])
         chorale_names.append(str(names[i]))
-    return ChoraleSplits(
-        train=parts["train"][0],
-        valid=parts["valid"][0],
-        test=parts["test"][0],
-        train_names=parts["train"][1],
-        valid_names=parts["valid"][1],
-        test_names=parts["test"][1],
-        source=str(header.get("source", "")),
-    )
+    return ChoraleSplits.from_parts(parts, source=str(header.get("source", "")))
 
 
 def cached_splits(

@@ -247,15 +247,7 @@ def parse_music21_chorales(*, progress: bool = True, limit: int | None = None) -
     if hasattr(bar, "close"):
         bar.close()
     log.info("music21 corpus: kept %d chorales, skipped %d scores", kept, len(skipped))
-    return ChoraleSplits(
-        train=parts["train"][0],
-        valid=parts["valid"][0],
-        test=parts["test"][0],
-        train_names=parts["train"][1],
-        valid_names=parts["valid"][1],
-        test_names=parts["test"][1],
-        source=f"music21 {music21.__version__} corpus",
-    )
+    return ChoraleSplits.from_parts(parts, source=f"music21 {music21.__version__} corpus")
 
 
 def load_music21_chorales(

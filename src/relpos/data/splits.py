@@ -133,6 +133,16 @@ class ChoraleSplits:
         if not isinstance(self.source, str):
             raise TypeError(f"ChoraleSplits.source: expected str, got {type(self.source).__name__}")
 
+    @classmethod
+    def from_parts(
+        cls, parts: dict[str, tuple[list[np.ndarray], list[str]]], source: str = ""
+    ) -> ChoraleSplits:
+        """Build from ``{split: (chorales, names)}`` for the three splits."""
+        fields = {}
+        for split in SPLITS:
+            fields[split], fields[f"{split}_names"] = parts[split]
+        return cls(**fields, source=source)
+
     def split(self, name: SplitName) -> tuple[np.ndarray, ...]:
         """The chorales of split ``name`` (``"train"``, ``"valid"`` or ``"test"``)."""
         if name not in SPLITS:

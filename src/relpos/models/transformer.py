@@ -18,7 +18,7 @@ from ..attention import KVCache, MultiheadAttention
 from ..attention.backends import get_backend
 from ..embedding import TokenPositionEmbedding
 from ..positions import Positions, resolve_positions
-from ..schemes.base import check_int, config_from_dict, make_scheme
+from ..schemes.base import check_heads, check_int, config_from_dict, make_scheme
 
 __all__ = ["Block", "Transformer", "TransformerConfig"]
 
@@ -48,14 +48,11 @@ class TransformerConfig:
     backend: str = "eager"
 
     def __post_init__(self) -> None:
-        for name in ("vocab_size", "d_model", "num_heads", "num_layers"):
+        for name in ("vocab_size", "num_layers"):
             check_int(name, getattr(self, name), minimum=1)
+        check_heads(self.d_model, self.num_heads)
         if self.d_ff is not None:
             check_int("d_ff", self.d_ff, minimum=1)
-        if self.d_model % self.num_heads:
-            raise ValueError(
-                f"d_model ({self.d_model}) must be divisible by num_heads ({self.num_heads})"
-            )
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
         get_backend(self.backend)  # fail early on an unknown name

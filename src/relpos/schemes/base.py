@@ -47,6 +47,14 @@ def check_int(name: str, value: Any, *, minimum: int) -> None:
         raise ValueError(f"{name} must be >= {minimum}, got {value}")
 
 
+def check_heads(d_model: Any, num_heads: Any) -> None:
+    """``d_model`` and ``num_heads`` are positive ints and the heads split the width evenly."""
+    check_int("d_model", d_model, minimum=1)
+    check_int("num_heads", num_heads, minimum=1)
+    if d_model % num_heads:
+        raise ValueError(f"d_model ({d_model}) must be divisible by num_heads ({num_heads})")
+
+
 def check_positive_float(name: str, value: Any) -> None:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise TypeError(f"{name} must be a number, got {type(value).__name__}")
@@ -95,10 +103,7 @@ class Scheme(nn.Module):
                 f"{type(self).__name__} needs a {self.config_class.__name__}, "
                 f"got {type(config).__name__}"
             )
-        check_int("d_model", d_model, minimum=1)
-        check_int("num_heads", num_heads, minimum=1)
-        if d_model % num_heads:
-            raise ValueError(f"d_model ({d_model}) must be divisible by num_heads ({num_heads})")
+        check_heads(d_model, num_heads)
         self.config = config
         self.d_model = d_model
         self.num_heads = num_heads
