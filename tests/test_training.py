@@ -316,3 +316,18 @@ def test_torchrun_two_cpu_processes(tiny_data, tmp_path):
     state = load_checkpoint(run / "last.pt")
     assert state["step"] == 6 and len(state["numpy_rng"]) == 2
     assert sum(1 for _ in (run / "metrics.jsonl").open()) >= 2
+
+
+def test_cli_train_from_a_config_file(tiny_data, tmp_path):
+    cfg = tiny_config(tiny_data, steps=2, eval_every=2)
+    path = tmp_path / "cfg.json"
+    path.write_text(json.dumps(cfg.to_dict()))
+    assert (
+        main(["train", "--config", str(path), "--run-dir", str(tmp_path / "r"), "--no-progress"])
+        == 0
+    )
+    assert TrainConfig.load(tmp_path / "r" / "config.json") == cfg
+    path.write_text(json.dumps({**cfg.to_dict(), "epochs": 3}))
+    assert main(["train", "--config", str(path), "--run-dir", str(tmp_path / "r2")]) == 2
+    path.write_text("{not json")
+    assert main(["train", "--config", str(path), "--run-dir", str(tmp_path / "r3")]) == 2
