@@ -204,3 +204,15 @@ class _Probe(torch.nn.Module):
         if "embed" in self.scheme.hooks:
             return self.scheme.embed(pos)
         return relpos.eager_attention(q, k, v, self.scheme, pos, pos, causal=self.causal)
+
+
+def test_fixed_encodings_get_unit_scale_token_embeddings():
+    """A sinusoid has unit amplitude: token embeddings must match it (Vaswani et al. §3.4), or
+    positions swamp tokens at the start of training. Learned tables keep the small init."""
+    fixed = relpos.TokenPositionEmbedding(50, 64, "sinusoidal")
+    learned = relpos.TokenPositionEmbedding(50, 64, "learned")
+    tokens = torch.arange(50).unsqueeze(0)
+    pos = Positions.from_length(50)
+    token_part = fixed(tokens, pos) - fixed.scheme.embed(pos)
+    assert 0.8 < token_part.std().item() < 1.2
+    assert learned.scale == 1.0 and learned.tokens.weight.std().item() < 0.05

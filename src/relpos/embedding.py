@@ -23,7 +23,11 @@ class TokenPositionEmbedding(nn.Module):
         vocab_size: number of token ids.
         d_model: embedding width.
         scheme: name, config dict, config or module of the absolute scheme (``None``: tokens only).
-        scale_tokens: multiply token embeddings by ``√d_model`` (Vaswani et al., §3.4).
+        scale_tokens: multiply token embeddings by ``√d_model`` and initialise them with std
+            ``1/√d_model``, so they have unit scale like a fixed sinusoid (Vaswani et al.,
+            §3.4); otherwise they start at std 0.02. ``None`` (default): scale when the encoding
+            is fixed (an ``embed`` hook with no parameters), whose unit amplitude would otherwise
+            swamp small token embeddings.
 
     Shapes:
         tokens: ``(b, n)`` int; returns ``(b, n, d_model)``.
@@ -35,12 +39,15 @@ class TokenPositionEmbedding(nn.Module):
         d_model: int,
         scheme: str | dict[str, Any] | SchemeConfig | Scheme | None = None,
         *,
-        scale_tokens: bool = False,
+        scale_tokens: bool | None = None,
     ) -> None:
         super().__init__()
-        self.tokens = nn.Embedding(vocab_size, d_model)
-        nn.init.normal_(self.tokens.weight, std=0.02)
         self.scheme = make_scheme(scheme, d_model=d_model, num_heads=1, causal=False)
+        if scale_tokens is None:
+            fixed = "embed" in self.scheme.hooks and not any(True for _ in self.scheme.parameters())
+            scale_tokens = fixed
+        self.tokens = nn.Embedding(vocab_size, d_model)
+        nn.init.normal_(self.tokens.weight, std=d_model**-0.5 if scale_tokens else 0.02)
         self.scale = math.sqrt(d_model) if scale_tokens else 1.0
 
     def forward(self, tokens: Tensor, positions: Positions) -> Tensor:
