@@ -328,6 +328,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["bench"]:  # forward every option, leading ones included, to relpos.bench
+        from . import bench
+
+        return bench.main(argv[1:])
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)

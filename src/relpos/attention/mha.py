@@ -25,7 +25,8 @@ class MultiheadAttention(nn.Module):
         causal: a query sees only keys at positions ``<= `` its own (in its own sequence).
         dropout: dropout on the attention probabilities, in training.
         bias: whether the projections have biases.
-        backend: ``"eager"`` (materialised logits; the reference).
+        backend: ``"eager"`` (materialised logits; the reference), ``"sdpa"``, ``"chunked"``,
+            ``"flex"`` or ``"auto"`` (see ``docs/performance.md``).
 
     Shapes:
         ``x``: ``(b, n, d_model)``; returns ``(b, n, d_model)``. Outputs of padding tokens are 0.

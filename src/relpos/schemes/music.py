@@ -81,3 +81,24 @@ class MusicRelative(Scheme):
             table, index = table[:, lo : hi + 1], index.clamp(lo, hi) - lo
         rel = torch.einsum("bhid,hrd->bhir", qf, table)
         return gather_relative(rel, index)
+
+    # ------------------------------------------------------------ relative form (fused backends)
+    @property
+    def num_relative(self) -> int:
+        """Rows ``R`` of ``Er``: ``M+1`` (causal) or ``2M+1``."""
+        return self.table.shape[1]
+
+    def relative_index(self, q_positions: Positions, k_positions: Positions) -> Tensor:
+        """Row of ``Er`` for every pair, ``(b|1, i, j)`` int64 in ``[0, R)``."""
+        return self.index(q_positions.distance(k_positions))
+
+    def relative_logits(self, q: Tensor) -> Tensor:
+        """``Q·Erᵀ/√d`` for every query and table row: ``(b, h, i, R)``.
+
+        ``score_bias(q, qp, kp) == gather_relative(relative_logits(q), relative_index(qp, kp))``;
+        backends that tile the logits call it per query block and gather per tile, so they hold
+        ``O(block·R)``, never ``(i, j)``.
+        """
+        dtype = compute_dtype(q.dtype)
+        qf = q.to(dtype) / math.sqrt(self.head_dim)
+        return torch.einsum("bhid,hrd->bhir", qf, self.table.to(dtype))

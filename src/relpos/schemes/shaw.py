@@ -103,3 +103,44 @@ class ShawRelative(Scheme):
         if self.config.per_head:
             return torch.einsum("bhir,hrd->bhid", mass, table)
         return mass @ table
+
+    # ------------------------------------------------------------ relative form (fused backends)
+    @property
+    def num_relative(self) -> int:
+        """Rows ``R = 2k+1`` of the relative tables."""
+        return 2 * self.config.max_distance + 1
+
+    def relative_index(self, q_positions: Positions, k_positions: Positions) -> Tensor:
+        """Relative row of every pair, ``(b|1, i, j)`` int64 in ``[0, R)`` (as :meth:`index`)."""
+        return self.index(q_positions, k_positions)
+
+    def relative_logits(self, q: Tensor) -> Tensor | None:
+        """The key term per query and relative row, ``q_i·a^K_r/√d``: ``(b, h, i, R)``.
+
+        ``score_bias(q, qp, kp) == gather_relative(relative_logits(q), relative_index(qp, kp))``;
+        backends that tile the logits gather it per tile and never build ``(i, j)``. None without
+        a key table.
+        """
+        if self.key_table is None:
+            return None
+        dtype = compute_dtype(q.dtype)
+        table, qf = self.key_table.to(dtype), q.to(dtype) / math.sqrt(self.head_dim)
+        if self.config.per_head:
+            return torch.einsum("bhid,hrd->bhir", qf, table)
+        return torch.einsum("bhid,rd->bhir", qf, table)
+
+    def relative_value(self, mass: Tensor) -> Tensor | None:
+        """The value term from the attention mass per relative row: ``Σ_r mass[.., r]·a^V_r``.
+
+        ``value_term(p, qp, kp) == relative_value(bucket_mass(p, relative_index(qp, kp), R))``.
+
+        Shapes:
+            mass: ``(b, h, i, R)``; returns ``(b, h, i, d)`` (None without a value table).
+        """
+        if self.value_table is None:
+            return None
+        dtype = compute_dtype(mass.dtype)
+        table = self.value_table.to(dtype)
+        if self.config.per_head:
+            return torch.einsum("bhir,hrd->bhid", mass.to(dtype), table)
+        return mass.to(dtype) @ table

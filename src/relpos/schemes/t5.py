@@ -74,3 +74,23 @@ class T5Bias(Scheme):
             self.buckets(q_positions, k_positions)
         ]  # (b, i, j, h)
         return values.permute(0, 3, 1, 2)
+
+    # ------------------------------------------------------------ relative form (fused backends)
+    @property
+    def num_relative(self) -> int:
+        """Number of buckets ``R``."""
+        return self.config.num_buckets
+
+    def relative_index(self, q_positions: Positions, k_positions: Positions) -> Tensor:
+        """Bucket of every pair, ``(b|1, i, j)`` int64 in ``[0, R)`` (same as :meth:`buckets`)."""
+        return self.buckets(q_positions, k_positions)
+
+    def relative_logits(self, q: Tensor | None = None) -> Tensor:
+        """Each bucket's bias per head, ``(1, h, 1, R)`` (the same for every query; ``q`` unused).
+
+        ``score_bias(q, qp, kp)`` equals this gathered by :meth:`relative_index` (after
+        broadcasting over queries).
+        """
+        del q
+        table = self.table.to(compute_dtype(self.table.dtype))
+        return table.t().reshape(1, self.num_heads, 1, -1)

@@ -1,0 +1,237 @@
+"""The ``flex`` backend: FlexAttention (``torch.nn.attention.flex_attention``) with a ``score_mod``
+per scheme and a ``BlockMask`` for causal, padding and document masking.
+
+Shape legend: ``b`` batch, ``h`` heads, ``i`` queries, ``j`` keys, ``d`` head dim, ``R`` rows of a
+relative table.
+
+* ``score_mod`` adds the scheme's term to each scaled logit, from the tokens' *positions* (never
+  their indices): ALiBi ``±slope_h·(p_j - p_i)``; relative-form schemes (T5, Shaw keys, Music
+  Transformer) ``rel[b, h, i, r(p_j - p_i)]`` where ``rel = relative_logits(q)`` is ``(b, h, i, R)``
+  (``q·Eᵀ`` for Shaw and the Music Transformer, the bucket table for T5) and ``r`` a lookup table
+  from distance to relative row, so nothing ``(i, j)`` is materialised.
+* The ``BlockMask`` says which pairs may attend (same segment, real tokens, and ``p_j <= p_i`` when
+  causal); blocks with no allowed pair are skipped. For plain positions it is cached per shape.
+* Shaw's value term is not expressible (FlexAttention returns no probabilities): unsupported.
+* On CPU, FlexAttention is compiled by Inductor's C++ backend for inference only: ``flex`` runs
+  there without gradients (:func:`flex_supports` says so, ``auto`` never picks it for training).
+  On CUDA it runs forward and backward (gradients of a learned table flow through the captured
+  ``rel``), untested here for lack of a GPU.
+
+Reference: Dong et al. (2024), "Flex Attention: A Programming Model for Generating Optimized
+Attention Kernels"; the PyTorch ``flex_attention`` docs.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+from collections.abc import Callable
+
+import torch
+from torch import Tensor
+
+from ..positions import PAD_SEGMENT, Positions
+from ..schemes.base import Scheme
+from .sdpa import validate_attention_inputs
+
+__all__ = ["flex_attention_backend", "flex_available", "flex_supports", "rows_with_keys"]
+
+try:  # FlexAttention appeared in torch 2.5
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+except ImportError:  # pragma: no cover - old torch
+    create_block_mask = flex_attention = None
+
+_compiled: Callable[..., Tensor] | None = None
+_BLOCK_MASKS: OrderedDict[tuple, object] = OrderedDict()
+_CACHE_SIZE = 16
+
+
+def flex_available() -> bool:
+    """Whether FlexAttention can be imported."""
+    return flex_attention is not None
+
+
+def flex_supports(
+    scheme: Scheme, *, device: torch.device | None = None, needs_grad: bool = False
+) -> bool:
+    """Whether :func:`flex_attention_backend` runs ``scheme`` on ``device``.
+
+    Not with a value term (Shaw values), not with gradients on CPU (Inductor compiles
+    FlexAttention's CPU kernel for inference only), not for a bias scheme without a relative form
+    other than ALiBi.
+    """
+    if not flex_available() or "value_term" in scheme.hooks:
+        return False
+    device = torch.device("cpu") if device is None else torch.device(device)
+    if needs_grad and device.type == "cpu":
+        return False
+    if "score_bias" not in scheme.hooks:
+        return True
+    from ..schemes.alibi import ALiBi
+
+    return isinstance(scheme, ALiBi) or all(
+        hasattr(scheme, a) for a in ("relative_logits", "relative_index")
+    )
+
+
+def _compiled_flex() -> Callable[..., Tensor]:
+    global _compiled
+    if _compiled is None:
+        _compiled = torch.compile(flex_attention, dynamic=False)
+    return _compiled
+
+
+def _mask_mod(q_positions: Positions, k_positions: Positions, causal: bool):
+    qb, kb = q_positions.batch, k_positions.batch
+    qpos, qseg, kpos, kseg = q_positions.pos, q_positions.seg, k_positions.pos, k_positions.seg
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        bq = b if qb > 1 else 0
+        bk = b if kb > 1 else 0
+        sq, sk = qseg[bq, q_idx], kseg[bk, kv_idx]
+        ok = (sq == sk) & (sq != PAD_SEGMENT)
+        if causal:
+            ok = ok & (kpos[bk, kv_idx] <= qpos[bq, q_idx])
+        return ok
+
+    return mask_mod
+
+
+def _block_mask(q_positions: Positions, k_positions: Positions, causal: bool, device):
+    """The ``BlockMask`` of the allowed pairs; cached per shape for plain positions."""
+    plain = q_positions is k_positions and q_positions.contiguous
+    b = max(q_positions.batch, k_positions.batch)
+    key = (len(q_positions), len(k_positions), causal, str(device))
+    if plain and key in _BLOCK_MASKS:
+        _BLOCK_MASKS.move_to_end(key)
+        return _BLOCK_MASKS[key]
+    if plain:  # the cached mask must not alias the caller's tensors (a recompile guard)
+        q_positions = k_positions = Positions(
+            q_positions.pos.clone(), q_positions.seg.clone(), contiguous=True
+        )
+    mask = create_block_mask(
+        _mask_mod(q_positions, k_positions, causal),
+        b,
+        None,
+        len(q_positions),
+        len(k_positions),
+        device=device,
+    )
+    if plain:
+        _BLOCK_MASKS[key] = mask
+        while len(_BLOCK_MASKS) > _CACHE_SIZE:
+            _BLOCK_MASKS.popitem(last=False)
+    return mask
+
+
+def _distance_lut(
+    scheme: Scheme, q_positions: Positions, k_positions: Positions, device
+) -> tuple[Tensor, int]:
+    """``(lut, offset)``: the relative row of each distance ``δ`` is ``lut[δ + offset]``."""
+    lo = int(k_positions.pos.min()) - int(q_positions.pos.max())
+    hi = int(k_positions.pos.max()) - int(q_positions.pos.min())
+    zero = Positions(
+        torch.zeros(1, 1, dtype=torch.long, device=device),
+        torch.zeros(1, 1, dtype=torch.long, device=device),
+    )
+    dist = torch.arange(lo, hi + 1, device=device).view(1, -1)
+    keys = Positions(dist, torch.zeros_like(dist))
+    return scheme.relative_index(zero, keys).reshape(-1), -lo
+
+
+def _score_mod(scheme: Scheme, q: Tensor, q_positions: Positions, k_positions: Positions):
+    if "score_bias" not in scheme.hooks:
+        return None
+    qb, kb = q_positions.batch, k_positions.batch
+    qpos, kpos = q_positions.pos, k_positions.pos
+    from ..schemes.alibi import ALiBi
+
+    if isinstance(scheme, ALiBi):
+        slopes = scheme.slopes.to(device=q.device, dtype=torch.float32)
+        causal = scheme.causal
+
+        def alibi_mod(score, b, h, q_idx, kv_idx):
+            dist = (kpos[b if kb > 1 else 0, kv_idx] - qpos[b if qb > 1 else 0, q_idx]).float()
+            dist = dist if causal else -dist.abs()
+            return score + slopes[h] * dist
+
+        return alibi_mod
+    rel = scheme.relative_logits(q).float()  # (b|1, h, i|1, R)
+    per_query, rb = rel.shape[2] > 1, rel.shape[0]
+    lut, offset = _distance_lut(scheme, q_positions, k_positions, q.device)
+
+    def relative_mod(score, b, h, q_idx, kv_idx):
+        dist = kpos[b if kb > 1 else 0, kv_idx] - qpos[b if qb > 1 else 0, q_idx]
+        row = lut[dist + offset]
+        return score + rel[b if rb > 1 else 0, h, q_idx if per_query else 0, row]
+
+    return relative_mod
+
+
+def flex_attention_backend(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    scheme: Scheme,
+    q_positions: Positions,
+    k_positions: Positions,
+    *,
+    causal: bool,
+    dropout_p: float = 0.0,
+    training: bool = False,
+) -> Tensor:
+    """Attention through compiled FlexAttention (see the module docstring for what it supports).
+
+    Shapes:
+        q: ``(b, h, i, d)``; k, v: ``(b, h, j, d)`` (already rotated); returns ``(b, h, i, d)`` in
+        ``q``'s dtype. Queries that may attend to no key get 0.
+
+    Raises:
+        ValueError: unsupported scheme, gradients on CPU, or dropout in training.
+    """
+    validate_attention_inputs(q, k, v, q_positions, k_positions)
+    if not flex_available():
+        raise ValueError("the flex backend needs torch.nn.attention.flex_attention (torch >= 2.5)")
+    needs_grad = torch.is_grad_enabled() and (
+        any(t.requires_grad for t in (q, k, v)) or any(p.requires_grad for p in scheme.parameters())
+    )
+    if not flex_supports(scheme, device=q.device, needs_grad=needs_grad):
+        why = (
+            "gradients (FlexAttention compiles for inference only on CPU; use backend='chunked')"
+            if needs_grad and q.device.type == "cpu"
+            else f"scheme {type(scheme).__name__}"
+        )
+        raise ValueError(f"the flex backend does not support {why}")
+    if dropout_p > 0 and training:
+        raise ValueError("the flex backend does not support attention dropout")
+    dtype = q.dtype if q.dtype in (torch.float32, torch.float16, torch.bfloat16) else torch.float32
+    qc, kc, vc = (t.to(dtype) for t in (q, k, v))
+    mask = _block_mask(q_positions, k_positions, causal, q.device)
+    out = _compiled_flex()(
+        qc,
+        kc,
+        vc,
+        score_mod=_score_mod(scheme, qc, q_positions, k_positions),
+        block_mask=mask,
+        scale=1.0 / math.sqrt(q.shape[-1]),
+    )
+    out = torch.where(rows_with_keys(q_positions, k_positions, causal)[:, None, :, None], out, 0.0)
+    return out.to(q.dtype)
+
+
+def rows_with_keys(q_positions: Positions, k_positions: Positions, causal: bool) -> Tensor:
+    """``(b, i)`` bool: queries with at least one key to attend to, in ``O(i + j)`` memory.
+
+    A query needs a real key of its own segment (at a position ``<=`` its own when causal): the
+    smallest key position of each segment decides.
+    """
+    b = max(q_positions.batch, k_positions.batch)
+    qp, kp = q_positions.expand(b), k_positions.expand(b)
+    nseg = int(max(qp.seg.max(), kp.seg.max(), 0)) + 2  # slot 0 for padding (-1)
+    big = torch.iinfo(torch.int64).max
+    first = torch.full((b, nseg), big, dtype=torch.long, device=kp.pos.device)
+    first.scatter_reduce_(1, kp.seg + 1, kp.pos, reduce="amin")
+    first[:, 0] = big  # padding keys do not count
+    lowest = torch.gather(first, 1, qp.seg + 1)  # (b, i)
+    ok = (qp.seg != PAD_SEGMENT) & (lowest != big)
+    return ok & (lowest <= qp.pos) if causal else ok

@@ -1,0 +1,167 @@
+"""The ``sdpa`` backend: :func:`torch.nn.functional.scaled_dot_product_attention`.
+
+Shape legend: ``b`` batch, ``h`` heads, ``i`` queries, ``j`` keys, ``d`` head dim.
+
+* Schemes with no score bias and no value term (NoPE, absolute, RoPE) over plain positions
+  (self-attention over one contiguous sequence per row, or no padding and one segment everywhere)
+  run the stock kernel with **no mask tensor at all** (``is_causal=True`` where needed), so
+  PyTorch picks its flash kernel.
+* Everything else passes one float additive mask ``(b|1, h|1, i, j)``: the scheme's float32 score
+  bias where a pair may attend and ``finfo.min`` where it may not. The mask is built once per call,
+  with batch dimension 1 whenever the positions and the bias broadcast over the batch.
+* Bias schemes run in float32 even for float16/bfloat16 inputs (the bias of distant pairs, e.g.
+  ALiBi's ``-slope·|Δ|``, does not survive a half-precision mask); the output is cast back.
+* A query that may attend to no key (padding) gets exactly 0, forward and backward: the masked
+  fill is finite (so no row is all ``-inf``, which makes the math kernel return NaN) and those rows
+  are then zeroed with ``torch.where``.
+* Shaw et al.'s value term (``value_term`` hook) cannot be added by the stock kernel, which does not
+  return the attention probabilities: ``sdpa`` does not support it (:func:`sdpa_supports`) and
+  ``auto`` picks ``chunked`` for it.
+* A learned bias (T5, Shaw keys, Music Transformer) gets its gradient through the mask; PyTorch's
+  fused CPU kernels do not differentiate the mask, so training such a scheme with ``sdpa`` falls
+  back to PyTorch's math kernel (correct, but it materialises the ``(b, h, i, j)`` probabilities):
+  ``auto`` prefers ``chunked`` there.
+
+Reference: Dao et al. (2022), "FlashAttention"; PyTorch's ``scaled_dot_product_attention`` docs.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from ..positions import Positions
+from ..schemes.base import Scheme
+
+__all__ = [
+    "allowed_mask",
+    "is_plain",
+    "sdpa_attention",
+    "sdpa_supports",
+    "validate_attention_inputs",
+]
+
+_HALF = (torch.float16, torch.bfloat16)
+
+
+def validate_attention_inputs(
+    q: Tensor, k: Tensor, v: Tensor, q_positions: Positions, k_positions: Positions
+) -> None:
+    """Raise a clear ``ValueError``/``TypeError`` unless the backend contract's shapes hold.
+
+    ``q (b, h, i, d)``, ``k (b, h, j, d)``, ``v (b, h, j, d)``, all of one floating dtype;
+    ``q_positions`` of shape ``(b|1, i)``, ``k_positions`` of shape ``(b|1, j)``.
+    """
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.ndim != 4:
+            raise ValueError(f"{name} must have shape (b, h, n, d), got shape {tuple(t.shape)}")
+        if not t.dtype.is_floating_point:
+            raise TypeError(f"{name} must be a floating tensor, got dtype {t.dtype}")
+    if k.shape != v.shape:
+        raise ValueError(
+            f"k and v must have the same shape (b, h, j, d), got {tuple(k.shape)} and "
+            f"{tuple(v.shape)}"
+        )
+    if q.shape[:2] != k.shape[:2] or q.shape[-1] != k.shape[-1]:
+        raise ValueError(
+            f"q (b, h, i, d) and k (b, h, j, d) must agree on b, h and d, got {tuple(q.shape)} "
+            f"and {tuple(k.shape)}"
+        )
+    if not (q.dtype == k.dtype == v.dtype):
+        raise TypeError(f"q, k, v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    for name, p, n in (
+        ("q_positions", q_positions, q.shape[-2]),
+        ("k_positions", k_positions, k.shape[-2]),
+    ):
+        if not isinstance(p, Positions):
+            raise TypeError(f"{name} must be a Positions, got {type(p).__name__}")
+        if len(p) != n or p.batch not in (1, q.shape[0]):
+            raise ValueError(
+                f"{name} have shape (b, n) = {tuple(p.pos.shape)}; expected ({q.shape[0]}, {n}) "
+                f"or (1, {n}) for tensors of shape {tuple(q.shape)}, {tuple(k.shape)}"
+            )
+
+
+def is_plain(q_positions: Positions, k_positions: Positions, *, causal: bool) -> bool:
+    """Whether attention needs no mask at all beyond (top-left aligned) causality.
+
+    True for self-attention over contiguous positions (``q_positions is k_positions`` and
+    ``contiguous``), and for bidirectional attention where every token is real and in segment 0.
+    """
+    if q_positions is k_positions and q_positions.contiguous:
+        return True
+    if causal:
+        return False
+    return bool((q_positions.seg == 0).all()) and bool((k_positions.seg == 0).all())
+
+
+def allowed_mask(q_positions: Positions, k_positions: Positions, *, causal: bool) -> Tensor:
+    """``(b|1, 1, i, j)`` bool: which pairs may attend (batch 1 when both positions broadcast)."""
+    return q_positions.allowed(k_positions, causal=causal).unsqueeze(1)
+
+
+def sdpa_supports(
+    scheme: Scheme, *, device: torch.device | None = None, needs_grad: bool = False
+) -> bool:
+    """Whether :func:`sdpa_attention` can run ``scheme`` (every scheme but a value term)."""
+    del device, needs_grad  # any device, with or without gradients
+    return "value_term" not in scheme.hooks
+
+
+def sdpa_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    scheme: Scheme,
+    q_positions: Positions,
+    k_positions: Positions,
+    *,
+    causal: bool,
+    dropout_p: float = 0.0,
+    training: bool = False,
+) -> Tensor:
+    """Attention through :func:`~torch.nn.functional.scaled_dot_product_attention`.
+
+    Same contract and results as :func:`~relpos.attention.eager.eager_attention`:
+    ``softmax(q·kᵀ/√d + score_bias + mask)·v``; padding queries get 0.
+
+    Shapes:
+        q: ``(b, h, i, d)``; k, v: ``(b, h, j, d)`` (already rotated); returns ``(b, h, i, d)`` in
+        ``q``'s dtype.
+
+    Raises:
+        ValueError: for a scheme with a value term (Shaw values), or bad shapes.
+    """
+    validate_attention_inputs(q, k, v, q_positions, k_positions)
+    if not sdpa_supports(scheme):
+        raise ValueError(
+            f"the sdpa backend cannot add the value term of scheme {type(scheme).__name__} "
+            "(it needs the attention probabilities); use backend='chunked' or 'auto'"
+        )
+    p = dropout_p if training else 0.0
+    has_bias = "score_bias" in scheme.hooks
+    if not has_bias and is_plain(q_positions, k_positions, causal=causal):
+        # No mask tensor: the fused kernels run unmasked (or with their own causal mask; plain
+        # causal positions mean self-attention, so i == j and top-left alignment is right).
+        return F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=causal)
+
+    dtype = torch.float32 if (has_bias and q.dtype in _HALF) else q.dtype
+    allowed = allowed_mask(q_positions, k_positions, causal=causal)  # (b|1, 1, i, j)
+    fill = torch.finfo(dtype).min
+    bias = scheme.score_bias(q, q_positions, k_positions) if has_bias else None
+    if bias is None:
+        mask = torch.zeros(allowed.shape, dtype=dtype, device=q.device).masked_fill_(~allowed, fill)
+    else:
+        # Finite fill: a fully masked row stays finite (uniform), then is zeroed below.
+        mask = bias.to(dtype).masked_fill(~allowed, fill)
+    qc, kc, vc = (t.to(dtype) for t in (q, k, v))
+    out = F.scaled_dot_product_attention(
+        qc, kc, vc, attn_mask=mask, dropout_p=p, scale=1.0 / math.sqrt(q.shape[-1])
+    )
+    out = torch.where(allowed.any(-1, keepdim=True), out, 0.0)
+    return out.to(q.dtype)

@@ -1,0 +1,685 @@
+"""Attention speed and memory per scheme × backend: ``relpos bench`` / ``python -m relpos.bench``.
+
+For every configuration (scheme, implementation, length ``L``, batch ``B``, causal or not) it
+measures, on inputs ``q, k, v`` of shape ``(B, H, L, d)`` (``H=8``, ``d=64`` by default):
+
+* forward time and forward+backward time: the median of ``--repeats`` (>= 5) runs after
+  ``--warmup`` runs, each also printed as a ratio to plain SDPA with no bias (``sdpa-plain``)
+  measured in the same run at the same shape;
+* peak memory of one forward+backward pass above the inputs, in a fresh subprocess per
+  configuration: on CPU the peak resident set size (``ru_maxrss``) minus the resident size once
+  the inputs exist (after a small warm-up that loads the kernels); on CUDA
+  ``torch.cuda.max_memory_allocated`` minus the memory allocated before the pass.
+
+Implementations: the library's backends (``eager``, ``sdpa``, ``chunked``; the table says which one
+``auto`` picks) and peers: ``naive-shaw`` (Shaw et al. as written, the ``(L, L, d)`` relative
+embeddings materialised), ``sdpa-bias`` (SDPA with the bias materialised as a ``(B, H, L, L)`` float
+mask) and, for the Music Transformer, ``eager`` is the skew of Huang et al. Configurations that
+would not fit in memory or time are skipped with the reason.
+
+Results: ``bench.md`` (markdown table), ``bench.png`` (time and memory vs ``L``) and ``bench.json``
+in ``--out``, each written atomically (temporary file, then ``os.replace``).
+
+Shape legend: ``B`` batch, ``H`` heads, ``L`` tokens, ``d`` head dim.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+__all__ = [
+    "IMPLEMENTATIONS",
+    "Config",
+    "Result",
+    "main",
+    "measure_memory",
+    "measure_time",
+    "render_markdown",
+    "run",
+]
+
+SCHEMES = ["rope", "alibi", "t5", "shaw", "music"]
+DEFAULT_LENGTHS = [256, 1024, 2048]
+ALL_LENGTHS = [256, 1024, 2048, 4096, 8192]
+
+
+# ----------------------------------------------------------------------------- implementations
+@dataclass
+class Setup:
+    """Inputs of one configuration: ``q, k, v (B, H, L, d)``, the scheme and the positions."""
+
+    q: Tensor
+    k: Tensor
+    v: Tensor
+    scheme: Any
+    positions: Any
+    causal: bool
+
+
+def _backend(name: str) -> Callable[[Setup], Tensor]:
+    def fn(s: Setup) -> Tensor:
+        from .attention.backends import BACKENDS
+
+        q, k = s.scheme.rotate(s.q, s.k, s.positions, s.positions)
+        return BACKENDS[name](q, k, s.v, s.scheme, s.positions, s.positions, causal=s.causal)
+
+    return fn
+
+
+def _sdpa_plain(s: Setup) -> Tensor:
+    return F.scaled_dot_product_attention(s.q, s.k, s.v, is_causal=s.causal)
+
+
+def _sdpa_bias(s: Setup) -> Tensor:
+    """SDPA with the score bias materialised as a contiguous ``(B, H, L, L)`` float mask."""
+    b, h, n, _ = s.q.shape
+    bias = s.scheme.score_bias(s.q, s.positions, s.positions).to(s.q.dtype)
+    allowed = s.positions.allowed(s.positions, causal=s.causal).unsqueeze(1)
+    mask = bias.masked_fill(~allowed, torch.finfo(s.q.dtype).min).expand(b, h, n, n).contiguous()
+    return F.scaled_dot_product_attention(s.q, s.k, s.v, attn_mask=mask)
+
+
+def _naive_shaw(s: Setup) -> Tensor:
+    """Shaw et al. (2018) eqs. 3-5 as written: ``a^K_ij, a^V_ij`` materialised ``(L, L, d)``."""
+    sc = s.scheme
+    n, d = s.q.shape[-2], s.q.shape[-1]
+    index = sc.index(s.positions, s.positions)[0]  # (L, L)
+    a_k, a_v = sc.key_table[index], sc.value_table[index]  # (L, L, d) each
+    logits = (s.q @ s.k.transpose(-1, -2) + torch.einsum("bhid,ijd->bhij", s.q, a_k)) / math.sqrt(d)
+    if s.causal:
+        future = torch.ones(n, n, dtype=torch.bool, device=s.q.device).triu(1)
+        logits = logits.masked_fill(future, float("-inf"))
+    p = logits.softmax(-1)
+    return p @ s.v + torch.einsum("bhij,ijd->bhid", p, a_v)
+
+
+@dataclass(frozen=True)
+class Impl:
+    """One implementation: how to run it and a rough upper estimate of its memory (bytes) for a
+    forward+backward pass (used to skip what cannot fit)."""
+
+    name: str
+    run: Callable[[Setup], Tensor]
+    memory: Callable[[str, int, int, int, int], float]  # (scheme, B, H, L, d) -> bytes
+    schemes: tuple[str, ...] = tuple(SCHEMES)
+
+
+def _lld(b: int, h: int, n: int, d: int) -> float:
+    return 4.0 * n * n * d * 4  # a^K, a^V and their gradients, fp32
+
+
+def _sdpa_memory(scheme: str, b: int, h: int, n: int, d: int) -> float:
+    if scheme in ("rope", "none"):
+        return 8.0 * b * h * n * d * 4  # plain positions, no bias: no mask at all
+    if scheme == "alibi":
+        return 4.0 * h * n * n * 4  # one (1, H, L, L) mask (and the bias it is built from)
+    return 7.0 * b * h * n * n * 4  # a learned bias: the math kernel differentiates the mask
+
+
+IMPLEMENTATIONS: dict[str, Impl] = {
+    "sdpa-plain": Impl(
+        "sdpa-plain", _sdpa_plain, lambda s, b, h, n, d: 8.0 * b * h * n * d * 4, ()
+    ),
+    "eager": Impl("eager", _backend("eager"), lambda s, b, h, n, d: 7.0 * b * h * n * n * 4),
+    "sdpa": Impl("sdpa", _backend("sdpa"), _sdpa_memory),
+    "chunked": Impl("chunked", _backend("chunked"), lambda s, b, h, n, d: 40.0 * b * h * n * d * 4),
+    "sdpa-bias": Impl(
+        "sdpa-bias",
+        _sdpa_bias,
+        lambda s, b, h, n, d: 7.0 * b * h * n * n * 4,
+        ("alibi", "t5", "music"),
+    ),
+    "naive-shaw": Impl(
+        "naive-shaw",
+        _naive_shaw,
+        lambda s, b, h, n, d: _lld(b, h, n, d) + 7.0 * b * h * n * n * 4,
+        ("shaw",),
+    ),
+}
+
+
+def _supported(impl: str, scheme: str) -> bool:
+    if impl == "sdpa" and scheme == "shaw":
+        return False  # Shaw's value term: sdpa declines it (auto picks chunked)
+    return scheme in IMPLEMENTATIONS[impl].schemes
+
+
+def make_setup(
+    scheme_name: str,
+    n: int,
+    b: int,
+    *,
+    causal: bool,
+    heads: int,
+    head_dim: int,
+    device: str,
+    dtype: torch.dtype,
+    grad: bool,
+    seed: int = 0,
+) -> Setup:
+    """Random inputs and a scheme with non-trivial parameters, plain positions ``0..L-1``."""
+    import relpos
+
+    torch.manual_seed(seed)
+    name = "nope" if scheme_name == "none" else scheme_name
+    scheme = relpos.make_scheme(name, d_model=heads * head_dim, num_heads=heads, causal=causal)
+    scheme = scheme.to(device)
+    with torch.no_grad():
+        for p in scheme.parameters():
+            p.normal_(0.0, 0.5)
+            p.requires_grad_(grad)
+    q, k, v = (
+        torch.randn(b, heads, n, head_dim, device=device, dtype=dtype).requires_grad_(grad)
+        for _ in range(3)
+    )
+    positions = relpos.Positions.from_length(n, device=device)
+    return Setup(q, k, v, scheme, positions, causal)
+
+
+# ----------------------------------------------------------------------------- measuring
+def _sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def _step(fn: Callable[[Setup], Tensor], s: Setup, backward: bool) -> None:
+    if backward:
+        for t in (s.q, s.k, s.v, *s.scheme.parameters()):
+            t.grad = None
+        out = fn(s)
+        out.backward(torch.ones_like(out))
+    else:
+        with torch.no_grad():
+            fn(s)
+
+
+def measure_time(
+    fn: Callable[[Setup], Tensor],
+    s: Setup,
+    *,
+    backward: bool,
+    repeats: int,
+    warmup: int,
+    device: str,
+) -> list[float]:
+    """Wall-clock seconds of ``repeats`` runs after ``warmup`` runs."""
+    for _ in range(warmup):
+        _step(fn, s, backward)
+    _sync(device)
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        _step(fn, s, backward)
+        _sync(device)
+        times.append(time.perf_counter() - start)
+    return times
+
+
+def _status_bytes(field_name: str) -> int:
+    """A ``/proc/self/status`` field (``VmRSS``, ``VmHWM``) in bytes."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field_name + ":"):
+                return int(line.split()[1]) * 1024
+    raise OSError(f"no {field_name} in /proc/self/status")
+
+
+def _reset_peak_rss() -> bool:
+    """Reset the kernel's peak-RSS mark (``VmHWM``) to the current RSS (Linux >= 4.0)."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def _memory_child(spec: dict[str, Any]) -> dict[str, Any]:
+    """Runs in a fresh process: peak memory of one forward+backward pass above the inputs."""
+    device, impl = spec["device"], IMPLEMENTATIONS[spec["impl"]]
+    dtype = getattr(torch, spec["dtype"])
+    torch.set_num_threads(spec["threads"])
+    kw = dict(heads=spec["heads"], head_dim=spec["head_dim"], device=device, dtype=dtype)
+    # Warm up on a small shape: kernels, thread pools and allocator arenas exist before the base.
+    small = make_setup(
+        spec["scheme"], min(spec["L"], 256), 1, causal=spec["causal"], grad=True, **kw
+    )
+    _step(impl.run, small, True)
+    del small
+    s = make_setup(spec["scheme"], spec["L"], spec["B"], causal=spec["causal"], grad=True, **kw)
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        _step(impl.run, s, True)
+        torch.cuda.synchronize()
+        return {"peak_bytes": torch.cuda.max_memory_allocated() - base}
+    # The peak is the kernel's high-water mark of resident memory, reset once the inputs exist
+    # (import-time peaks would hide small deltas); ru_maxrss is the fallback without a reset.
+    reset = _reset_peak_rss()
+    base = _status_bytes("VmRSS")
+    _step(impl.run, s, True)
+    if reset:
+        peak = _status_bytes("VmHWM")
+    else:
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
+    return {"peak_bytes": max(0, peak - base)}
+
+
+def measure_memory(spec: dict[str, Any], timeout: float) -> tuple[float | None, str]:
+    """Peak bytes of one configuration in a fresh subprocess, or ``(None, reason)``."""
+    cmd = [sys.executable, "-m", "relpos.bench", "--child", json.dumps(spec)]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
+    except subprocess.TimeoutExpired:
+        return None, f"memory run timed out after {timeout:.0f} s"
+    if proc.returncode != 0:
+        last = (proc.stderr.strip().splitlines() or ["?"])[-1]
+        return None, f"memory run failed: {last[:120]}"
+    return float(json.loads(proc.stdout.strip().splitlines()[-1])["peak_bytes"]), ""
+
+
+# ----------------------------------------------------------------------------- running
+@dataclass(frozen=True)
+class Config:
+    """One benchmark configuration."""
+
+    scheme: str  # "none" for the sdpa-plain baseline
+    impl: str
+    L: int
+    B: int
+    causal: bool
+
+
+@dataclass
+class Result:
+    """Measurements of one configuration (times in milliseconds, memory in MiB)."""
+
+    config: Config
+    fwd_ms: float | None = None
+    fwdbwd_ms: float | None = None
+    fwd_ratio: float | None = None
+    fwdbwd_ratio: float | None = None
+    peak_mib: float | None = None
+    auto: str = ""
+    skipped: str = ""
+    runs: dict[str, list[float]] = field(default_factory=dict)
+
+
+def _available_bytes() -> float:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return float(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 8e9
+
+
+def _auto_pick(s: Setup) -> str:
+    from .attention.backends import choose_backend
+
+    return choose_backend(s.scheme, s.q, s.positions, s.positions, needs_grad=True)
+
+
+def run(args: argparse.Namespace, log: Callable[[str], None] = print) -> list[Result]:
+    """Measure every configuration the arguments select; baseline first at each shape."""
+    device = args.device
+    dtype = getattr(torch, args.dtype)
+    budget_bytes = args.max_memory_gb * 2**30
+    results: list[Result] = []
+    slow: dict[tuple, tuple[int, float]] = {}  # (scheme, impl, B, causal) -> (L, s per fwd+fwdbwd)
+    kw = dict(heads=args.heads, head_dim=args.head_dim, device=device, dtype=dtype)
+    for causal in args.causal_modes:
+        for b in args.batch:
+            for n in args.lengths:
+                configs = [Config("none", "sdpa-plain", n, b, causal)] + [
+                    Config(sc, impl, n, b, causal)
+                    for sc in args.schemes
+                    for impl in args.impls
+                    if impl != "sdpa-plain" and _supported(impl, sc)
+                ]
+                base: Result | None = None
+                for cfg in configs:
+                    res = _run_one(cfg, args, kw, budget_bytes, slow, log)
+                    if cfg.impl == "sdpa-plain":
+                        base = res
+                    elif base is not None:
+                        if res.fwd_ms and base.fwd_ms:
+                            res.fwd_ratio = res.fwd_ms / base.fwd_ms
+                        if res.fwdbwd_ms and base.fwdbwd_ms:
+                            res.fwdbwd_ratio = res.fwdbwd_ms / base.fwdbwd_ms
+                    results.append(res)
+                    log(_line(res))
+    return results
+
+
+def _run_one(
+    cfg: Config,
+    args: argparse.Namespace,
+    kw: dict[str, Any],
+    budget_bytes: float,
+    slow: dict[tuple, tuple[int, float]],
+    log: Callable[[str], None],
+) -> Result:
+    impl = IMPLEMENTATIONS[cfg.impl]
+    res = Result(cfg)
+    need = impl.memory(cfg.scheme, cfg.B, args.heads, cfg.L, args.head_dim)
+    if need > budget_bytes:
+        res.skipped = f"needs ~{need / 2**30:.1f} GiB > --max-memory-gb {args.max_memory_gb:g}"
+        return res
+    key = (cfg.scheme, cfg.impl, cfg.B, cfg.causal)
+    if key in slow:
+        n0, per_run = slow[key]
+        estimate = per_run * (cfg.L / n0) ** 2 * (args.repeats + args.warmup)
+        if estimate > args.max_config_seconds:
+            res.skipped = f"~{estimate:.0f} s estimated > --max-config-seconds"
+            return res
+    s = make_setup(cfg.scheme, cfg.L, cfg.B, causal=cfg.causal, grad=True, **kw)
+    if cfg.scheme != "none":
+        res.auto = _auto_pick(s)
+    try:
+        fwd = measure_time(
+            impl.run,
+            s,
+            backward=False,
+            repeats=args.repeats,
+            warmup=args.warmup,
+            device=args.device,
+        )
+        both = measure_time(
+            impl.run, s, backward=True, repeats=args.repeats, warmup=args.warmup, device=args.device
+        )
+    except (RuntimeError, MemoryError) as e:  # e.g. out of memory
+        res.skipped = f"failed: {str(e).splitlines()[0][:100]}"
+        return res
+    finally:
+        del s
+    res.runs = {"fwd": fwd, "fwdbwd": both}
+    res.fwd_ms = statistics.median(fwd) * 1e3
+    res.fwdbwd_ms = statistics.median(both) * 1e3
+    slow[key] = (cfg.L, (res.fwd_ms + res.fwdbwd_ms) / 1e3)
+    if args.memory:
+        spec = {
+            "impl": cfg.impl,
+            "scheme": cfg.scheme,
+            "L": cfg.L,
+            "B": cfg.B,
+            "causal": cfg.causal,
+            "heads": args.heads,
+            "head_dim": args.head_dim,
+            "device": args.device,
+            "dtype": args.dtype,
+            "threads": torch.get_num_threads(),
+        }
+        peak, why = measure_memory(spec, timeout=max(120.0, 30 * res.fwdbwd_ms / 1e3))
+        res.peak_mib = None if peak is None else peak / 2**20
+        if why:
+            log(f"  ({cfg.impl}/{cfg.scheme} L={cfg.L}: {why})")
+    return res
+
+
+# ----------------------------------------------------------------------------- reporting
+def _fmt(x: float | None, spec: str) -> str:
+    return "–" if x is None else format(x, spec)
+
+
+def _line(r: Result) -> str:
+    c = r.config
+    head = f"{c.scheme:6s} {c.impl:11s} L={c.L:<5d} B={c.B} {'causal' if c.causal else 'bidir '}"
+    if r.skipped:
+        return f"{head}  skipped: {r.skipped}"
+    return (
+        f"{head}  fwd {_fmt(r.fwd_ms, '8.1f')} ms ({_fmt(r.fwd_ratio, '.2f')}x)  "
+        f"fwd+bwd {_fmt(r.fwdbwd_ms, '8.1f')} ms ({_fmt(r.fwdbwd_ratio, '.2f')}x)  "
+        f"peak {_fmt(r.peak_mib, '.1f')} MiB"
+    )
+
+
+def render_markdown(results: list[Result], header: str) -> str:
+    """A markdown table of every result (ratios to ``sdpa-plain`` at the same shape)."""
+    lines = [
+        header,
+        "",
+        "| scheme | impl | L | B | mask | fwd ms | fwd × plain | fwd+bwd ms | fwd+bwd × plain "
+        "| peak MiB (fwd+bwd, above inputs) | auto picks | note |",
+        "|---|---|---:|---:|---|---:|---:|---:|---:|---:|---|---|",
+    ]
+    for r in results:
+        c = r.config
+        lines.append(
+            f"| {c.scheme} | {c.impl} | {c.L} | {c.B} | {'causal' if c.causal else 'bidir'} "
+            f"| {_fmt(r.fwd_ms, '.1f')} | {_fmt(r.fwd_ratio, '.2f')} | {_fmt(r.fwdbwd_ms, '.1f')} "
+            f"| {_fmt(r.fwdbwd_ratio, '.2f')} | {_fmt(r.peak_mib, '.1f')} | {r.auto} "
+            f"| {r.skipped} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def _file_mode() -> int:
+    """The mode a plainly created file gets (``mkstemp`` makes 0600 files)."""
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o666 & ~umask
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.chmod(tmp, _file_mode())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _plot(results: list[Result], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    done = [r for r in results if not r.skipped]
+    if not done:
+        return
+    first = done[0].config
+    pick = [r for r in done if r.config.B == first.B and r.config.causal == first.causal]
+    fig, (ax_t, ax_m) = plt.subplots(1, 2, figsize=(13, 5))
+    series: dict[str, list[Result]] = {}
+    for r in pick:
+        series.setdefault(f"{r.config.scheme}/{r.config.impl}", []).append(r)
+    colors = {sc: f"C{t}" for t, sc in enumerate(["none", *SCHEMES])}
+    styles = {"chunked": "-", "sdpa": "--", "eager": ":", "sdpa-bias": "-.", "naive-shaw": ":"}
+    for label, rs in sorted(series.items()):
+        scheme, impl = label.split("/")
+        style = {
+            "color": "k" if scheme == "none" else colors[scheme],
+            "linestyle": styles.get(impl, "-"),
+            "marker": "o",
+            "label": label,
+        }
+        ax_t.plot([r.config.L for r in rs], [r.fwdbwd_ms for r in rs], **style)
+        # log axis: a zero RSS delta (memory reused within the allocator) cannot be drawn
+        mem = [(r.config.L, r.peak_mib) for r in rs if r.peak_mib]
+        if mem:
+            ax_m.plot(*zip(*mem, strict=True), **style)
+    mask = "causal" if first.causal else "bidirectional"
+    ax_t.set(
+        xscale="log",
+        yscale="log",
+        xlabel="L",
+        ylabel="forward+backward ms",
+        title=f"time (B={first.B}, {mask})",
+    )
+    ax_m.set(
+        xscale="log",
+        yscale="log",
+        xlabel="L",
+        ylabel="peak MiB above inputs",
+        title="memory of one forward+backward",
+    )
+    ax_t.legend(fontsize=7, ncol=2)
+    for ax in (ax_t, ax_m):
+        ax.grid(True, which="both", alpha=0.3)
+    fig.tight_layout()
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".png")
+    os.close(fd)
+    try:
+        fig.savefig(tmp, dpi=110)
+        os.chmod(tmp, _file_mode())
+        os.replace(tmp, path)
+    finally:
+        plt.close(fig)
+        Path(tmp).unlink(missing_ok=True)
+
+
+def write_outputs(results: list[Result], out: Path, header: str, plot: bool = True) -> None:
+    """``bench.md``, ``bench.json`` and (with matplotlib) ``bench.png`` in ``out``, atomically."""
+    out.mkdir(parents=True, exist_ok=True)
+    _atomic_write(out / "bench.md", render_markdown(results, header).encode())
+    payload = [{**asdict(r), "config": asdict(r.config)} for r in results]
+    _atomic_write(out / "bench.json", json.dumps(payload, indent=1).encode())
+    if plot:
+        _plot(results, out / "bench.png")
+
+
+# ----------------------------------------------------------------------------- command line
+def _positive_ints(text: str) -> list[int]:
+    try:
+        values = [int(x) for x in text.split(",") if x]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated ints, got {text!r}") from None
+    if not values or any(v < 1 for v in values):
+        raise argparse.ArgumentTypeError(f"expected positive ints, got {text!r}")
+    return values
+
+
+def _names(valid: list[str]) -> Callable[[str], list[str]]:
+    def parse(text: str) -> list[str]:
+        names = [x for x in text.split(",") if x]
+        bad = [x for x in names if x not in valid]
+        if not names or bad:
+            raise argparse.ArgumentTypeError(f"unknown {bad or text!r}; choose from {valid}")
+        return names
+
+    return parse
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="relpos bench",
+        description="Attention speed and memory per scheme and backend (see relpos.bench).",
+    )
+    p.add_argument(
+        "--lengths",
+        type=_positive_ints,
+        default=None,
+        help=f"comma-separated L (default {DEFAULT_LENGTHS}; --all: {ALL_LENGTHS})",
+    )
+    p.add_argument("--all", action="store_true", help="every L in 256..8192 and B in 1,4")
+    p.add_argument("--batch", type=_positive_ints, default=None, help="comma-separated B (1)")
+    p.add_argument("--mask", choices=["causal", "bidirectional", "both"], default="causal")
+    p.add_argument("--schemes", type=_names(SCHEMES), default=SCHEMES)
+    impls = [i for i in IMPLEMENTATIONS if i != "sdpa-plain"]
+    p.add_argument(
+        "--impls",
+        type=_names(impls),
+        default=impls,
+        help="implementations besides the sdpa-plain baseline",
+    )
+    p.add_argument("--heads", type=int, default=8)
+    p.add_argument("--head-dim", type=int, default=64)
+    p.add_argument("--repeats", type=int, default=5, help="timed runs (>= 5), median reported")
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument(
+        "--dtype",
+        choices=["float32", "bfloat16", "float16"],
+        default=None,
+        help="default float32 on CPU, bfloat16 on CUDA",
+    )
+    p.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
+    p.add_argument(
+        "--no-memory",
+        dest="memory",
+        action="store_false",
+        help="skip the per-configuration memory subprocesses",
+    )
+    p.add_argument(
+        "--max-memory-gb",
+        type=float,
+        default=None,
+        help="skip configurations estimated to need more (default 60%% of free RAM)",
+    )
+    p.add_argument(
+        "--max-config-seconds",
+        type=float,
+        default=120.0,
+        help="skip a configuration whose estimated time (from a shorter L) is larger",
+    )
+    p.add_argument("--out", type=Path, default=Path("bench-results"), help="output directory")
+    p.add_argument("--no-plot", dest="plot", action="store_false")
+    p.add_argument("--child", help=argparse.SUPPRESS)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``relpos bench``; returns the exit status."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.child:
+        print(json.dumps(_memory_child(json.loads(args.child))))
+        return 0
+    if args.repeats < 5:
+        parser.error(f"--repeats must be >= 5 (a median of at least 5 runs), got {args.repeats}")
+    if args.warmup < 1:
+        parser.error(f"--warmup must be >= 1, got {args.warmup}")
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    args.lengths = args.lengths or (ALL_LENGTHS if args.all else DEFAULT_LENGTHS)
+    args.batch = args.batch or ([1, 4] if args.all else [1])
+    args.causal_modes = {"causal": [True], "bidirectional": [False], "both": [True, False]}[
+        args.mask
+    ]
+    if args.dtype is None:
+        args.dtype = "bfloat16" if args.device.startswith("cuda") else "float32"
+    if args.max_memory_gb is None:
+        args.max_memory_gb = 0.6 * _available_bytes() / 2**30
+    header = (
+        f"relpos bench: H={args.heads}, d={args.head_dim}, {args.dtype} on {args.device} "
+        f"({torch.get_num_threads()} threads, torch {torch.__version__}); median of "
+        f"{args.repeats} runs after {args.warmup} warm-up; ratios to sdpa-plain (no bias) at "
+        "the same shape.\n\nCommand: `relpos bench " + " ".join(argv or sys.argv[1:]) + "`"
+    )
+    print(header.splitlines()[0], flush=True)
+    results = run(args, log=lambda line: print(line, flush=True))
+    write_outputs(results, args.out, header, plot=args.plot)
+    print(
+        f"wrote {args.out / 'bench.md'}, {args.out / 'bench.json'}"
+        + (f", {args.out / 'bench.png'}" if args.plot else "")
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,601 @@
+"""Every attention backend against ``eager``: outputs and gradients, every scheme and layout.
+
+Layouts: plain (one contiguous sequence per row: the fast paths), left/right padding, packed
+documents with padding, and a KV cache (fewer queries than keys, positions from
+``Positions.continued``). The exhaustive parity runs in float64, where the backends agree with
+``eager`` to rounding (~1e-13), so a tolerance of 1e-9 catches any algorithmic slip; a float32 run
+checks the ~1e-5 agreement of the production dtype.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import zlib
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import relpos
+from relpos import Positions
+from relpos.attention import backends as backends_mod
+from relpos.attention import chunked as chunked_mod
+from relpos.attention.backends import BACKENDS, choose_backend
+from relpos.attention.chunked import chunked_attention, chunked_path, plan_tiles
+from relpos.attention.flex import (
+    flex_attention_backend,
+    flex_available,
+    flex_supports,
+    rows_with_keys,
+)
+from relpos.attention.sdpa import sdpa_attention, sdpa_supports
+from tests.helpers import SCHEME_SPECS, random_segments, randomize_parameters, spec_id
+
+pytestmark = [
+    pytest.mark.filterwarnings("ignore::UserWarning"),
+    # emitted from inside Inductor while it compiles FlexAttention
+    pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning"),
+]
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny shapes: intra-op threads only add synchronisation, and on a busy machine every
+    parallel region waits for a descheduled thread (milliseconds per op)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+LAYOUTS = ["plain", "offset", "left-pad", "right-pad", "packed", "cached", "cached-plain"]
+FAST_BACKENDS = ["sdpa", "chunked", "chunked-tiles", "auto"]
+
+
+def has_value_term(spec: dict) -> bool:
+    return spec["name"] == "shaw" and spec.get("values", True)
+
+
+def call(name: str, q, k, v, scheme, qp, kp, causal, **kw):
+    """Run backend ``name``; ``chunked-tiles`` forces the general path with tiny tiles."""
+    if name == "chunked-tiles":
+        return chunked_attention(
+            q, k, v, scheme, qp, kp, causal=causal, path="tiles", q_block=5, k_block=7, **kw
+        )
+    return BACKENDS[name](q, k, v, scheme, qp, kp, causal=causal, **kw)
+
+
+def make_layout(layout: str, rng: random.Random, b: int, n: int) -> tuple[Positions, Positions]:
+    """``(q_positions, k_positions)`` for ``n`` keys."""
+    if layout == "plain":
+        p = Positions.from_length(n)
+        return p, p
+    if layout == "offset":
+        p = Positions.from_length(n, offset=rng.randint(1, 7))
+        return p, p
+    if layout in ("left-pad", "right-pad"):
+        mask = torch.ones(b, n, dtype=torch.bool)
+        for r in range(b):
+            pad = rng.randint(0, n // 2) if r else rng.randint(1, n // 2)  # row 0 always padded
+            if layout == "left-pad":
+                mask[r, :pad] = False
+            else:
+                mask[r, n - pad :] = False
+        p = Positions.from_padding_mask(mask)
+        return p, p
+    if layout == "packed":
+        p = Positions.from_segments(torch.tensor([random_segments(rng, n) for _ in range(b)]))
+        return p, p
+    # KV cache: a prefix of n - m keys (padded rows, or plain), then m new tokens that continue it.
+    m = rng.randint(1, max(1, n // 3))
+    if layout == "cached":
+        mask = torch.ones(b, n - m, dtype=torch.bool)
+        mask[0, : rng.randint(1, (n - m) // 2)] = False  # left padding in the prompt
+        prefix = Positions.from_padding_mask(mask)
+    else:
+        prefix = Positions.from_length(n - m)
+    new = prefix.continued(m)
+    return new, prefix.cat(new)
+
+
+def run_case(
+    backend: str,
+    spec: dict,
+    causal: bool,
+    layout: str,
+    *,
+    dtype: torch.dtype = torch.float64,
+    n: int | None = None,
+    seed: int | None = None,
+):
+    """Outputs and gradients (q, k, v, every parameter) of ``eager`` and of ``backend``."""
+    seed = (
+        zlib.crc32(f"{spec_id(spec)}{causal}{layout}{backend}".encode()) if seed is None else seed
+    )
+    rng = random.Random(seed)
+    torch.manual_seed(seed)
+    b, h, d = rng.randint(1, 3), rng.randint(1, 3), 2 * rng.randint(2, 4)
+    n = rng.randint(16, 32) if n is None else n
+    scheme = relpos.make_scheme(spec, d_model=h * d, num_heads=h, causal=causal).to(dtype)
+    randomize_parameters(scheme, seed)
+    qp, kp = make_layout(layout, rng, b, n)
+    q = torch.randn(b, h, len(qp), d, dtype=dtype, requires_grad=True)
+    k = torch.randn(b, h, n, d, dtype=dtype, requires_grad=True)
+    v = torch.randn(b, h, n, d, dtype=dtype, requires_grad=True)
+    params = list(scheme.parameters())
+    grad_out = torch.randn(b, h, len(qp), d, dtype=dtype)
+    results = []
+    for name in ("eager", backend):
+        qr, kr = scheme.rotate(q, k, qp, kp)
+        out = call(name, qr, kr, v, scheme, qp, kp, causal)
+        grads = torch.autograd.grad(out, [q, k, v, *params], grad_out, allow_unused=True)
+        results.append((out, grads))
+    return results, (scheme, q, qp, kp)
+
+
+def assert_same(results, atol: float, rtol: float) -> None:
+    (out_ref, g_ref), (out, g) = results
+    torch.testing.assert_close(out, out_ref, atol=atol, rtol=rtol)
+    for t, (a, r) in enumerate(zip(g, g_ref, strict=True)):
+        if r is None or a is None:
+            for x in (a, r):
+                assert x is None or torch.count_nonzero(x) == 0, f"gradient {t}"
+        else:
+            torch.testing.assert_close(
+                a, r, atol=atol, rtol=rtol, msg=lambda m, t=t: f"grad {t}: {m}"
+            )
+
+
+def supported(backend: str, spec: dict) -> bool:
+    return not (backend == "sdpa" and has_value_term(spec))
+
+
+# ------------------------------------------------------------------------------ parity, float64
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
+@pytest.mark.parametrize("spec", SCHEME_SPECS, ids=spec_id)
+@pytest.mark.parametrize("backend", FAST_BACKENDS)
+def test_backend_matches_eager(backend, spec, causal, layout):
+    if not supported(backend, spec):
+        pytest.skip("sdpa does not support a value term (auto picks chunked)")
+    if layout.startswith("cached") and not causal:
+        pytest.skip("a KV cache is for causal decoding")
+    results, _ = run_case(backend, spec, causal, layout)
+    assert_same(results, atol=1e-9, rtol=1e-9)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
+@pytest.mark.parametrize("spec", SCHEME_SPECS, ids=spec_id)
+@pytest.mark.parametrize("backend", FAST_BACKENDS)
+def test_backend_matches_eager_longer(backend, spec, causal, layout):
+    if not supported(backend, spec):
+        pytest.skip("sdpa does not support a value term (auto picks chunked)")
+    if layout.startswith("cached") and not causal:
+        pytest.skip("a KV cache is for causal decoding")
+    results, _ = run_case(backend, spec, causal, layout, n=random.Random(layout).randint(90, 200))
+    assert_same(results, atol=1e-9, rtol=1e-9)
+
+
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
+@pytest.mark.parametrize(
+    "spec", [s for s in SCHEME_SPECS if s["name"] in ("shaw", "t5", "music", "alibi")], ids=spec_id
+)
+def test_chunked_fast_paths_cover_far_field(spec, causal):
+    """Long plain sequences: the region path hands clipped distances to the fused kernel (both
+    sides when bidirectional), ALiBi its left/diagonal/right parts; still equal to eager."""
+    n = 160
+    scheme = relpos.make_scheme(spec, d_model=8, num_heads=2, causal=causal)
+    pos = Positions.from_length(n)
+    path = chunked_path(scheme, torch.zeros(1, 2, n, 4), pos, pos)
+    assert path == ("alibi" if spec["name"] == "alibi" else "region")
+    if path == "region":
+        job = chunked_mod._Job(scheme, pos, pos, causal, chunked_mod.TilePlan([], []), 0.5)
+        w_l, _, w_r, _ = chunked_mod._far_widths(job, n, torch.device("cpu"))
+        assert w_l < n // 2 and (causal or w_r < n // 2)
+    results, _ = run_case("chunked", spec, causal, "plain", n=n, seed=1)
+    assert_same(results, atol=1e-9, rtol=1e-9)
+
+
+@given(
+    seed=st.integers(0, 2**16),
+    q_block=st.integers(1, 9),
+    k_block=st.integers(1, 9),
+    layout=st.sampled_from(LAYOUTS),
+    causal=st.booleans(),
+)
+def test_chunked_tiles_any_block_sizes(seed, q_block, k_block, layout, causal):
+    """Random shapes, layouts and tile sizes: tiles cut through documents, padding, diagonal."""
+    if layout.startswith("cached"):
+        causal = True
+    spec = SCHEME_SPECS[seed % len(SCHEME_SPECS)]
+    rng = random.Random(seed)
+    b, h, d, n = rng.randint(1, 3), rng.randint(1, 2), 2 * rng.randint(2, 3), rng.randint(2, 24)
+    scheme = relpos.make_scheme(spec, d_model=h * d, num_heads=h, causal=causal).double()
+    randomize_parameters(scheme, seed)
+    qp, kp = make_layout(layout, rng, b, n)
+    q = torch.randn(b, h, len(qp), d, dtype=torch.float64, requires_grad=True)
+    k, v = (torch.randn(b, h, n, d, dtype=torch.float64, requires_grad=True) for _ in range(2))
+    inputs = [q, k, v, *scheme.parameters()]
+    ref = BACKENDS["eager"](q, k, v, scheme, qp, kp, causal=causal)
+    out = chunked_attention(
+        q, k, v, scheme, qp, kp, causal=causal, path="tiles", q_block=q_block, k_block=k_block
+    )
+    grad_out = torch.randn_like(ref)
+    g_ref = torch.autograd.grad(ref, inputs, grad_out, allow_unused=True)
+    g = torch.autograd.grad(out, inputs, grad_out, allow_unused=True)
+    assert_same(((ref, g_ref), (out, g)), atol=1e-9, rtol=1e-9)
+
+
+# ------------------------------------------------------------------------------ parity, float32
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
+@pytest.mark.parametrize("spec", SCHEME_SPECS, ids=spec_id)
+@pytest.mark.parametrize(
+    ("backend", "layout"), [("sdpa", "packed"), ("chunked", "plain"), ("chunked-tiles", "packed")]
+)
+def test_backend_matches_eager_float32(backend, spec, causal, layout):
+    if not supported(backend, spec):
+        pytest.skip("sdpa does not support a value term")
+    results, _ = run_case(backend, spec, causal, layout, dtype=torch.float32, n=20)
+    assert results[1][0].dtype == torch.float32
+    assert_same(results, atol=1e-5, rtol=1e-5)
+
+
+# ------------------------------------------------------------------------------ masked rows
+@pytest.mark.parametrize("spec", SCHEME_SPECS, ids=spec_id)
+@pytest.mark.parametrize("backend", FAST_BACKENDS)
+def test_fully_masked_rows_give_zeros_and_finite_grads(backend, spec):
+    if not supported(backend, spec):
+        pytest.skip("sdpa does not support a value term")
+    torch.manual_seed(0)
+    scheme = relpos.make_scheme(spec, d_model=8, num_heads=2, causal=True)
+    randomize_parameters(scheme)
+    mask = torch.tensor([[False, False, True, True, True, False], [False] * 6])  # row 1: all pad
+    pos = Positions.from_padding_mask(mask)
+    q, k, v = (torch.randn(2, 2, 6, 4, requires_grad=True) for _ in range(3))
+    out = call(backend, q, k, v, scheme, pos, pos, True)
+    pad = ~mask
+    assert torch.equal(out[pad.unsqueeze(1).expand(2, 2, 6)], torch.zeros(int(pad.sum()) * 2, 4))
+    params = [p for p in scheme.parameters()]
+    grads = torch.autograd.grad(out.square().sum(), [q, k, v, *params], allow_unused=True)
+    for g in grads:
+        assert g is None or bool(torch.isfinite(g).all())
+    assert torch.count_nonzero(grads[0][1]) == 0  # no query of row 1 influences anything
+
+
+# ------------------------------------------------------------------------------ half precision
+@pytest.mark.parametrize("backend", ["sdpa", "chunked"])
+@pytest.mark.parametrize("name", ["alibi", "t5", "rope"])
+def test_bfloat16_inputs_return_bfloat16(backend, name):
+    torch.manual_seed(0)
+    scheme = relpos.make_scheme(name, d_model=16, num_heads=2, causal=True)
+    pos = Positions.from_length(40)
+    q, k, v = (torch.randn(1, 2, 40, 8) for _ in range(3))
+    ref = BACKENDS["eager"](q, k, v, scheme, pos, pos, causal=True)
+    out = call(backend, *(t.bfloat16() for t in (q, k, v)), scheme, pos, pos, True)
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out.float(), ref, atol=3e-2, rtol=3e-2)
+
+
+# ------------------------------------------------------------------------------ dropout
+def test_chunked_dropout_gradients_match_finite_differences():
+    """The backward pass replays the forward pass's dropout masks (gradcheck reseeds each call)."""
+    torch.manual_seed(0)
+    scheme = relpos.make_scheme(
+        {"name": "shaw", "max_distance": 2}, d_model=4, num_heads=1, causal=True
+    ).double()
+    randomize_parameters(scheme)
+    pos = Positions.from_segments(torch.tensor([[0, 0, 0, 1, 1, 1, -1]]))
+    q, k, v = (torch.randn(1, 1, 7, 4, dtype=torch.float64, requires_grad=True) for _ in range(3))
+
+    def f(q, k, v, *params):
+        torch.manual_seed(123)
+        return chunked_attention(
+            q,
+            k,
+            v,
+            scheme,
+            pos,
+            pos,
+            causal=True,
+            dropout_p=0.4,
+            training=True,
+            q_block=2,
+            k_block=3,
+        )
+
+    torch.autograd.gradcheck(f, (q, k, v, *scheme.parameters()))
+    torch.manual_seed(123)
+    dropped = f(q, k, v)
+    plain = chunked_attention(q, k, v, scheme, pos, pos, causal=True)
+    assert not torch.allclose(dropped, plain)  # dropout did something
+
+
+# ------------------------------------------------------------------------------ memory structure
+class MaxNumel(TorchDispatchMode):
+    """Records the largest tensor any op produces."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.max = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in out if isinstance(out, tuple | list) else (out,):
+            if isinstance(t, torch.Tensor):
+                self.max = max(self.max, t.numel())
+        return out
+
+
+MEMORY_CASES = [
+    ({"name": "shaw", "max_distance": 16}, "plain"),
+    ({"name": "t5"}, "plain"),
+    ({"name": "alibi"}, "plain"),
+    ({"name": "music", "max_distance": 64}, "plain"),
+    ({"name": "shaw", "max_distance": 16}, "packed"),
+    ({"name": "music", "max_distance": 64}, "packed"),
+]
+
+
+def check_no_l_by_l(spec: dict, layout: str, n: int, causal: bool) -> None:
+    """No op of the forward or backward pass produces anything near L×L elements: the largest
+    tensor is a tile or an O(L·d) / O(L·R) row statistic."""
+    h, d, qb, kb = 2, 8, 64, 128
+    torch.manual_seed(0)
+    scheme = relpos.make_scheme(spec, d_model=h * d, num_heads=h, causal=causal)
+    if layout == "plain":
+        pos = Positions.from_length(n)
+    else:
+        pos = Positions.from_lengths([[n // 4, n // 2, n // 4]], n)
+    q, k, v = (torch.randn(1, h, n, d, requires_grad=True) for _ in range(3))
+    with MaxNumel() as mode:
+        out = chunked_attention(q, k, v, scheme, pos, pos, causal=causal, q_block=qb, k_block=kb)
+        out.sum().backward()
+    rows = max(d, getattr(scheme, "num_relative", 0))  # head dim, or a relative table's rows
+    band = 128 + 2 * rows  # the region path's band tile: 128 queries, clipped distances
+    alibi = h * chunked_mod._ALIBI_BLOCK**2  # ALiBi's diagonal block
+    bound = max(h * n * rows, h * qb * kb, h * 128 * band, alibi)
+    assert mode.max <= bound < n * n // 8, (mode.max, bound)
+
+
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
+@pytest.mark.parametrize(("spec", "layout"), MEMORY_CASES, ids=str)
+def test_chunked_never_builds_an_l_by_l_tensor(spec, layout, causal):
+    check_no_l_by_l(spec, layout, 4096, causal=causal)
+
+
+def test_plan_skips_other_documents_and_future_tiles():
+    pos = Positions.from_lengths([[64, 64]], 128)
+    plan = plan_tiles(pos, pos, causal=True, q_block=32, k_block=32)
+    computed = [(j0, j1) for row in plan.tiles for j0, j1, _ in row]
+    assert len(computed) == 2 * (1 + 2)  # per 64-token document: the lower triangle of 2×2 tiles
+    unmasked = [masked for row in plan.tiles for _, _, masked in row].count(False)
+    assert unmasked == 2  # the one off-diagonal tile of each document needs no mask
+    assert plan.max_tile() == 32 * 32
+
+
+# ------------------------------------------------------------------------------ sdpa specifics
+def test_sdpa_uses_no_mask_for_plain_positions(monkeypatch):
+    seen = []
+    real = torch.nn.functional.scaled_dot_product_attention
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs.get("attn_mask"))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", spy)
+    scheme = relpos.make_scheme("rope", d_model=8, num_heads=2, causal=True)
+    pos = Positions.from_length(10)
+    q = torch.randn(3, 2, 10, 4)
+    sdpa_attention(q, q, q, scheme, pos, pos, causal=True)
+    assert seen == [None]
+    alibi = relpos.make_scheme("alibi", d_model=8, num_heads=2, causal=True)
+    sdpa_attention(q, q, q, alibi, pos, pos, causal=True)
+    assert seen[-1].shape == (1, 2, 10, 10)  # one mask for the whole batch
+
+
+def test_sdpa_rejects_value_term_and_auto_routes_it():
+    scheme = relpos.make_scheme("shaw", d_model=8, num_heads=2, causal=True)
+    pos = Positions.from_length(5)
+    q = torch.randn(1, 2, 5, 4)
+    assert not sdpa_supports(scheme)
+    with pytest.raises(ValueError, match="value term"):
+        sdpa_attention(q, q, q, scheme, pos, pos, causal=True)
+    assert choose_backend(scheme, q, pos, pos, needs_grad=False) == "chunked"
+
+
+# ------------------------------------------------------------------------------ auto
+@pytest.mark.parametrize(
+    ("name", "layout", "needs_grad", "expected"),
+    [
+        ("nope", "plain", True, "sdpa"),
+        ("rope", "packed", True, "sdpa"),
+        ("alibi", "plain", True, "chunked"),
+        ("alibi", "packed", True, "sdpa"),
+        ("t5", "plain", True, "chunked"),
+        ("t5", "packed", True, "chunked"),
+        ("t5", "packed", False, "sdpa"),
+        ("music", "plain", False, "chunked"),
+        ("shaw", "packed", False, "chunked"),
+    ],
+)
+def test_auto_table(name, layout, needs_grad, expected):
+    scheme = relpos.make_scheme(name, d_model=8, num_heads=2, causal=True)
+    qp, kp = make_layout(layout, random.Random(0), 2, 1024)
+    q = torch.zeros(2, 2, len(qp), 4)
+    assert choose_backend(scheme, q, qp, kp, needs_grad=needs_grad) == expected
+
+
+@pytest.mark.parametrize("name", ["alibi", "t5", "music", "rope"])
+def test_auto_takes_sdpa_for_short_sequences(name):
+    scheme = relpos.make_scheme(name, d_model=8, num_heads=2, causal=True)
+    pos = Positions.from_length(256)
+    q = torch.zeros(1, 2, 256, 4)
+    assert choose_backend(scheme, q, pos, pos, needs_grad=True) == "sdpa"
+    shaw = relpos.make_scheme("shaw", d_model=8, num_heads=2, causal=True)
+    assert choose_backend(shaw, q, pos, pos, needs_grad=True) == "chunked"  # value term
+
+
+def test_auto_runs_the_chosen_backend(monkeypatch):
+    calls = []
+    for name in ("sdpa", "chunked"):
+        real = BACKENDS[name]
+        monkeypatch.setitem(
+            BACKENDS, name, lambda *a, _n=name, _r=real, **kw: calls.append(_n) or _r(*a, **kw)
+        )
+    scheme = relpos.make_scheme("t5", d_model=8, num_heads=2, causal=True)
+    pos = Positions.from_length(600)
+    q = torch.randn(1, 2, 600, 4, requires_grad=True)
+    backends_mod.auto_attention(q, q, q, scheme, pos, pos, causal=True)
+    assert calls == ["chunked"]
+
+
+def test_module_with_each_backend_matches_eager():
+    torch.manual_seed(0)
+    x = torch.randn(2, 30, 16)
+    mask = torch.ones(2, 30, dtype=torch.bool)
+    mask[1, :7] = False
+    ref_layer = relpos.MultiheadAttention(16, 2, "t5", causal=True)
+    ref = ref_layer(x, padding_mask=mask)
+    for backend in ("sdpa", "chunked", "auto"):
+        layer = relpos.MultiheadAttention(16, 2, "t5", causal=True, backend=backend)
+        layer.load_state_dict(ref_layer.state_dict())
+        torch.testing.assert_close(layer(x, padding_mask=mask), ref, atol=1e-5, rtol=1e-5)
+
+
+# ------------------------------------------------------------------------------ errors
+@pytest.mark.parametrize("backend", ["sdpa", "chunked", "auto"])
+def test_bad_shapes_raise_value_errors(backend):
+    scheme = relpos.make_scheme("nope", d_model=8, num_heads=2, causal=False)
+    pos = Positions.from_length(5)
+    q = torch.randn(1, 2, 5, 4)
+    with pytest.raises(ValueError, match=r"q must have shape \(b, h, n, d\)"):
+        call(backend, q[0], q, q, scheme, pos, pos, False)
+    with pytest.raises(ValueError, match="k and v must have the same shape"):
+        call(backend, q, q, q[..., :3], scheme, pos, pos, False)
+    with pytest.raises(ValueError, match="k_positions"):
+        call(backend, q, q, q, scheme, pos, Positions.from_length(4), False)
+
+
+def test_chunked_rejects_bad_blocks():
+    scheme = relpos.make_scheme("nope", d_model=8, num_heads=2, causal=False)
+    pos = Positions.from_length(5)
+    q = torch.randn(1, 2, 5, 4)
+    with pytest.raises(ValueError, match="q_block must be a positive int"):
+        chunked_attention(q, q, q, scheme, pos, pos, causal=False, q_block=0)
+
+
+# ------------------------------------------------------------------------------ flex
+FLEX_CASES = [
+    ({"name": "alibi"}, True, "plain"),
+    ({"name": "t5", "num_buckets": 8, "max_distance": 12}, False, "packed"),
+]
+FLEX_SLOW_CASES = [
+    (spec, causal, layout)
+    for spec in SCHEME_SPECS
+    if not has_value_term(spec)
+    for causal in (True, False)
+    for layout in ("plain", "left-pad", "packed", "cached")
+    if causal or not layout.startswith("cached")
+]
+
+
+def check_flex(spec: dict, causal: bool, layout: str) -> None:
+    if not flex_available():
+        pytest.skip("FlexAttention is not available in this torch")
+    rng = random.Random(zlib.crc32(f"{spec_id(spec)}{causal}{layout}".encode()))
+    torch.manual_seed(0)
+    b, h, d, n = 2, 2, 8, 40
+    scheme = relpos.make_scheme(spec, d_model=h * d, num_heads=h, causal=causal)
+    randomize_parameters(scheme)
+    qp, kp = make_layout(layout, rng, b, n)
+    q = torch.randn(b, h, len(qp), d)
+    k, v = (torch.randn(b, h, n, d) for _ in range(2))
+    qr, kr = scheme.rotate(q, k, qp, kp)
+    with torch.no_grad():
+        ref = BACKENDS["eager"](qr, kr, v, scheme, qp, kp, causal=causal)
+        try:
+            out = flex_attention_backend(qr, kr, v, scheme, qp, kp, causal=causal)
+        except Exception as e:  # no C++ compiler, unsupported build
+            if isinstance(e, ValueError):
+                raise
+            pytest.skip(f"FlexAttention does not compile here: {type(e).__name__}: {e}")
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize(("spec", "causal", "layout"), FLEX_CASES, ids=str)
+def test_flex_matches_eager_in_inference(spec, causal, layout):
+    check_flex(spec, causal, layout)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("spec", "causal", "layout"), FLEX_SLOW_CASES, ids=str)
+def test_flex_matches_eager_every_scheme(spec, causal, layout):
+    check_flex(spec, causal, layout)
+
+
+def test_flex_declines_gradients_on_cpu_and_value_terms():
+    scheme = relpos.make_scheme("t5", d_model=8, num_heads=2, causal=True)
+    shaw = relpos.make_scheme("shaw", d_model=8, num_heads=2, causal=True)
+    assert not flex_supports(scheme, device=torch.device("cpu"), needs_grad=True)
+    assert not flex_supports(shaw, device=torch.device("cpu"), needs_grad=False)
+    if not flex_available():
+        return
+    assert flex_supports(scheme, device=torch.device("cpu"), needs_grad=False)
+    pos = Positions.from_length(6)
+    q = torch.randn(1, 2, 6, 4, requires_grad=True)
+    with pytest.raises(ValueError, match="gradients"):
+        flex_attention_backend(q, q, q, scheme, pos, pos, causal=True)
+    with torch.no_grad(), pytest.raises(ValueError, match="ShawRelative"):
+        flex_attention_backend(q, q, q, shaw, pos, pos, causal=True)
+
+
+@pytest.mark.parametrize("layout", ["plain", "left-pad", "packed", "cached"])
+def test_rows_with_keys_matches_the_allowed_mask(layout):
+    qp, kp = make_layout(layout, random.Random(3), 3, 30)
+    for causal in (True, False):
+        expected = qp.allowed(kp, causal=causal).any(-1)
+        assert torch.equal(rows_with_keys(qp, kp, causal), expected)
+        assert not (layout == "left-pad" and bool(expected.all()))  # the test sees padding
+
+
+# ------------------------------------------------------------------------------ bench
+def test_bench_writes_table_plot_and_json(tmp_path):
+    from relpos import bench
+
+    argv = ["--lengths", "32,64", "--schemes", "alibi,shaw", "--impls", "chunked,sdpa,eager"]
+    argv += ["--repeats", "5", "--warmup", "1", "--no-memory", "--out", str(tmp_path)]
+    assert bench.main(argv) == 0
+    table = (tmp_path / "bench.md").read_text()
+    assert "| none | sdpa-plain | 64 | 1 | causal |" in table
+    assert "| alibi | chunked | 64 | 1 | causal |" in table
+    assert "| shaw | sdpa |" not in table  # sdpa declines Shaw's value term
+    rows = json.loads((tmp_path / "bench.json").read_text())
+    timed = [r for r in rows if r["config"]["impl"] != "sdpa-plain"]
+    assert timed and all(r["fwd_ratio"] > 0 and len(r["runs"]["fwd"]) == 5 for r in timed)
+    assert (tmp_path / "bench.png").stat().st_size > 0
+    assert not list(tmp_path.glob(".*.tmp"))  # atomic writes left no temporary file
+
+
+def test_bench_memory_subprocess_sees_the_l_by_l_logits():
+    from relpos import bench
+
+    spec = {"scheme": "t5", "L": 2048, "B": 1, "causal": True, "heads": 8, "head_dim": 16}
+    spec.update(device="cpu", dtype="float32", threads=1)
+    eager, why = bench.measure_memory({**spec, "impl": "eager"}, timeout=120)
+    chunked, why2 = bench.measure_memory({**spec, "impl": "chunked"}, timeout=120)
+    assert eager is not None and chunked is not None, (why, why2)
+    logits = 8 * 2048 * 2048 * 4  # one (1, 8, L, L) float32 tensor
+    assert eager > 2 * logits
+    assert chunked < logits / 2
+
+
+def test_bench_rejects_too_few_repeats():
+    from relpos import bench
+
+    with pytest.raises(SystemExit):
+        bench.main(["--repeats", "3"])
