@@ -92,6 +92,8 @@ class _Dist:
 
     rank: int = 0
     world: int = 1
+    #: Whether this run created the process group (and so must tear it down).
+    owns_group: bool = False
 
     @property
     def main(self) -> bool:
@@ -102,9 +104,17 @@ class _Dist:
         world = int(os.environ.get("WORLD_SIZE", "1"))
         if world == 1:
             return cls()
-        if not dist.is_initialized():
+        owns = not dist.is_initialized()
+        if owns:
             dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
-        return cls(dist.get_rank(), dist.get_world_size())
+        return cls(dist.get_rank(), dist.get_world_size(), owns)
+
+    def close(self) -> None:
+        """Wait for every rank, then tear the group down. Leaving gloo's threads running at
+        interpreter exit aborts the process ("terminate called without an active exception")."""
+        if self.owns_group and dist.is_initialized():
+            dist.barrier()
+            dist.destroy_process_group()
 
 
 def _read_metrics(path: Path, up_to_step: int) -> list[dict[str, Any]]:
@@ -337,6 +347,7 @@ def train(
                 break
     if bar is not None:
         bar.close()
+    ctx.close()
     return {
         "run_dir": str(run.root),
         "step": step,
