@@ -55,6 +55,7 @@ from torch import Tensor
 from ..functional.dtypes import compute_dtype
 from ..positions import PAD_SEGMENT, Positions
 from ..schemes.base import Scheme
+from .band import Band, band_backward, band_forward, query_independent
 from .sdpa import validate_attention_inputs
 
 __all__ = [
@@ -157,20 +158,6 @@ def plan_tiles(
     return TilePlan(q_blocks, tiles)
 
 
-def _band_plan(n: int, *, lo: int, hi: int, q_block: int, k_block: int) -> TilePlan:
-    """Tiles covering the pairs ``lo < j - i < hi`` of an ``n × n`` self-attention."""
-    q_blocks = _bounds(0, n, q_block)
-    tiles = []
-    for i0, i1 in q_blocks:
-        j_lo, j_hi = max(0, i0 + lo + 1), min(n, i1 - 1 + hi)
-        row = []
-        for j0, j1 in _bounds(j_lo, j_hi, k_block):
-            d_min, d_max = j0 - (i1 - 1), (j1 - 1) - i0
-            row.append((j0, j1, not (d_min > lo and d_max < hi)))
-        tiles.append(row)
-    return TilePlan(q_blocks, tiles)
-
-
 # ----------------------------------------------------------------------------------- scheme terms
 @dataclass
 class _Job:
@@ -183,13 +170,13 @@ class _Job:
     plan: TilePlan
     scale: float
     dropout_p: float = 0.0
-    #: Region path: tiles restricted to ``band[0] < j - i < band[1]`` (index arithmetic).
-    band: tuple[int, int] | None = None
     #: Region path: relative rows whose per-query logit term the forward pass reports.
     far_rows: list[int] = field(default_factory=list)
     #: Region path: ``(W_L, r_L, W_R, r_R)`` (see :func:`_far_widths`).
     far: tuple[int, int, int, int] | None = None
     params: list[Tensor] = field(default_factory=list)
+    #: Region path: the band's geometry.
+    band_geom: Band | None = None
 
     def __post_init__(self) -> None:
         hooks, s = self.scheme.hooks, self.scheme
@@ -202,12 +189,8 @@ class _Job:
 
     def tile_mask(self, i0: int, i1: int, j0: int, j1: int, device: torch.device) -> Tensor:
         """``(b|1, 1, bi, bj)`` bool: the pairs of a masked tile that may attend."""
-        if self.band is None:
-            qp, kp = self.q_positions[i0:i1], self.k_positions[j0:j1]
-            return qp.allowed(kp, causal=self.causal).unsqueeze(1)
-        dist = torch.arange(j0, j1, device=device) - torch.arange(i0, i1, device=device)[:, None]
-        lo, hi = self.band
-        return ((dist > lo) & (dist < hi)).view(1, 1, i1 - i0, j1 - j0)
+        qp, kp = self.q_positions[i0:i1], self.k_positions[j0:j1]
+        return qp.allowed(kp, causal=self.causal).unsqueeze(1)
 
 
 def _gather_rel(rel: Tensor, index: Tensor) -> Tensor:
@@ -264,53 +247,20 @@ def _keep_mask(p: Tensor, dropout_p: float) -> Tensor:
 
 
 # ----------------------------------------------------------------------------------- tile engine
-class _Geometry:
-    """What depends only on a tile's bounds: the blocked pairs and the relative index.
-
-    On the region path (contiguous positions) these depend only on ``(j0 - i0, bi, bj)``, so
-    interior tiles share one entry, and so does a query-independent bias (T5's).
-    """
-
-    def __init__(self, job: _Job, device: torch.device) -> None:
-        self.job, self.device = job, device
-        self.shared = job.band is not None
-        self.entries: dict[tuple[int, ...], tuple[Tensor | None, Tensor | None]] = {}
-        self.biases: dict[tuple[int, ...], Tensor] = {}
-
-    def key(self, i0: int, i1: int, j0: int, j1: int) -> tuple[int, ...]:
-        return (j0 - i0, i1 - i0, j1 - j0) if self.shared else (i0, i1, j0, j1)
-
-    def get(
-        self, i0: int, i1: int, j0: int, j1: int, masked: bool
-    ) -> tuple[Tensor | None, Tensor | None]:
-        """``(blocked (b|1, 1, bi, bj) bool | None, index (b|1, bi, bj) | None)``."""
-        key = self.key(i0, i1, j0, j1)
-        hit = self.entries.get(key)
-        if hit is not None:
-            return hit
-        job = self.job
-        blocked = ~job.tile_mask(i0, i1, j0, j1, self.device) if masked else None
-        index = None
-        if job.rel_bias or job.rel_value:
-            qp, kp = job.q_positions[i0:i1], job.k_positions[j0:j1]
-            index = job.scheme.relative_index(qp, kp)
-        entry = (blocked, index)
-        if self.shared:
-            self.entries[key] = entry
-        return entry
-
-    def const_bias(self, key: tuple[int, ...], rel: Tensor, index: Tensor) -> Tensor:
-        """The gathered bias of a query-independent ``rel`` (cached on the region path)."""
-        if not self.shared:
-            return _gather_rel(rel, index)
-        if key not in self.biases:
-            self.biases[key] = _gather_rel(rel, index)
-        return self.biases[key]
+def _tile_terms(
+    job: _Job, i0: int, i1: int, j0: int, j1: int, masked: bool, device: torch.device
+) -> tuple[Tensor | None, Tensor | None]:
+    """``(blocked (b|1, 1, bi, bj) bool | None, relative index (b|1, bi, bj) | None)``."""
+    blocked = ~job.tile_mask(i0, i1, j0, j1, device) if masked else None
+    index = None
+    if job.rel_bias or job.rel_value:
+        qp, kp = job.q_positions[i0:i1], job.k_positions[j0:j1]
+        index = job.scheme.relative_index(qp, kp)
+    return blocked, index
 
 
 def _scores(
     job: _Job,
-    geo: _Geometry,
     qb: Tensor,
     kb: Tensor,
     bounds: tuple[int, int, int, int],
@@ -324,14 +274,11 @@ def _scores(
     (for its gradient) when ``bias_leaf`` is given and the scheme has no relative form.
     """
     i0, i1, j0, j1 = bounds
-    blocked, index = geo.get(i0, i1, j0, j1, masked)
+    blocked, index = _tile_terms(job, i0, i1, j0, j1, masked, qb.device)
     s = torch.matmul(qb, kb.transpose(-1, -2)).mul_(job.scale)
     bias = None
     if rel is not None:
-        if rel.shape[2] == 1:  # query-independent (T5)
-            s.add_(geo.const_bias(geo.key(*bounds), rel, index))
-        else:
-            s.add_(_gather_rel(rel, index))
+        s.add_(_gather_rel(rel, index))
     elif job.has_bias and not job.rel_bias:
         qp, kp = job.q_positions[i0:i1], job.k_positions[j0:j1]
         if bias_leaf is not None:
@@ -346,28 +293,21 @@ def _scores(
     return s, blocked, index, bias
 
 
-def _query_independent(scheme: Scheme, q: Tensor) -> bool:
-    """Whether ``scheme.relative_logits`` is the same for every query (T5): shape ``(.., 1, R)``."""
-    return scheme.relative_logits(q.new_zeros(1, q.shape[1], 2, q.shape[3])).shape[2] == 1
-
-
 def _tiles_forward(job: _Job, q: Tensor, k: Tensor, v: Tensor) -> dict[str, Tensor]:
     """Streaming softmax over the plan's tiles.
 
     Returns unnormalised row statistics over all queries: ``m (b, h, i)`` running maximum,
     ``norm (b, h, i)`` Σ exp(s - m), ``acc (b, h, i, d)`` Σ exp(s - m)·v, and, for a relative value
-    term, ``mass (b, h, i, R)``; for ``job.far_rows``, ``cols (B, h, i, len(far_rows))``.
+    term, ``mass (b, h, i, R)``.
     """
     b, h, n, _ = q.shape
-    geo = _Geometry(job, q.device)
     m = q.new_full((b, h, n), torch.finfo(q.dtype).min)
     norm = q.new_zeros(b, h, n)
     acc = q.new_zeros(b, h, n, v.shape[-1])
     mass = q.new_zeros(b, h, n, job.num_rel) if job.rel_value else None
-    cols: list[Tensor] = []
     s_ = job.scheme
     rel_const = None
-    if job.rel_bias and _query_independent(s_, q):
+    if job.rel_bias and query_independent(s_, q):
         rel_const = s_.relative_logits(q[:, :, :1])  # compute once
     for (i0, i1), tiles in zip(job.plan.q_blocks, job.plan.tiles, strict=True):
         qb = q[:, :, i0:i1]
@@ -377,16 +317,12 @@ def _tiles_forward(job: _Job, q: Tensor, k: Tensor, v: Tensor) -> dict[str, Tens
             if rel_const is not None
             else (s_.relative_logits(qb) if job.rel_bias else None)
         )
-        if job.far_rows:
-            cols.append(rel.expand(rel.shape[0], h, i1 - i0, rel.shape[-1])[..., job.far_rows])
         mb, nb, ab = m[:, :, i0:i1], norm[:, :, i0:i1], acc[:, :, i0:i1]
         massb = mass[:, :, i0:i1] if mass is not None else None
         first = True  # the block's first tile: assign instead of rescale-and-add
         for j0, j1, masked in tiles:
-            s, blocked, index, _ = _scores(
-                job, geo, qb, k[:, :, j0:j1], (i0, i1, j0, j1), rel, masked
-            )
-            if blocked is not None and job.band is None and bool(blocked.all()):
+            s, blocked, index, _ = _scores(job, qb, k[:, :, j0:j1], (i0, i1, j0, j1), rel, masked)
+            if blocked is not None and bool(blocked.all()):
                 continue
             m_new = torch.maximum(mb, s.amax(-1))  # finite: mb starts at finfo.min
             p = _exp(s.sub_(m_new.unsqueeze(-1)))
@@ -414,8 +350,6 @@ def _tiles_forward(job: _Job, q: Tensor, k: Tensor, v: Tensor) -> dict[str, Tens
     out = {"m": m, "norm": norm, "acc": acc}
     if mass is not None:
         out["mass"] = mass
-    if cols:
-        out["cols"] = torch.cat(cols, 2)  # (B, h, i, len(far_rows))
     return out
 
 
@@ -428,38 +362,28 @@ def _tiles_backward(
     lse: Tensor,
     delta: Tensor,
     dmass: Tensor | None,
-    far_grads: Tensor | None,
     needs_q: bool,
     sink: _GradSink,
-    grads: tuple[Tensor, Tensor, Tensor] | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """Recompute every tile from the final ``lse`` and accumulate ``dq, dk, dv`` (into ``grads``
-    when given) and the scheme's parameter gradients (into ``sink``).
+    """Recompute every tile from the final ``lse`` and return ``dq, dk, dv``; the scheme's
+    parameter gradients go into ``sink``.
 
     ``delta (b, h, i)`` is ``rowsum(dO ⊙ O)``; ``dmass (b, h, i, R)`` the gradient of the relative
-    value mass; ``far_grads (b, h, i, len(far_rows))`` extra gradients of ``rel[..., far_rows]``.
+    value mass.
     """
     b, h, _, _ = q.shape
-    geo = _Geometry(job, q.device)
-    if grads is None:
-        grads = (torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v))
-    dq, dk, dv = grads
+    dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
     s_, params = job.scheme, job.params
     need_bias_grad = job.has_bias and (needs_q or any(p.requires_grad for p in params))
     # A query-independent relative term (T5) is computed once; its gradient is the sum over
-    # tiles of dS scattered by relative index — on the region path, dS summed over the tiles
-    # that share a geometry first, then scattered once per geometry.
+    # tiles of dS scattered by relative index.
     rel_const = drel_const = None
-    ds_sums: dict[tuple[int, ...], tuple[Tensor, Tensor]] = {}
-    if job.rel_bias and _query_independent(s_, q):
+    if job.rel_bias and query_independent(s_, q):
         with torch.enable_grad():
             probe = s_.relative_logits(q[:, :, :1])
         rel_const = probe
         if probe.requires_grad:
             drel_const = q.new_zeros(probe.shape[0], h, 1, job.num_rel)
-            if far_grads is not None:
-                for t, r in enumerate(job.far_rows):
-                    drel_const[..., r] += _sum_to(far_grads[..., t], probe.shape[:-1])
     for (i0, i1), tiles in zip(job.plan.q_blocks, job.plan.tiles, strict=True):
         qb, dob = q[:, :, i0:i1], do[:, :, i0:i1]
         qp = job.q_positions[i0:i1]
@@ -474,9 +398,6 @@ def _tiles_backward(
                 rel = s_.relative_logits(qb_leaf)
             if rel.requires_grad:
                 drel = q.new_zeros(b, h, i1 - i0, job.num_rel)
-                if far_grads is not None:
-                    for t, r in enumerate(job.far_rows):
-                        drel[..., r] += far_grads[:, :, i0:i1, t]
         bias_leaf = None
         if need_bias_grad and not job.rel_bias:
             qb_leaf = bias_leaf = qb.detach().requires_grad_(needs_q)
@@ -485,9 +406,9 @@ def _tiles_backward(
             kb, vb = k[:, :, j0:j1], v[:, :, j0:j1]
             bounds = (i0, i1, j0, j1)
             s, blocked, index, bias = _scores(
-                job, geo, qb, kb, bounds, None if rel is None else rel.detach(), masked, bias_leaf
+                job, qb, kb, bounds, None if rel is None else rel.detach(), masked, bias_leaf
             )
-            if blocked is not None and job.band is None and bool(blocked.all()):
+            if blocked is not None and bool(blocked.all()):
                 continue
             p = _exp(s.sub_(lse_b))
             if blocked is not None:
@@ -512,14 +433,9 @@ def _tiles_backward(
             if drel is not None:
                 _scatter_rel(drel, index, ds)
             elif drel_const is not None:
-                key = geo.key(*bounds)
-                if geo.shared:
-                    total, _ = ds_sums.get(key, (0.0, index))
-                    ds_sums[key] = (total + ds.sum(0, keepdim=True), index)
-                else:
-                    part = q.new_zeros(*ds.shape[:-1], job.num_rel)
-                    _scatter_rel(part, index, ds)
-                    drel_const += _sum_to(part, drel_const.shape)
+                part = q.new_zeros(*ds.shape[:-1], job.num_rel)
+                _scatter_rel(part, index, ds)
+                drel_const += _sum_to(part, drel_const.shape)
             elif bias is not None and bias.requires_grad:
                 _push(bias, _sum_to(ds, bias.shape), qb_leaf if needs_q else None, dqb, sink)
             ds.mul_(job.scale)
@@ -528,10 +444,6 @@ def _tiles_backward(
         if drel is not None:
             _push(rel, _sum_to(drel, rel.shape), qb_leaf if needs_q else None, dqb, sink)
     if drel_const is not None:
-        for total, index in ds_sums.values():
-            part = q.new_zeros(*total.shape[:-1], job.num_rel)
-            _scatter_rel(part, index, total)
-            drel_const += _sum_to(part, drel_const.shape)
         _push(rel_const, drel_const, None, dq, sink)
     return dq, dk, dv
 
@@ -561,23 +473,12 @@ def _value_grads(job: _Job, mass: Tensor, do: Tensor, sink: _GradSink) -> Tensor
     return torch.zeros_like(mass) if grads[0] is None else grads[0]
 
 
-def _normalise(
-    stats: dict[str, Tensor], *, all_rows: bool = False
-) -> tuple[Tensor, Tensor, Tensor | None]:
+def _normalise(stats: dict[str, Tensor]) -> tuple[Tensor, Tensor, Tensor | None]:
     """``(lse (b, h, i), out (b, h, i, d), mass (b, h, i, R) | None)`` from running statistics.
 
     Rows with no key get ``lse = +inf`` (so recomputed probabilities are 0) and zeros.
-    ``all_rows``: every row is known to have a key (cheaper).
     """
     norm = stats["norm"]
-    if all_rows:
-        inv = norm.reciprocal().unsqueeze(-1)
-        mass = stats.get("mass")
-        return (
-            stats["m"] + torch.log(norm),
-            stats["acc"].mul_(inv),
-            None if mass is None else mass.mul_(inv),
-        )
     has = norm > 0
     safe = torch.where(has, norm, 1.0)
     out = torch.where(has.unsqueeze(-1), stats["acc"] / safe.unsqueeze(-1), 0.0)
@@ -615,7 +516,7 @@ class _TiledAttention(torch.autograd.Function):
         dmass = _value_grads(job, rest[0], do, sink) if rest else None
         with _ReplayRng(qf.device, ctx.rng_state):
             dq, dk, dv = _tiles_backward(
-                job, qf, kf, vf, do, lse, delta, dmass, None, ctx.needs_input_grad[0], sink
+                job, qf, kf, vf, do, lse, delta, dmass, ctx.needs_input_grad[0], sink
             )
         t = grad_out.dtype
         return dq.to(t), dk.to(t), dv.to(t), None, *sink.result()
@@ -663,10 +564,20 @@ class _RegionAttention(torch.autograd.Function):
         del params
         dtype = compute_dtype(q.dtype)
         qf, kf, vf = (t.to(dtype) for t in (q, k, v))
-        qf.shape[-2]
-        stats = _tiles_forward(job, qf, kf, vf)
-        lse, out, mass = _normalise(stats, all_rows=True)
-        cols = stats.get("cols")  # (B, h, n, 2): logit term of the far rows r_L, r_R
+        stats = band_forward(
+            job.scheme,
+            job.band_geom,
+            qf,
+            kf,
+            vf,
+            scale=job.scale,
+            has_bias=job.rel_bias,
+            has_value=job.rel_value,
+            num_rel=job.num_rel,
+            far_rows=job.far_rows,
+        )
+        lse, out, mass = stats["lse"], stats["out"], stats.get("mass")
+        cols = stats.get("cols")  # (1|b, h, n, 2): logit term of the far rows r_L, r_R
         parts = _far_parts(job, qf, kf, vf, cols)  # [(side, rows, lse_p, out_p)]
         for _, rows, lse_p, out_p in parts:
             # Merge in place by log-sum-exp (lse_p already includes the row constant).
@@ -739,20 +650,26 @@ class _RegionAttention(torch.autograd.Function):
                 far_grads[:, :, rows, side] = w * (
                     (do[:, :, rows] * full).sum(-1) - delta[:, :, rows]
                 )
-        _tiles_backward(
-            job,
+        param_grads = band_backward(
+            job.scheme,
+            job.band_geom,
             qf,
             kf,
             vf,
             do,
             lse,
             delta,
-            dmass,
-            far_grads,
-            ctx.needs_input_grad[0],
-            sink,
+            scale=job.scale,
+            has_bias=job.rel_bias,
+            num_rel=job.num_rel,
+            dmass=dmass,
+            far_rows=job.far_rows,
+            far_grads=far_grads,
+            needs_q=ctx.needs_input_grad[0],
+            params=job.params,
             grads=(dq, dk, dv),
         )
+        sink.add(tuple(param_grads))
         t = grad_out.dtype
         return dq.to(t), dk.to(t), dv.to(t), None, *sink.result()
 
@@ -999,10 +916,10 @@ def chunked_attention(
         job = _Job(scheme, q_positions, k_positions, causal, TilePlan([], []), scale, params=params)
         w_l, r_l, w_r, r_r = _far_widths(job, n, q.device)
         band = (-w_l, 1 if causal else w_r)
-        # A narrow band (Shaw's k=16) wastes less of each tile with smaller query blocks.
-        bq = max(_MIN_BAND_BLOCK, min(_BAND_BLOCK, 2 * (band[1] - band[0])))
-        job.plan = _band_plan(n, lo=band[0], hi=band[1], q_block=bq, k_block=bq + w_l + w_r)
-        job.band = band
+        # A block of B queries computes B + D - 1 keys for D band distances: a narrow band (Shaw,
+        # T5) wastes less with small blocks; a wide one (Music Transformer) runs faster in large.
+        bq = _MIN_BAND_BLOCK if band[1] - band[0] < 512 else _BAND_BLOCK
+        job.band_geom = Band.build(scheme, n, band[0], band[1], bq, q.device)
         job.far_rows = [r_l, r_r] if job.rel_bias else []
         job.far = (w_l, r_l, w_r, r_r)
         return _RegionAttention.apply(q, k, v, job, *params)

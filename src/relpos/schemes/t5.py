@@ -70,9 +70,7 @@ class T5Bias(Scheme):
 
     def score_bias(self, q: Tensor, q_positions: Positions, k_positions: Positions) -> Tensor:
         table = self.table.to(compute_dtype(self.table.dtype))
-        values = table[
-            self.buckets(q_positions, k_positions)
-        ]  # (b, i, j, h)
+        values = table[self.buckets(q_positions, k_positions)]  # (b, i, j, h)
         return values.permute(0, 3, 1, 2)
 
     # ------------------------------------------------------------ relative form (fused backends)

@@ -1,0 +1,110 @@
+"""The band engine of the ``chunked`` region path (``relpos.attention.band``).
+
+The strided skew and its adjoint against loops over (i, j); the region path against ``eager``
+(outputs and gradients) with groups of many blocks and with one block per group, where the first
+and last blocks drop their padding keys.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+import relpos
+from relpos import Positions
+from relpos.attention import band as band_mod
+from relpos.attention.chunked import chunked_path
+from tests.helpers import spec_id
+from tests.test_backends import assert_same, run_case
+
+
+def skew_oracle(rel: torch.Tensor, offset: int, keys: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(tile, valid)``: ``tile[.., i, j] = rel[.., i, offset + j - i]`` where it exists."""
+    *lead, rows, cols = rel.shape
+    tile = torch.zeros(*lead, rows, keys, dtype=rel.dtype)
+    valid = torch.zeros(rows, keys, dtype=torch.bool)
+    for i in range(rows):
+        for j in range(keys):
+            t = offset + j - i
+            if 0 <= t < cols:
+                tile[..., i, j] = rel[..., i, t]
+                valid[i, j] = True
+    return tile, valid
+
+
+def unskew_oracle(tile: torch.Tensor, offset: int, width: int) -> torch.Tensor:
+    *lead, rows, keys = tile.shape
+    out = torch.zeros(*lead, rows, width, dtype=tile.dtype)
+    for i in range(rows):
+        for j in range(keys):
+            t = offset + j - i
+            if 0 <= t < width:
+                out[..., i, t] += tile[..., i, j]
+    return out
+
+
+@given(
+    rows=st.integers(1, 7),
+    cols=st.integers(1, 9),
+    data=st.data(),
+)
+def test_skew_view_and_unskew_match_loops(rows, cols, data):
+    keys = data.draw(st.integers(1, rows + cols - 1))
+    # skew_view needs offset >= 0 and offset + keys - rows <= cols - 1 (see its docstring).
+    offset = data.draw(st.integers(0, max(0, cols - 1 + rows - keys)))
+    torch.manual_seed(rows * 100 + cols)
+    rel = torch.randn(2, rows, cols, dtype=torch.float64)
+    if offset + keys - rows <= cols - 1:
+        view = band_mod.skew_view(rel, offset, keys)
+        tile, valid = skew_oracle(rel, offset, keys)
+        assert torch.equal(view[..., valid], tile[..., valid])
+    grid = torch.randn(2, rows, keys, dtype=torch.float64)
+    torch.testing.assert_close(
+        band_mod.unskew(grid, offset, cols), unskew_oracle(grid, offset, cols)
+    )
+
+
+def test_skew_view_of_a_column_slice_and_its_bounds():
+    wide = torch.randn(3, 5, 12)
+    rel = wide[..., 2:9]  # rows of stride 12, 7 columns
+    view = band_mod.skew_view(rel, 2, 6)
+    tile, valid = skew_oracle(rel, 2, 6)
+    assert torch.equal(view[..., valid], tile[..., valid])
+    with pytest.raises(ValueError, match="cannot hold"):
+        band_mod.skew_view(rel, 5, 9)  # the last row's last column would be 5 + 8 - 4 > 6
+
+
+BAND_SPECS = [
+    {"name": "shaw", "max_distance": 3},
+    {"name": "shaw", "max_distance": 2, "keys": False},
+    {"name": "shaw", "max_distance": 4, "per_head": False, "values": False},
+    {"name": "t5", "num_buckets": 8, "max_distance": 12},
+    {"name": "music", "max_distance": 20},
+]
+
+
+@pytest.mark.parametrize("group_elements", [1, 1 << 20], ids=["one-block", "many-blocks"])
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
+@pytest.mark.parametrize("spec", BAND_SPECS, ids=spec_id)
+@pytest.mark.parametrize("n", [70, 200])
+def test_region_path_matches_eager(spec, causal, group_elements, n, monkeypatch):
+    monkeypatch.setattr(band_mod, "GROUP_ELEMENTS", group_elements)
+    scheme = relpos.make_scheme(spec, d_model=8, num_heads=2, causal=causal)
+    pos = Positions.from_length(n)
+    assert chunked_path(scheme, torch.zeros(1, 2, n, 4), pos, pos) == "region"
+    results, _ = run_case("chunked", spec, causal, "plain", n=n, seed=n)
+    assert_same(results, atol=1e-9, rtol=1e-9)
+
+
+def test_groups_share_one_interior_mask():
+    spec = {"name": "shaw", "max_distance": 4}
+    scheme = relpos.make_scheme(spec, d_model=8, num_heads=2, causal=True)
+    band = band_mod.Band.build(scheme, 1000, -4, 1, 16, torch.device("cpu"))
+    like = torch.zeros(1)
+    groups = band.groups(1, 2)
+    assert groups[0][0] == 0 and groups[-1][1] == band.num_blocks
+    for c0, c1 in groups:
+        band.mask(c0, c1, like, 1)
+    assert len(band._masks) <= 3  # the first group, the interior, the last
