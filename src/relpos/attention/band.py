@@ -288,7 +288,9 @@ def _group_rows(band: Band, b: int, h: int) -> int:
 
 
 def _padded_queries(band: Band, q: Tensor) -> Tensor:
-    return torch.nn.functional.pad(q, (0, 0, 0, band.num_blocks * band.block - band.n))
+    """Query rows padded to whole blocks (``q`` itself when they already are)."""
+    extra = band.num_blocks * band.block - band.n
+    return q if extra == 0 else torch.nn.functional.pad(q, (0, 0, 0, extra))
 
 
 def band_forward(
@@ -399,7 +401,7 @@ def band_backward(
     if dmass is not None:
         dmass_p = band.to_distance(torch.nn.functional.pad(dmass, (0, 0, 0, n_pad - n)))
     dkp, dvp = torch.zeros_like(kp), torch.zeros_like(vp)
-    dqp = torch.zeros_like(qp)
+    dqp = dq if n_pad == n else torch.zeros_like(qp)  # whole blocks: add into dq directly
     param_grads: list[Tensor | None] = [None] * len(params)
 
     def push(outs: list[Tensor], outs_grads: list[Tensor], q_leaf: Tensor | None, rows) -> None:
@@ -469,7 +471,8 @@ def band_backward(
         shape = const_rel.shape
         dims = [t for t in range(4) if shape[t] == 1 and drel.shape[t] != 1]
         push([const_rel], [drel.sum(dims, keepdim=True) if dims else drel], None, None)
-    dq += dqp[:, :, :n]
+    if dqp is not dq:
+        dq += dqp[:, :, :n]
     dk += dkp[:, :, band.left : band.left + n]
     dv += dvp[:, :, band.left : band.left + n]
     return param_grads

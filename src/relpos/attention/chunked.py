@@ -32,8 +32,9 @@ no per-pair gradient is needed, and merged by log-sum-exp — the trick of block
   so beyond a band ``-W_L < j - i < W_R`` the logit term is a per-query constant
   ``rel[i, r_far]`` and the value term a constant vector. Keys ``j <= i - W_L`` are one fused call
   on shifted slices (``is_causal=True`` on ``q[W_L:]``, ``k[:L-W_L]``), keys ``j >= i + W_R`` one on
-  flipped slices; only the band is computed tile by tile. The constants' gradients follow from the
-  parts' outputs: ``Σ_far dS_ij = w_far,i (dO_i·(O_far,i + a_far) - D_i)``;
+  flipped slices; the band is :mod:`relpos.attention.band`'s (the fused kernel with the skewed
+  relative term as a float mask forward, recomputed tiles backward). The constants' gradients
+  follow from the parts' outputs: ``Σ_far dS_ij = w_far,i (dO_i·(O_far,i + a_far) - D_i)``;
 * ALiBi (fixed slopes, no gradient) splits each query block's keys into left, diagonal and right
   parts whose bias is a per-key vector plus a per-query constant (``slope·(j - i) = slope·(j - i0)
   - slope·(i - i0)``), so the fused kernel takes a row-broadcast ``(1, h, 1, j)`` mask;
