@@ -39,6 +39,7 @@ from torch import Tensor
 
 from ..positions import Positions
 from ..schemes.base import Scheme
+from .grads import GradSink, push_grad
 
 __all__ = ["GROUP_ELEMENTS", "Band", "band_backward", "band_forward", "skew_view", "unskew"]
 
@@ -318,12 +319,13 @@ def band_forward(
     lse = q.new_empty(b, h, n_pad)
     out = q.new_empty(b, h, n_pad, q.shape[-1])
     mass = q.new_zeros(b, h, n_pad, num_rel) if has_value else None
-    cols = q.new_empty(b, h, n_pad, len(far_rows)) if has_bias and far_rows else None
-    const = None
+    const = cols = None
     if has_bias and query_independent(scheme, q):
         const = _const_lin(scheme, band, q, _group_rows(band, b, h))
-        if cols is not None:
+        if far_rows:
             cols = scheme.relative_logits(q[:, :, :1])[..., far_rows].expand(-1, -1, n, -1)
+    elif has_bias and far_rows:
+        cols = q.new_empty(b, h, n_pad, len(far_rows))  # filled group by group
     for c0, c1 in band.groups(b, h):
         r0, r1 = c0 * band.block, c1 * band.block
         qg = _queries(band, qp, c0, c1)
@@ -380,12 +382,12 @@ def band_backward(
     far_rows: list[int],
     far_grads: Tensor | None,
     needs_q: bool,
-    params: list[Tensor],
+    sink: GradSink,
     grads: tuple[Tensor, Tensor, Tensor],
-) -> list[Tensor | None]:
+) -> None:
     """Gradients of the band, recomputed per group of query blocks from the final ``lse``.
 
-    Adds into ``grads = (dq, dk, dv)`` and returns the gradients of ``params`` (None where unused).
+    Adds into ``grads = (dq, dk, dv)`` and the scheme's parameter gradients into ``sink``.
     ``delta (b, h, i)`` is ``rowsum(dO ⊙ O)``; ``dmass (b, h, i, R)`` the gradient of the value
     mass; ``far_grads (b, h, i, len(far_rows))`` gradients of the logit term at ``far_rows``.
     """
@@ -402,26 +404,13 @@ def band_backward(
         dmass_p = band.to_distance(torch.nn.functional.pad(dmass, (0, 0, 0, n_pad - n)))
     dkp, dvp = torch.zeros_like(kp), torch.zeros_like(vp)
     dqp = dq if n_pad == n else torch.zeros_like(qp)  # whole blocks: add into dq directly
-    param_grads: list[Tensor | None] = [None] * len(params)
-
-    def push(outs: list[Tensor], outs_grads: list[Tensor], q_leaf: Tensor | None, rows) -> None:
-        inputs = ([q_leaf] if q_leaf is not None else []) + params
-        got = torch.autograd.grad(outs, inputs, outs_grads, allow_unused=True)
-        if q_leaf is not None:
-            if got[0] is not None:
-                dqp[:, :, rows] += got[0]
-            got = got[1:]
-        for t, g in enumerate(got):
-            if g is not None:
-                param_grads[t] = g if param_grads[t] is None else param_grads[t] + g
-
-    const = const_rel = drel_const = ds_total = None
+    # A query-independent term (T5, ``(1, h, 1, R)``): every block has the same geometry, so its
+    # gradient sums the groups' dS tiles over batch and blocks first and unskews once at the end.
+    const = const_rel = ds_total = None
     if has_bias and query_independent(scheme, q):
         with torch.enable_grad():
             const_rel = scheme.relative_logits(q[:, :, :1])
         const = _const_lin(scheme, band, q.detach(), _group_rows(band, b, h))
-        if const_rel.requires_grad:
-            drel_const = q.new_zeros(1, h, 1, band.width)
     for c0, c1 in band.groups(b, h):
         r0, r1 = c0 * band.block, c1 * band.block
         qg, dog = _queries(band, qp, c0, c1), _queries(band, dop, c0, c1)
@@ -450,29 +439,23 @@ def band_backward(
         ds = dp.sub_(_queries(band, delta_p.unsqueeze(-1), c0, c1)).mul_(p)  # P ⊙ (dP - D)
         if rel is not None and rel.requires_grad:
             drel = band.to_rows(_unqueries(unskew(ds, a, band.width), b), num_rel)
-            outs, outs_grads = [rel], [drel]
             if far_grads is not None:
                 far = far_grads[:, :, r0 : min(r1, n)]
                 drel[:, :, : far.shape[2], far_rows] += far
-            push(outs, outs_grads, q_leaf if needs_q else None, slice(r0, r1))
-        elif drel_const is not None:
-            # Every block has the same geometry: sum the tiles first, unskew once at the end.
+            push_grad(rel, drel, q_leaf if needs_q else None, dqp[:, :, r0:r1], sink)
+        elif const_rel is not None and const_rel.requires_grad:
             part = torch.nn.functional.pad(ds.sum(0), (a, band.keys - e))
             ds_total = part if ds_total is None else ds_total.add_(part)
         dqp[:, :, r0:r1] += _unqueries(torch.matmul(ds, kg), b).mul_(scale)
         dkg = torch.matmul(ds.transpose(-1, -2), qg).mul_(scale)
         _fold_windows(band, dkp, dkg, c0, c1, (a, e))
-    if drel_const is not None:
-        if ds_total is not None:  # (h, B, J) → (1, h, 1, D)
-            drel_const = unskew(ds_total, 0, band.width).sum(1, keepdim=True).unsqueeze(0)
-        drel = band.to_rows(drel_const, num_rel)  # (1, h, 1, R)
+    if ds_total is not None:  # (h, B, J) → (1, h, 1, D) → (1, h, 1, R)
+        drel_lin = unskew(ds_total, 0, band.width).sum(1, keepdim=True).unsqueeze(0)
+        drel = band.to_rows(drel_lin, num_rel)
         if far_grads is not None:
             drel[..., far_rows] += far_grads.sum((0, 2), keepdim=True)
-        shape = const_rel.shape
-        dims = [t for t in range(4) if shape[t] == 1 and drel.shape[t] != 1]
-        push([const_rel], [drel.sum(dims, keepdim=True) if dims else drel], None, None)
+        push_grad(const_rel, drel, None, None, sink)
     if dqp is not dq:
         dq += dqp[:, :, :n]
     dk += dkp[:, :, band.left : band.left + n]
     dv += dvp[:, :, band.left : band.left + n]
-    return param_grads

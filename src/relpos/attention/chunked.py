@@ -57,6 +57,7 @@ from ..functional.dtypes import compute_dtype
 from ..positions import PAD_SEGMENT, Positions
 from ..schemes.base import Scheme
 from .band import Band, band_backward, band_forward, query_independent
+from .grads import GradSink, push_grad
 from .sdpa import validate_attention_inputs
 
 __all__ = [
@@ -214,25 +215,6 @@ def _sum_to(x: Tensor, shape: torch.Size) -> Tensor:
     return x.sum(dims, keepdim=True) if dims else x
 
 
-class _GradSink:
-    """Accumulates gradients of the scheme's parameters."""
-
-    def __init__(self, params: list[Tensor]) -> None:
-        self.params = params
-        self.grads: list[Tensor | None] = [None] * len(params)
-
-    def add(self, grads: tuple[Tensor | None, ...]) -> None:
-        for t, g in enumerate(grads):
-            if g is not None:
-                self.grads[t] = g if self.grads[t] is None else self.grads[t] + g
-
-    def result(self) -> list[Tensor | None]:
-        return [
-            None if g is None else g.to(p.dtype)
-            for g, p in zip(self.grads, self.params, strict=True)
-        ]
-
-
 def _exp(x: Tensor) -> Tensor:
     """``exp(x)`` for ``x <= 0``, in place, flushing ``x < -87`` to ``exp(-87) ≈ 1.6e-38``.
 
@@ -364,7 +346,7 @@ def _tiles_backward(
     delta: Tensor,
     dmass: Tensor | None,
     needs_q: bool,
-    sink: _GradSink,
+    sink: GradSink,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Recompute every tile from the final ``lse`` and return ``dq, dk, dv``; the scheme's
     parameter gradients go into ``sink``.
@@ -438,33 +420,22 @@ def _tiles_backward(
                 _scatter_rel(part, index, ds)
                 drel_const += _sum_to(part, drel_const.shape)
             elif bias is not None and bias.requires_grad:
-                _push(bias, _sum_to(ds, bias.shape), qb_leaf if needs_q else None, dqb, sink)
+                push_grad(bias, _sum_to(ds, bias.shape), qb_leaf if needs_q else None, dqb, sink)
             ds.mul_(job.scale)
             dqb += torch.matmul(ds, kb)
             dk[:, :, j0:j1] += torch.matmul(ds.transpose(-1, -2), qb)
         if drel is not None:
-            _push(rel, _sum_to(drel, rel.shape), qb_leaf if needs_q else None, dqb, sink)
+            push_grad(rel, _sum_to(drel, rel.shape), qb_leaf if needs_q else None, dqb, sink)
     if drel_const is not None:
-        _push(rel_const, drel_const, None, dq, sink)
+        push_grad(rel_const, drel_const, None, dq, sink)
     return dq, dk, dv
-
-
-def _push(out: Tensor, grad: Tensor, q_leaf: Tensor | None, dq: Tensor, sink: _GradSink) -> None:
-    """Back-propagate ``grad`` from ``out`` into ``q_leaf`` (added to ``dq``) and the params."""
-    inputs = ([q_leaf] if q_leaf is not None else []) + sink.params
-    grads = torch.autograd.grad(out, inputs, grad, allow_unused=True)
-    if q_leaf is not None:
-        if grads[0] is not None:
-            dq += grads[0]
-        grads = grads[1:]
-    sink.add(grads)
 
 
 def _relative_value(job: _Job, mass: Tensor) -> Tensor:
     return job.scheme.relative_value(mass).to(mass.dtype)
 
 
-def _value_grads(job: _Job, mass: Tensor, do: Tensor, sink: _GradSink) -> Tensor:
+def _value_grads(job: _Job, mass: Tensor, do: Tensor, sink: GradSink) -> Tensor:
     """Gradient of the relative value term w.r.t. the normalised mass (and the table, into sink)."""
     with torch.enable_grad():
         leaf = mass.detach().requires_grad_(True)
@@ -513,7 +484,7 @@ class _TiledAttention(torch.autograd.Function):
         qf, kf, vf, out, lse, *rest = ctx.saved_tensors
         do = grad_out.to(qf.dtype)
         delta = (do * out).sum(-1)  # rowsum(dO ⊙ O), O including the value term
-        sink = _GradSink(job.params)
+        sink = GradSink(job.params)
         dmass = _value_grads(job, rest[0], do, sink) if rest else None
         with _ReplayRng(qf.device, ctx.rng_state):
             dq, dk, dv = _tiles_backward(
@@ -619,7 +590,7 @@ class _RegionAttention(torch.autograd.Function):
         w_l, r_l, w_r, r_r = job.far
         do = grad_out.to(qf.dtype)
         delta = (do * out).sum(-1)
-        sink = _GradSink(job.params)
+        sink = GradSink(job.params)
         dmass = _value_grads(job, mass, do, sink) if mass is not None else None
         values = _value_rows(job, [r_l, r_r], h, qf) if job.rel_value else None
         dq, dk, dv = torch.zeros_like(qf), torch.zeros_like(kf), torch.zeros_like(vf)
@@ -651,7 +622,7 @@ class _RegionAttention(torch.autograd.Function):
                 far_grads[:, :, rows, side] = w * (
                     (do[:, :, rows] * full).sum(-1) - delta[:, :, rows]
                 )
-        param_grads = band_backward(
+        band_backward(
             job.scheme,
             job.band_geom,
             qf,
@@ -667,10 +638,9 @@ class _RegionAttention(torch.autograd.Function):
             far_rows=job.far_rows,
             far_grads=far_grads,
             needs_q=ctx.needs_input_grad[0],
-            params=job.params,
+            sink=sink,
             grads=(dq, dk, dv),
         )
-        sink.add(tuple(param_grads))
         t = grad_out.dtype
         return dq.to(t), dk.to(t), dv.to(t), None, *sink.result()
 
