@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 import relpos
 from relpos import Positions
+from relpos.attention import BACKENDS
 from relpos.attention import band as band_mod
 from relpos.attention.chunked import chunked_path
 from tests.helpers import spec_id
@@ -64,6 +65,10 @@ def test_skew_view_and_unskew_match_loops(rows, cols, data):
     torch.testing.assert_close(
         band_mod.unskew(grid, offset, cols), unskew_oracle(grid, offset, cols)
     )
+    # diagonals: unskew with every diagonal kept (offset rows - 1, width rows + keys - 1).
+    torch.testing.assert_close(
+        band_mod.diagonals(grid), unskew_oracle(grid, rows - 1, rows + keys - 1)
+    )
 
 
 def test_skew_view_of_a_column_slice_and_its_bounds():
@@ -81,7 +86,10 @@ BAND_SPECS = [
     {"name": "shaw", "max_distance": 2, "keys": False},
     {"name": "shaw", "max_distance": 4, "per_head": False, "values": False},
     {"name": "t5", "num_buckets": 8, "max_distance": 12},
+    {"name": "shaw", "max_distance": 3, "per_head": False},
     {"name": "music", "max_distance": 20},
+    # A band wider than a block: the first blocks multiply only the distances they reach.
+    {"name": "music", "max_distance": 150},
 ]
 
 
@@ -108,3 +116,25 @@ def test_groups_share_one_interior_mask():
     for c0, c1 in groups:
         band.mask(c0, c1, like, 1)
     assert len(band._masks) <= 3  # the first group, the interior, the last
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [{"name": "music", "max_distance": 150}, {"name": "shaw", "max_distance": 3}],
+    ids=spec_id,
+)
+def test_region_path_with_frozen_tables_and_constant_queries(spec):
+    """The band skips the relative term's gradients nobody asked for, and gets the rest right."""
+    torch.manual_seed(0)
+    scheme = relpos.make_scheme(spec, d_model=12, num_heads=2, causal=True).double()
+    scheme.requires_grad_(False)
+    n = 203
+    pos = Positions.from_length(n)
+    q = torch.randn(2, 2, n, 6, dtype=torch.float64)
+    k, v = (torch.randn(2, 2, n, 6, dtype=torch.float64, requires_grad=True) for _ in range(2))
+    grad_out = torch.randn(2, 2, n, 6, dtype=torch.float64)
+    results = []
+    for backend in ("eager", "chunked"):
+        out = BACKENDS[backend](q, k, v, scheme, pos, pos, causal=True)
+        results.append((out, torch.autograd.grad(out, [k, v], grad_out)))
+    assert_same(results, atol=1e-9, rtol=1e-9)

@@ -41,7 +41,16 @@ from ..positions import Positions
 from ..schemes.base import Scheme
 from .grads import GradSink, push_grad
 
-__all__ = ["GROUP_ELEMENTS", "Band", "band_backward", "band_forward", "skew_view", "unskew"]
+__all__ = [
+    "GROUP_ELEMENTS",
+    "Band",
+    "band_backward",
+    "band_forward",
+    "diagonals",
+    "skew_view",
+    "supports",
+    "unskew",
+]
 
 _flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
 
@@ -67,18 +76,27 @@ def skew_view(rel_lin: Tensor, offset: int, keys: int) -> Tensor:
     return rel_lin.as_strided((*lead, rows, keys), strides, rel_lin.storage_offset() + offset)
 
 
-def unskew(tile: Tensor, offset: int, width: int) -> Tensor:
-    """The adjoint of :func:`skew_view`: ``out[.., i, offset + j - i] += tile[.., i, j]``.
-
-    Shapes: tile ``(.., B, J)``; returns ``(.., B, width)`` (columns outside ``[0, width)`` drop).
-    """
+def diagonals(tile: Tensor) -> Tensor:
+    """``(.., B, J)`` → ``(.., B, B + J - 1)``: ``out[.., i, B - 1 + j - i] = tile[.., i, j]``, zero
+    elsewhere — each diagonal of the tile in its own column, still one row per query. Column ``c``
+    of the result holds distance column ``c + offset - B + 1`` of :func:`skew_view`'s table."""
     *lead, rows, keys = tile.shape
-    # A scratch row of B + J - 1 columns holds every diagonal once: column c = B - 1 + j - i.
     # Its view with row stride (B + J - 2) >= J never writes one address twice.
     cols = rows + keys - 1
     scratch = tile.new_zeros(*lead, rows, cols)
     view = scratch.as_strided((*lead, rows, keys), (*scratch.stride()[:-2], cols - 1, 1), rows - 1)
     view.copy_(tile)
+    return scratch
+
+
+def unskew(tile: Tensor, offset: int, width: int) -> Tensor:
+    """The adjoint of :func:`skew_view`: ``out[.., i, offset + j - i] += tile[.., i, j]``.
+
+    Shapes: tile ``(.., B, J)``; returns ``(.., B, width)`` (columns outside ``[0, width)`` drop).
+    """
+    *lead, rows, _ = tile.shape
+    scratch = diagonals(tile)
+    cols = scratch.shape[-1]
     lo = offset - (rows - 1)  # distance column t of scratch column c is c + lo
     out = tile.new_zeros(*lead, rows, width)
     c0, c1 = max(0, -lo), min(cols, width - lo)
@@ -104,6 +122,7 @@ class Band:
     lut: Tensor
     rows: slice | None = None
     _masks: dict[tuple, tuple[Tensor, Tensor]] = field(default_factory=dict)
+    _logits: dict[tuple, _LogitScratch] = field(default_factory=dict)
 
     @classmethod
     def build(cls, scheme: Scheme, n: int, lo: int, hi: int, block: int, device) -> Band:
@@ -154,19 +173,12 @@ class Band:
         start = c0 * self.block - self.left  # absolute position of the window's first key
         return max(0, -start), min(self.keys, self.n - start)
 
-    def pad(self, x: Tensor) -> Tensor:
-        """``(b, h, n, d)`` → ``(b, h, left + nb·B + right, d)``: zero keys around the sequence,
-        so that every block's keys are one window of the same length."""
-        tail = self.num_blocks * self.block - self.n + self.hi - 1
-        return torch.nn.functional.pad(x, (0, 0, self.left, tail))
-
     def mask(self, c0: int, c1: int, like: Tensor, batch: int) -> tuple[Tensor, Tensor]:
         """``(blocked bool, additive 0/-inf)``, both ``(batch·g, 1, B, J)`` for blocks
         ``[c0, c1)``: pairs outside the band or with a padding key. A padding query (past ``n``)
         blocks nothing, so that no row is empty; its output is dropped."""
         # Groups whose queries and keys all lie inside the sequence share one mask.
-        inside = c0 * self.block - self.left >= 0 and c1 * self.block + self.hi - 1 <= self.n
-        key = (None if inside else c0, c1 - c0, batch, like.dtype, like.device)
+        key = (None if self.inside(c0, c1) else c0, c1 - c0, batch, like.dtype, like.device)
         hit = self._masks.get(key)
         if hit is None:
             dev, b_, j_ = like.device, self.block, self.keys
@@ -182,11 +194,30 @@ class Band:
             hit = self._masks[key] = (blocked, neg)
         return hit
 
+    def inside(self, c0: int, c1: int) -> bool:
+        """Whether the queries and keys of blocks ``[c0, c1)`` all lie inside the sequence."""
+        return c0 * self.block - self.left >= 0 and c1 * self.block + self.hi - 1 <= self.n
+
+    def exact(self, c0: int, c1: int) -> bool:
+        """Whether the band alone is the mask of blocks ``[c0, c1)`` (after :meth:`trim`): no
+        padding query, and no padding key (inside the sequence, or trimmed to it)."""
+        if c1 * self.block > self.n:
+            return False
+        return c1 - c0 == 1 or self.inside(c0, c1)
+
     def to_distance(self, rel: Tensor) -> Tensor:
         """``(.., R)`` relative rows → ``(.., D)`` distance coordinates (a view when possible)."""
         if self.rows is not None:
             return rel[..., self.rows]
         return rel.index_select(-1, self.lut)
+
+    def add_rows(self, out: Tensor, lin: Tensor, t_lo: int, t_hi: int) -> None:
+        """``out (.., R) += lin (.., t_hi - t_lo)``: distance columns ``[t_lo, t_hi)`` added to
+        their relative rows."""
+        if self.rows is not None:
+            out[..., self.rows.start + t_lo : self.rows.start + t_hi] += lin
+        else:
+            out.index_add_(-1, self.lut[t_lo:t_hi], lin)
 
     def to_rows(self, lin: Tensor, num_rel: int) -> Tensor:
         """The adjoint of :meth:`to_distance`: ``(.., D)`` → ``(.., R)``, summing shared rows."""
@@ -207,49 +238,89 @@ def _queries(band: Band, x: Tensor, c0: int, c1: int) -> Tensor:
     return rows.permute(0, 2, 1, 3, 4).reshape(b * g, h, bl, d)
 
 
-def _unqueries(y: Tensor, b: int) -> Tensor:
-    """The inverse layout: ``(b·g, h, B, ..)`` → ``(b, h, g·B, ..)``."""
-    g = y.shape[0] // b
-    y = y.reshape(b, g, *y.shape[1:]).transpose(1, 2)
-    return y.reshape(b, y.shape[1], g * y.shape[3], *y.shape[4:])
+def _as_groups(dst: Tensor, g: int) -> Tensor:
+    """``(b, h, g·B, ..)`` → a ``(b, g, h, B, ..)`` view, the layout :func:`_queries` makes, to
+    write a group's results in place."""
+    return dst.unflatten(2, (g, dst.shape[2] // g)).transpose(1, 2)
 
 
-def _windows(band: Band, xp: Tensor, c0: int, c1: int) -> Tensor:
-    """Padded keys ``(b, h, P, d)`` → each block's window ``(b·g, h, J, d)`` (a copy)."""
-    b, h, _, d = xp.shape
-    s0, s1, s2, s3 = xp.stride()
-    view = xp.as_strided(
-        (b, c1 - c0, h, band.keys, d),
-        (s0, band.block * s2, s1, s2, s3),
-        xp.storage_offset() + c0 * band.block * s2,
+def _window_span(band: Band, c0: int, c1: int, cols: tuple[int, int]) -> tuple[int, int]:
+    """Absolute key positions ``[start, stop)`` that the windows of blocks ``[c0, c1)`` (columns
+    ``cols`` of them) cover, padding included."""
+    start = c0 * band.block - band.left + cols[0]
+    return start, start + (c1 - c0 - 1) * band.block + cols[1] - cols[0]
+
+
+def _windows(band: Band, x: Tensor, c0: int, c1: int, cols: tuple[int, int]) -> Tensor:
+    """Keys ``(b, h, n, d)`` → each block's window, columns ``cols``: ``(b·g, h, e - a, d)``.
+
+    Windows overlap; a strided view of ``x`` holds them all, and a group of one block is a plain
+    slice. Only a group reaching past the sequence copies its span into zero padding first."""
+    b, h, n, d = x.shape
+    g, (a, e) = c1 - c0, cols
+    start, stop = _window_span(band, c0, c1, cols)
+    if start < 0 or stop > n:
+        src = x.new_zeros(b, h, stop - start, d)
+        lo, hi = max(0, start), min(n, stop)
+        src[:, :, lo - start : hi - start] = x[:, :, lo:hi]
+        x, start = src, 0
+    if g == 1:
+        return x[:, :, start : start + e - a]
+    s0, s1, s2, s3 = x.stride()
+    view = x.as_strided(
+        (b, g, h, e - a, d), (s0, band.block * s2, s1, s2, s3), x.storage_offset() + start * s2
     )
-    return view.reshape(b * (c1 - c0), h, band.keys, d)
+    return view.reshape(b * g, h, e - a, d)
 
 
 def _fold_windows(
-    band: Band, dxp: Tensor, dwin: Tensor, c0: int, c1: int, cols: tuple[int, int]
+    band: Band, dx: Tensor, dwin: Tensor, c0: int, c1: int, cols: tuple[int, int]
 ) -> None:
-    """The adjoint of :func:`_windows`: add ``(b·g, h, J, d)`` windows (columns ``cols`` of them)
-    into ``(b, h, P, d)``.
+    """The adjoint of :func:`_windows`: add ``(b·g, h, e - a, d)`` windows into ``(b, h, n, d)``.
 
     Windows overlap; their ``B``-key chunks at the same offset do not, so each chunk offset is one
     strided add."""
-    b, h, _, d = dxp.shape
-    g, bl = c1 - c0, band.block
-    a, e = cols
-    if (a, e) != (0, band.keys):  # a trimmed group of one block: one plain add
-        start = c0 * bl + a
-        dxp[:, :, start : start + e - a] += dwin.reshape(b, h, e - a, d)
-        return
-    dwin = dwin.reshape(b, g, h, band.keys, d)
-    for c in range(0, band.keys, bl):
-        w = min(bl, band.keys - c)
-        target = dxp.as_strided(
-            (b, g, h, w, d),
-            (dxp.stride(0), bl * dxp.stride(2), dxp.stride(1), dxp.stride(2), dxp.stride(3)),
-            dxp.storage_offset() + (c0 * bl + c) * dxp.stride(2),
+    b, h, n, d = dx.shape
+    g, bl, width = c1 - c0, band.block, cols[1] - cols[0]
+    start, stop = _window_span(band, c0, c1, cols)
+    target, base = dx, start
+    if start < 0 or stop > n:  # past the sequence: fold into a padded span, then add what exists
+        target, base = dx.new_zeros(b, h, stop - start, d), 0
+    if g == 1:
+        target[:, :, base : base + width] += dwin
+    else:
+        dwin = dwin.reshape(b, g, h, width, d)
+        t0, t1, t2, t3 = target.stride()
+        for c in range(0, width, bl):
+            w = min(bl, width - c)
+            view = target.as_strided(
+                (b, g, h, w, d),
+                (t0, bl * t2, t1, t2, t3),
+                target.storage_offset() + (base + c) * t2,
+            )
+            view.add_(dwin[:, :, :, c : c + w])
+    if target is not dx:
+        lo, hi = max(0, start), min(n, stop)
+        dx[:, :, lo:hi] += target[:, :, lo - start : hi - start]
+
+
+def _distances(band: Band, tile: Tensor, cols: tuple[int, int]) -> tuple[Tensor, int, int]:
+    """``(lin, t_lo, t_hi)``: a group tile ``(.., B, e - a)`` at band distances ``[t_lo, t_hi)``,
+    ``lin[.., i, t - t_lo]`` (zero where row ``i`` has no key at distance ``t``).
+
+    With the whole window every row holds every band distance, at column ``i + t``: a view with
+    row stride ``J + 1`` (the skew's inverse, no copy). A trimmed window goes through
+    :func:`diagonals`."""
+    t0, t_lo, t_hi = _distance_range(band, cols)
+    if cols == (0, band.keys) and tile.stride(-1) == 1:
+        *lead, rows, _ = tile.shape
+        strides = (*tile.stride()[:-2], tile.stride(-2) + 1, 1)
+        return (
+            tile.as_strided((*lead, rows, band.width), strides, tile.storage_offset()),
+            0,
+            band.width,
         )
-        target.add_(dwin[:, :, :, c : c + w])
+    return diagonals(tile)[..., t_lo - t0 : t_hi - t0], t_lo, t_hi
 
 
 def _group_mask(band: Band, rel_lin: Tensor, neg: Tensor, b: int, cols: tuple[int, int]) -> Tensor:
@@ -277,6 +348,12 @@ def query_independent(scheme: Scheme, q: Tensor) -> bool:
     return scheme.relative_logits(q.new_zeros(1, q.shape[1], 2, q.shape[3])).shape[2] == 1
 
 
+def supports(scheme: Scheme, q: Tensor) -> bool:
+    """Whether the band computes ``scheme``'s logit term: a query-independent one (T5) or one
+    given by ``relative_keys`` (``q·Eᵀ``: Shaw, the Music Transformer)."""
+    return hasattr(scheme, "relative_keys") or query_independent(scheme, q)
+
+
 def _const_lin(scheme: Scheme, band: Band, q: Tensor, rows: int) -> Tensor:
     """A query-independent logit term (T5) in distance coordinates, ``(1|b, h, rows, D)``."""
     lin = band.to_distance(scheme.relative_logits(q[:, :, :1]))
@@ -292,6 +369,88 @@ def _padded_queries(band: Band, q: Tensor) -> Tensor:
     """Query rows padded to whole blocks (``q`` itself when they already are)."""
     extra = band.num_blocks * band.block - band.n
     return q if extra == 0 else torch.nn.functional.pad(q, (0, 0, 0, extra))
+
+
+def _distance_range(band: Band, cols: tuple[int, int]) -> tuple[int, int, int]:
+    """``(t0, t_lo, t_hi)`` for a tile of window columns ``[a, e)``: its :func:`diagonals` column
+    ``c`` is distance column ``t0 + c``, and the distances it holds are ``[t_lo, t_hi)``."""
+    a, e = cols
+    t0 = a - band.block + 1
+    return t0, max(0, t0), min(band.width, e)
+
+
+class _LogitScratch:
+    """The buffer that every group of one shape writes its ``q·Eᵀ`` logit term into.
+
+    Filled with ``-inf`` once; a group then writes only its band columns, and the columns the
+    previous group wrote outside them are reset — interior groups write the same columns, so in
+    steady state nothing is filled (many short strided fills cost about a tenth of a GEMM).
+    Its row stride stays the full width, which :func:`skew_view` allows.
+    """
+
+    def __init__(self, buf: Tensor) -> None:
+        self.buf, self.lo, self.hi = buf, 0, 0  # columns [lo, hi) hold finite values
+
+    def take(self, lo: int, hi: int, width: int) -> Tensor:
+        """The first ``width`` columns, ``-inf`` outside ``[lo, hi)`` (which the caller fills)."""
+        for a, e in ((self.lo, min(self.hi, lo)), (max(self.lo, hi), self.hi)):
+            if e > a:
+                self.buf[..., a:e].fill_(-math.inf)
+        self.lo, self.hi = lo, hi
+        return self.buf[..., :width]
+
+
+def _keyed_logits(
+    band: Band, c0: int, c1: int, qg: Tensor, keys: Tensor, cols: tuple[int, int]
+) -> Tensor:
+    """A ``q·Eᵀ`` logit term (Shaw, Music Transformer) for one group, in :func:`diagonals`
+    layout: ``(b·g, h, B, e - a + B - 1)``, ``-inf`` in the columns outside the band.
+
+    Only the distances the tile reaches are multiplied (the first blocks of a wide band reach
+    fewer), straight into the buffer; its skewed view (offset ``B - 1``) is then the tile's float
+    mask with the band already applied — no copy, no ``0/-inf`` add.
+    """
+    t0, t_lo, t_hi = _distance_range(band, cols)
+    key = (qg.shape[:-1], qg.dtype, qg.device)
+    scratch = band._logits.get(key)
+    if scratch is None:
+        scratch = band._logits[key] = _LogitScratch(
+            qg.new_full((*qg.shape[:-1], band.keys + band.block - 1), -math.inf)
+        )
+    buf = scratch.take(t_lo - t0, t_hi - t0, cols[1] - cols[0] + band.block - 1)
+    torch.matmul(qg, keys[..., t_lo:t_hi, :].transpose(-1, -2), out=buf[..., t_lo - t0 : t_hi - t0])
+    return buf
+
+
+def _tile_mask(
+    band: Band,
+    c0: int,
+    c1: int,
+    cols: tuple[int, int],
+    neg: Tensor,
+    qg: Tensor,
+    keys: Tensor | None,
+    const: Tensor | None,
+) -> Tensor:
+    """The group's float mask ``(b·g, h|1, B, e - a)``: logit term plus ``-inf`` where blocked."""
+    a, e = cols
+    b = qg.shape[0] // (c1 - c0)
+    if keys is not None:
+        mask = skew_view(_keyed_logits(band, c0, c1, qg, keys, cols), band.block - 1, e - a)
+        return mask if band.exact(c0, c1) else mask + neg
+    if const is not None:
+        return _group_mask(band, const[:, :, : (c1 - c0) * band.block], neg, b, cols)
+    return neg
+
+
+def _distance_keys(scheme: Scheme, band: Band, dtype: torch.dtype, far_rows: list[int]):
+    """``(keys in distance coordinates (h|1, D, d), keys of far_rows (h|1, len, d) | None)``."""
+    keys = scheme.relative_keys(dtype)
+    if band.rows is not None:
+        near = keys[..., band.rows, :]
+    else:
+        near = keys.index_select(-2, band.lut)
+    return near, (keys[..., far_rows, :] if far_rows else None)
 
 
 def band_forward(
@@ -315,36 +474,31 @@ def band_forward(
     """
     b, h, n, _ = q.shape
     n_pad = band.num_blocks * band.block
-    qp, kp, vp = _padded_queries(band, q), band.pad(k), band.pad(v)
+    qp = _padded_queries(band, q)
     lse = q.new_empty(b, h, n_pad)
     out = q.new_empty(b, h, n_pad, q.shape[-1])
     mass = q.new_zeros(b, h, n_pad, num_rel) if has_value else None
-    const = cols = None
-    if has_bias and query_independent(scheme, q):
+    const = keys = cols = None
+    if has_bias and query_independent(scheme, q):  # T5
         const = _const_lin(scheme, band, q, _group_rows(band, b, h))
         if far_rows:
             cols = scheme.relative_logits(q[:, :, :1])[..., far_rows].expand(-1, -1, n, -1)
-    elif has_bias and far_rows:
-        cols = q.new_empty(b, h, n_pad, len(far_rows))  # filled group by group
+    elif has_bias:  # q·Eᵀ
+        keys, far_keys = _distance_keys(scheme, band, q.dtype, far_rows)
+        if far_keys is not None:
+            cols = torch.matmul(q, far_keys.transpose(-1, -2))
     for c0, c1 in band.groups(b, h):
         r0, r1 = c0 * band.block, c1 * band.block
-        qg = _queries(band, qp, c0, c1)
+        g, qg = c1 - c0, _queries(band, qp, c0, c1)
         a, e = band.trim(c0, c1)
-        kg, vg = _windows(band, kp, c0, c1)[:, :, a:e], _windows(band, vp, c0, c1)[:, :, a:e]
+        kg, vg = _windows(band, k, c0, c1, (a, e)), _windows(band, v, c0, c1, (a, e))
         neg = band.mask(c0, c1, q, b)[1][..., a:e]
-        mask = neg.contiguous()
-        if has_bias:
-            if const is not None:
-                rel_lin = const[:, :, : r1 - r0]
-            else:
-                rel = scheme.relative_logits(qp[:, :, r0:r1])
-                rel_lin = band.to_distance(rel)
-                if cols is not None:
-                    cols[:, :, r0:r1] = rel[..., far_rows]
-            mask = _group_mask(band, rel_lin, neg, b, (a, e))
+        mask = _tile_mask(band, c0, c1, (a, e), neg, qg, keys, const)
+        out_g, lse_g = _as_groups(out[:, :, r0:r1], g), _as_groups(lse[:, :, r0:r1], g)
         if mass is None:
             o, l_ = _flash(qg, kg, vg, 0.0, False, attn_mask=mask, scale=scale)
-            out[:, :, r0:r1], lse[:, :, r0:r1] = _unqueries(o, b), _unqueries(l_, b)
+            out_g.copy_(o.unflatten(0, (b, g)))
+            lse_g.copy_(l_.unflatten(0, (b, g)))
             continue
         # A value term needs the probabilities themselves (the mass per relative row), which the
         # fused kernel does not return: the blocks' softmax in plain ops.
@@ -353,10 +507,10 @@ def band_forward(
         p = s.sub_(m).exp_()  # -inf outside the band → exactly 0
         norm = p.sum(-1, keepdim=True)
         p.div_(norm)
-        out[:, :, r0:r1] = _unqueries(torch.matmul(p, vg), b)
-        lse[:, :, r0:r1] = _unqueries((m + norm.log()).squeeze(-1), b)
-        lin = _unqueries(unskew(p, a, band.width), b)  # (b, h, g·B, D)
-        mass[:, :, r0:r1] = band.to_rows(lin, num_rel)
+        out_g.copy_(torch.matmul(p, vg).unflatten(0, (b, g)))
+        lse_g.copy_(m.add_(norm.log_()).squeeze(-1).unflatten(0, (b, g)))
+        lin, t_lo, t_hi = _distances(band, p, (a, e))  # (b·g, h, B, t_hi - t_lo)
+        band.add_rows(_as_groups(mass[:, :, r0:r1], g), lin.unflatten(0, (b, g)), t_lo, t_hi)
     result = {"lse": lse[:, :, :n], "out": out[:, :, :n]}
     if mass is not None:
         result["mass"] = mass[:, :, :n]
@@ -392,41 +546,38 @@ def band_backward(
     mass; ``far_grads (b, h, i, len(far_rows))`` gradients of the logit term at ``far_rows``.
     """
     dq, dk, dv = grads
-    b, h, n, _ = q.shape
+    b, h, n, d = q.shape
     n_pad = band.num_blocks * band.block
-    qp, kp, vp = _padded_queries(band, q), band.pad(k), band.pad(v)
-    dop = _padded_queries(band, do)
+    qp, dop = _padded_queries(band, q), _padded_queries(band, do)
     # Padding rows: lse = +inf makes their recomputed probabilities 0, so they add nothing.
     lse_p = torch.nn.functional.pad(lse, (0, n_pad - n), value=math.inf)
     delta_p = torch.nn.functional.pad(delta, (0, n_pad - n))
     dmass_p = None
     if dmass is not None:
         dmass_p = band.to_distance(torch.nn.functional.pad(dmass, (0, 0, 0, n_pad - n)))
-    dkp, dvp = torch.zeros_like(kp), torch.zeros_like(vp)
     dqp = dq if n_pad == n else torch.zeros_like(qp)  # whole blocks: add into dq directly
     # A query-independent term (T5, ``(1, h, 1, R)``): every block has the same geometry, so its
     # gradient sums the groups' dS tiles over batch and blocks first and unskews once at the end.
     const = const_rel = ds_total = None
+    # A q·Eᵀ term: dq gets dS_rel·E, and E's gradient dS_relᵀ·q is summed here, pushed once.
+    keys = keys_g = dkeys = None
     if has_bias and query_independent(scheme, q):
         with torch.enable_grad():
             const_rel = scheme.relative_logits(q[:, :, :1])
         const = _const_lin(scheme, band, q.detach(), _group_rows(band, b, h))
+    elif has_bias:
+        with torch.enable_grad():
+            keys_g = _distance_keys(scheme, band, q.dtype, far_rows)
+        keys = keys_g[0].detach()
+        if keys_g[0].requires_grad:
+            dkeys = q.new_zeros(h, band.width, d)
     for c0, c1 in band.groups(b, h):
         r0, r1 = c0 * band.block, c1 * band.block
-        qg, dog = _queries(band, qp, c0, c1), _queries(band, dop, c0, c1)
+        g, qg, dog = c1 - c0, _queries(band, qp, c0, c1), _queries(band, dop, c0, c1)
         a, e = band.trim(c0, c1)
-        kg, vg = _windows(band, kp, c0, c1)[:, :, a:e], _windows(band, vp, c0, c1)[:, :, a:e]
+        kg, vg = _windows(band, k, c0, c1, (a, e)), _windows(band, v, c0, c1, (a, e))
         blocked, neg = (x[..., a:e] for x in band.mask(c0, c1, q, b))
-        mask, rel, q_leaf = neg.contiguous(), None, None
-        if has_bias:
-            if const is not None:
-                rel_lin = const[:, :, : r1 - r0]
-            else:
-                with torch.enable_grad():
-                    q_leaf = qp[:, :, r0:r1].detach().requires_grad_(needs_q)
-                    rel = scheme.relative_logits(q_leaf)
-                rel_lin = band.to_distance(rel.detach())
-            mask = _group_mask(band, rel_lin, neg, b, (a, e))
+        mask = _tile_mask(band, c0, c1, (a, e), neg, qg, keys, const)
         s = torch.matmul(qg, kg.transpose(-1, -2)).mul_(scale).add_(mask)
         lse_g = _queries(band, lse_p.unsqueeze(-1), c0, c1)
         # exp of very negative numbers takes a slow path on CPU: flush, then zero the blocked.
@@ -435,27 +586,43 @@ def band_backward(
         if dmass_p is not None:
             dlin = _queries(band, dmass_p, c0, c1).contiguous()  # (b·g, h, B, D)
             dp.add_(skew_view(dlin, a, e - a))
-        _fold_windows(band, dvp, torch.matmul(p.transpose(-1, -2), dog), c0, c1, (a, e))
+        _fold_windows(band, dv, torch.matmul(p.transpose(-1, -2), dog), c0, c1, (a, e))
         ds = dp.sub_(_queries(band, delta_p.unsqueeze(-1), c0, c1)).mul_(p)  # P ⊙ (dP - D)
-        if rel is not None and rel.requires_grad:
-            drel = band.to_rows(_unqueries(unskew(ds, a, band.width), b), num_rel)
-            if far_grads is not None:
-                far = far_grads[:, :, r0 : min(r1, n)]
-                drel[:, :, : far.shape[2], far_rows] += far
-            push_grad(rel, drel, q_leaf if needs_q else None, dqp[:, :, r0:r1], sink)
+        if keys is not None and (needs_q or dkeys is not None):
+            drel, t_lo, t_hi = _distances(band, ds, (a, e))  # (b·g, h, B, t_hi - t_lo)
+            if needs_q:
+                dq_rel = torch.matmul(drel, keys[..., t_lo:t_hi, :])
+                _as_groups(dqp[:, :, r0:r1], g).add_(dq_rel.unflatten(0, (b, g)))
+            if dkeys is not None:
+                dkeys[:, t_lo:t_hi] += torch.einsum("nhbt,nhbd->htd", drel, qg)
         elif const_rel is not None and const_rel.requires_grad:
             part = torch.nn.functional.pad(ds.sum(0), (a, band.keys - e))
             ds_total = part if ds_total is None else ds_total.add_(part)
-        dqp[:, :, r0:r1] += _unqueries(torch.matmul(ds, kg), b).mul_(scale)
+        dq_g = torch.matmul(ds, kg).mul_(scale)
+        _as_groups(dqp[:, :, r0:r1], g).add_(dq_g.unflatten(0, (b, g)))
         dkg = torch.matmul(ds.transpose(-1, -2), qg).mul_(scale)
-        _fold_windows(band, dkp, dkg, c0, c1, (a, e))
+        _fold_windows(band, dk, dkg, c0, c1, (a, e))
+    if dqp is not dq:
+        dq += dqp[:, :, :n]
     if ds_total is not None:  # (h, B, J) → (1, h, 1, D) → (1, h, 1, R)
         drel_lin = unskew(ds_total, 0, band.width).sum(1, keepdim=True).unsqueeze(0)
         drel = band.to_rows(drel_lin, num_rel)
         if far_grads is not None:
             drel[..., far_rows] += far_grads.sum((0, 2), keepdim=True)
         push_grad(const_rel, drel, None, None, sink)
-    if dqp is not dq:
-        dq += dqp[:, :, :n]
-    dk += dkp[:, :, band.left : band.left + n]
-    dv += dvp[:, :, band.left : band.left + n]
+    if keys_g is not None:
+        near, far = keys_g
+        outs, outs_grads = [near], [dkeys]
+        if far is not None and far_grads is not None:
+            if needs_q:
+                dq += torch.matmul(far_grads, far.detach())
+            outs.append(far)
+            outs_grads.append(torch.einsum("bhnr,bhnd->hrd", far_grads, q))
+        if dkeys is not None:  # one pass through relative_keys for both
+            grads_ = [_sum_heads(g, t) for g, t in zip(outs_grads, outs, strict=True)]
+            push_grad(outs, grads_, None, None, sink)
+
+
+def _sum_heads(grad: Tensor, like: Tensor) -> Tensor:
+    """A per-head gradient ``(h, .., ..)`` summed to a shared table's ``(1, .., ..)``."""
+    return grad.sum(0, keepdim=True) if like.shape[0] == 1 and grad.shape[0] != 1 else grad

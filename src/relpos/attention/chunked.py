@@ -56,7 +56,7 @@ from torch import Tensor
 from ..functional.dtypes import compute_dtype
 from ..positions import PAD_SEGMENT, Positions
 from ..schemes.base import Scheme
-from .band import Band, band_backward, band_forward, query_independent
+from .band import Band, band_backward, band_forward, query_independent, supports
 from .grads import GradSink, push_grad
 from .sdpa import validate_attention_inputs
 
@@ -553,14 +553,13 @@ class _RegionAttention(torch.autograd.Function):
         parts = _far_parts(job, qf, kf, vf, cols)  # [(side, rows, lse_p, out_p)]
         for _, rows, lse_p, out_p in parts:
             # Merge in place by log-sum-exp (lse_p already includes the row constant).
+            # The part's share of the merged softmax is exp(lse_p - l_new) = sigmoid(lse_p - l_old):
+            # out moves towards out_p by that share (one pass).
             l_old = lse[:, :, rows]
-            l_new = torch.logaddexp(l_old, lse_p)
-            out[:, :, rows].mul_(torch.exp(l_old - l_new).unsqueeze(-1)).add_(
-                out_p * torch.exp(lse_p - l_new).unsqueeze(-1)
-            )
+            out[:, :, rows].lerp_(out_p, torch.sigmoid(lse_p - l_old).unsqueeze(-1))
             if mass is not None:
-                mass[:, :, rows] *= torch.exp(l_old - l_new).unsqueeze(-1)
-            lse[:, :, rows] = l_new
+                mass[:, :, rows] *= torch.sigmoid(l_old - lse_p).unsqueeze(-1)
+            lse[:, :, rows] = torch.logaddexp(l_old, lse_p)
         if mass is not None:
             for side, rows, lse_p, _ in parts:
                 mass[:, :, rows, job.far[1 + 2 * side]] += torch.exp(lse_p - lse[:, :, rows])
@@ -825,7 +824,9 @@ def chunked_path(
     if isinstance(scheme, ALiBi) and "value_term" not in hooks:
         return "alibi"
     rel = all(hasattr(scheme, a) for a in ("relative_index", "num_relative"))
-    bias_ok = "score_bias" not in hooks or hasattr(scheme, "relative_logits")
+    bias_ok = "score_bias" not in hooks or (
+        hasattr(scheme, "relative_logits") and supports(scheme, q)
+    )
     value_ok = "value_term" not in hooks or hasattr(scheme, "relative_value")
     if rel and bias_ok and value_ok:
         return "region"

@@ -7,6 +7,8 @@ scheme's differentiable term (``relative_logits`` or ``score_bias``) with ``torc
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 from torch import Tensor
 
@@ -34,10 +36,15 @@ class GradSink:
 
 
 def push_grad(
-    out: Tensor, grad: Tensor, q_leaf: Tensor | None, dq: Tensor | None, sink: GradSink
+    out: Tensor | Sequence[Tensor],
+    grad: Tensor | Sequence[Tensor],
+    q_leaf: Tensor | None,
+    dq: Tensor | None,
+    sink: GradSink,
 ) -> None:
-    """Back-propagate ``grad`` from ``out`` into ``q_leaf`` (added in place to ``dq``, a view of
-    the query gradient) and into the parameters (into ``sink``)."""
+    """Back-propagate ``grad`` from ``out`` (one tensor, or several with one gradient each) into
+    ``q_leaf`` (added in place to ``dq``, a view of the query gradient) and into the parameters
+    (into ``sink``)."""
     inputs = ([q_leaf] if q_leaf is not None else []) + sink.params
     grads = torch.autograd.grad(out, inputs, grad, allow_unused=True)
     if q_leaf is not None:

@@ -60,16 +60,15 @@ class MusicRelative(Scheme):
         return distance.clamp(-m, 0 if self.causal else m) + m
 
     def score_bias(self, q: Tensor, q_positions: Positions, k_positions: Positions) -> Tensor:
-        dtype = compute_dtype(q.dtype)
-        qf = q.to(dtype) / math.sqrt(self.head_dim)
-        table = self.table.to(dtype)
+        keys = self.relative_keys(q.dtype)  # (h, R, d), scaled by 1/√d
+        qf = q.to(keys.dtype)
         n = q.shape[-2]
         if q_positions is k_positions and q_positions.contiguous:
             # Self-attention over contiguous positions: distances -(n-1)..(0 or n-1), one table
             # row each (clipped rows repeat), then the skew puts every row into place.
             hi = 0 if self.causal else n - 1
             dist = torch.arange(-(n - 1), hi + 1, device=q.device)
-            rel = torch.einsum("bhid,hrd->bhir", qf, table[:, self.index(dist)])
+            rel = torch.matmul(qf, keys[:, self.index(dist)].transpose(-1, -2))
             return skew(rel, causal=self.causal)
         index = self.index(q_positions.distance(k_positions))
         span = q_positions.span
@@ -78,8 +77,8 @@ class MusicRelative(Scheme):
             # can be read. Slice them rather than multiply q by the whole table.
             m = self.config.max_distance
             lo, hi = m - span, m + (0 if self.causal else span)
-            table, index = table[:, lo : hi + 1], index.clamp(lo, hi) - lo
-        rel = torch.einsum("bhid,hrd->bhir", qf, table)
+            keys, index = keys[:, lo : hi + 1], index.clamp(lo, hi) - lo
+        rel = torch.matmul(qf, keys.transpose(-1, -2))
         return gather_relative(rel, index)
 
     # ------------------------------------------------------------ relative form (fused backends)
@@ -92,6 +91,11 @@ class MusicRelative(Scheme):
         """Row of ``Er`` for every pair, ``(b|1, i, j)`` int64 in ``[0, R)``."""
         return self.index(q_positions.distance(k_positions))
 
+    def relative_keys(self, dtype: torch.dtype = torch.float32) -> Tensor:
+        """``Er/√d`` in ``dtype``'s compute dtype, ``(h, R, d)``: the relative logits are
+        ``q·relative_keys()ᵀ``. Backends multiply ``q`` by the rows they need only."""
+        return self.table.to(compute_dtype(dtype)) / math.sqrt(self.head_dim)
+
     def relative_logits(self, q: Tensor) -> Tensor:
         """``Q·Erᵀ/√d`` for every query and table row: ``(b, h, i, R)``.
 
@@ -99,6 +103,5 @@ class MusicRelative(Scheme):
         backends that tile the logits call it per query block and gather per tile, so they hold
         ``O(block·R)``, never ``(i, j)``.
         """
-        dtype = compute_dtype(q.dtype)
-        qf = q.to(dtype) / math.sqrt(self.head_dim)
-        return torch.einsum("bhid,hrd->bhir", qf, self.table.to(dtype))
+        keys = self.relative_keys(q.dtype)
+        return torch.matmul(q.to(keys.dtype), keys.transpose(-1, -2))

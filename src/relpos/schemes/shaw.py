@@ -80,16 +80,8 @@ class ShawRelative(Scheme):
     def score_bias(
         self, q: Tensor, q_positions: Positions, k_positions: Positions
     ) -> Tensor | None:
-        if self.key_table is None:
-            return None
-        dtype = compute_dtype(q.dtype)
-        table, qf = self.key_table.to(dtype), q.to(dtype)
-        if self.config.per_head:
-            rel = torch.einsum("bhid,hrd->bhir", qf, table)
-        else:
-            rel = torch.einsum("bhid,rd->bhir", qf, table)
-        rel = rel / math.sqrt(self.head_dim)
-        return gather_relative(rel, self.index(q_positions, k_positions))
+        rel = self.relative_logits(q)
+        return None if rel is None else gather_relative(rel, self.index(q_positions, k_positions))
 
     def value_term(
         self, probs: Tensor, q_positions: Positions, k_positions: Positions
@@ -114,6 +106,14 @@ class ShawRelative(Scheme):
         """Relative row of every pair, ``(b|1, i, j)`` int64 in ``[0, R)`` (as :meth:`index`)."""
         return self.index(q_positions, k_positions)
 
+    def relative_keys(self, dtype: torch.dtype = torch.float32) -> Tensor | None:
+        """``a^K/√d`` in ``dtype``'s compute dtype, ``(h|1, R, d)`` (1 for a shared table): the
+        key term is ``q·relative_keys()ᵀ``. None without a key table."""
+        if self.key_table is None:
+            return None
+        table = self.key_table.to(compute_dtype(dtype)) / math.sqrt(self.head_dim)
+        return table if self.config.per_head else table.unsqueeze(0)
+
     def relative_logits(self, q: Tensor) -> Tensor | None:
         """The key term per query and relative row, ``q_i·a^K_r/√d``: ``(b, h, i, R)``.
 
@@ -121,13 +121,10 @@ class ShawRelative(Scheme):
         backends that tile the logits gather it per tile and never build ``(i, j)``. None without
         a key table.
         """
-        if self.key_table is None:
+        keys = self.relative_keys(q.dtype)
+        if keys is None:
             return None
-        dtype = compute_dtype(q.dtype)
-        table, qf = self.key_table.to(dtype), q.to(dtype) / math.sqrt(self.head_dim)
-        if self.config.per_head:
-            return torch.einsum("bhid,hrd->bhir", qf, table)
-        return torch.einsum("bhid,rd->bhir", qf, table)
+        return torch.matmul(q.to(keys.dtype), keys.transpose(-1, -2))
 
     def relative_value(self, mass: Tensor) -> Tensor | None:
         """The value term from the attention mass per relative row: ``Σ_r mass[.., r]·a^V_r``.
