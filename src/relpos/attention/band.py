@@ -47,6 +47,7 @@ __all__ = [
     "band_backward",
     "band_forward",
     "diagonals",
+    "probs_and_dscores",
     "skew_view",
     "supports",
     "unskew",
@@ -418,7 +419,11 @@ def _keyed_logits(
             qg.new_full((*qg.shape[:-1], band.keys + band.block - 1), -math.inf)
         )
     buf = scratch.take(t_lo - t0, t_hi - t0, cols[1] - cols[0] + band.block - 1)
-    torch.matmul(qg, keys[..., t_lo:t_hi, :].transpose(-1, -2), out=buf[..., t_lo - t0 : t_hi - t0])
+    dst, keys_t = buf[..., t_lo - t0 : t_hi - t0], keys[..., t_lo:t_hi, :].transpose(-1, -2)
+    if qg.shape[0] == 1:  # few large products (a wide band): straight into the strided buffer
+        torch.matmul(qg, keys_t, out=dst)
+    else:  # many small ones: a strided `out=` runs them one by one (2-3× slower than a copy)
+        dst.copy_(torch.matmul(qg, keys_t))
     return buf
 
 
@@ -492,7 +497,7 @@ def band_forward(
         g, qg = c1 - c0, _queries(band, qp, c0, c1)
         a, e = band.trim(c0, c1)
         kg, vg = _windows(band, k, c0, c1, (a, e)), _windows(band, v, c0, c1, (a, e))
-        neg = band.mask(c0, c1, q, b)[1][..., a:e]
+        blocked, neg = (x[..., a:e] for x in band.mask(c0, c1, q, b))
         mask = _tile_mask(band, c0, c1, (a, e), neg, qg, keys, const)
         out_g, lse_g = _as_groups(out[:, :, r0:r1], g), _as_groups(lse[:, :, r0:r1], g)
         if mass is None:
@@ -504,7 +509,9 @@ def band_forward(
         # fused kernel does not return: the blocks' softmax in plain ops.
         s = torch.matmul(qg, kg.transpose(-1, -2)).mul_(scale).add_(mask)
         m = s.amax(-1, keepdim=True)  # finite: every real query's own key is in the band
-        p = s.sub_(m).exp_()  # -inf outside the band → exactly 0
+        # exp(-inf) and exp of very negative numbers take a slow path on CPU (3-10×): flush at
+        # -87 (exp = 1.6e-38), then zero the blocked pairs exactly.
+        p = s.sub_(m).clamp_min_(-87.0).exp_().masked_fill_(blocked, 0.0)
         norm = p.sum(-1, keepdim=True)
         p.div_(norm)
         out_g.copy_(torch.matmul(p, vg).unflatten(0, (b, g)))
@@ -517,6 +524,21 @@ def band_forward(
     if cols is not None:
         result["cols"] = cols[:, :, :n]
     return result
+
+
+def probs_and_dscores(
+    s: Tensor, mask: Tensor, lse: Tensor, blocked: Tensor, dp: Tensor, delta: Tensor, scale: float
+) -> tuple[Tensor, Tensor]:
+    """A recomputed tile's probabilities and score gradient, in place of ``s`` and ``dp``:
+    ``P = exp(S·scale + mask - lse)`` (exactly 0 where ``blocked``), ``dS = P ⊙ (dP - D)``.
+
+    Shapes: s, dp ``(n, h, B, J)``; mask ``(n, h|1, B, J)``; blocked ``(n, 1, B, J)``; lse,
+    delta ``(n, h, B, 1)``. (``benchmarks/compile_band.py`` measures this chain under
+    ``torch.compile``; see ``docs/performance.md``.)
+    """
+    # exp of very negative numbers takes a slow path on CPU: flush, then zero the blocked.
+    p = s.mul_(scale).add_(mask).sub_(lse).clamp_min_(-87.0).exp_().masked_fill_(blocked, 0.0)
+    return p, dp.sub_(delta).mul_(p)
 
 
 def band_backward(
@@ -578,16 +600,20 @@ def band_backward(
         kg, vg = _windows(band, k, c0, c1, (a, e)), _windows(band, v, c0, c1, (a, e))
         blocked, neg = (x[..., a:e] for x in band.mask(c0, c1, q, b))
         mask = _tile_mask(band, c0, c1, (a, e), neg, qg, keys, const)
-        s = torch.matmul(qg, kg.transpose(-1, -2)).mul_(scale).add_(mask)
-        lse_g = _queries(band, lse_p.unsqueeze(-1), c0, c1)
-        # exp of very negative numbers takes a slow path on CPU: flush, then zero the blocked.
-        p = s.sub_(lse_g).clamp_min_(-87.0).exp_().masked_fill_(blocked, 0.0)
         dp = torch.matmul(dog, vg.transpose(-1, -2))
         if dmass_p is not None:
             dlin = _queries(band, dmass_p, c0, c1).contiguous()  # (b·g, h, B, D)
             dp.add_(skew_view(dlin, a, e - a))
+        p, ds = probs_and_dscores(
+            torch.matmul(qg, kg.transpose(-1, -2)),
+            mask,
+            _queries(band, lse_p.unsqueeze(-1), c0, c1),
+            blocked,
+            dp,
+            _queries(band, delta_p.unsqueeze(-1), c0, c1),
+            scale,
+        )
         _fold_windows(band, dv, torch.matmul(p.transpose(-1, -2), dog), c0, c1, (a, e))
-        ds = dp.sub_(_queries(band, delta_p.unsqueeze(-1), c0, c1)).mul_(p)  # P ⊙ (dP - D)
         if keys is not None and (needs_q or dkeys is not None):
             drel, t_lo, t_hi = _distances(band, ds, (a, e))  # (b·g, h, B, t_hi - t_lo)
             if needs_q:
