@@ -584,6 +584,26 @@ def test_bench_writes_table_plot_and_json(tmp_path):
     assert not list(tmp_path.glob(".*.tmp"))  # atomic writes left no temporary file
 
 
+def test_bench_times_each_configuration_alternating_with_plain_sdpa():
+    from relpos import bench
+
+    calls = []
+
+    def run(tag):
+        def fn(setup):
+            calls.append(tag)
+            return torch.zeros(())
+
+        return fn
+
+    times, base = bench.measure_paired(
+        run("x"), None, run("plain"), None, backward=False, repeats=3, warmup=1, device="cpu"
+    )
+    assert calls == ["x", "plain"] * 4 and len(times) == len(base) == 3
+    # The median of run-by-run ratios, not the ratio of medians (4 / 3 here).
+    assert bench.paired_ratio([2.0, 4.0, 30.0], [1.0, 4.0, 3.0]) == 2.0
+
+
 def test_bench_memory_subprocess_sees_the_l_by_l_logits():
     from relpos import bench
 

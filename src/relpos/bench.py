@@ -4,8 +4,9 @@ For every configuration (scheme, implementation, length ``L``, batch ``B``, caus
 measures, on inputs ``q, k, v`` of shape ``(B, H, L, d)`` (``H=8``, ``d=64`` by default):
 
 * forward time and forward+backward time: the median of ``--repeats`` (>= 5) runs after
-  ``--warmup`` runs, each also printed as a ratio to plain SDPA with no bias (``sdpa-plain``)
-  measured in the same run at the same shape;
+  ``--warmup`` runs, each also printed as a ratio to plain SDPA with no bias (``sdpa-plain``) at
+  the same shape: every run alternates with a run of plain SDPA, and the ratio is the median of
+  the run-by-run ratios, so that a drift in the machine's speed hits both alike;
 * peak memory of one forward+backward pass above the inputs, in a fresh subprocess per
   configuration: on CPU the peak resident set size (``ru_maxrss``) minus the resident size once
   the inputs exist (after a small warm-up that loads the kernels); on CUDA
@@ -232,6 +233,38 @@ def measure_time(
     return times
 
 
+def measure_paired(
+    fn: Callable[[Setup], Tensor],
+    s: Setup,
+    base_fn: Callable[[Setup], Tensor],
+    base: Setup,
+    *,
+    backward: bool,
+    repeats: int,
+    warmup: int,
+    device: str,
+) -> tuple[list[float], list[float]]:
+    """Seconds of ``repeats`` runs of ``fn`` and of the baseline, alternating run by run, so that
+    a drift in the machine's speed (other jobs, frequency) hits both alike: ``(fn, baseline)``."""
+    for _ in range(warmup):
+        _step(fn, s, backward)
+        _step(base_fn, base, backward)
+    _sync(device)
+    times: tuple[list[float], list[float]] = ([], [])
+    for _ in range(repeats):
+        for f, setup, out in ((fn, s, times[0]), (base_fn, base, times[1])):
+            start = time.perf_counter()
+            _step(f, setup, backward)
+            _sync(device)
+            out.append(time.perf_counter() - start)
+    return times
+
+
+def paired_ratio(times: list[float], base: list[float]) -> float:
+    """The median of the run-by-run ratios."""
+    return statistics.median(t / b for t, b in zip(times, base, strict=True))
+
+
 def _status_bytes(field_name: str) -> int:
     """A ``/proc/self/status`` field (``VmRSS``, ``VmHWM``) in bytes."""
     with open("/proc/self/status") as f:
@@ -357,18 +390,13 @@ def run(args: argparse.Namespace, log: Callable[[str], None] = print) -> list[Re
                     for impl in args.impls
                     if impl != "sdpa-plain" and _supported(impl, sc)
                 ]
-                base: Result | None = None
+                # Every configuration is timed alternating with the baseline (measure_paired).
+                base = make_setup("none", n, b, causal=causal, grad=True, **kw)
                 for cfg in configs:
-                    res = _run_one(cfg, args, kw, budget_bytes, slow, log)
-                    if cfg.impl == "sdpa-plain":
-                        base = res
-                    elif base is not None:
-                        if res.fwd_ms and base.fwd_ms:
-                            res.fwd_ratio = res.fwd_ms / base.fwd_ms
-                        if res.fwdbwd_ms and base.fwdbwd_ms:
-                            res.fwdbwd_ratio = res.fwdbwd_ms / base.fwdbwd_ms
+                    res = _run_one(cfg, args, kw, budget_bytes, slow, log, base)
                     results.append(res)
                     log(_line(res))
+                del base
     return results
 
 
@@ -379,6 +407,7 @@ def _run_one(
     budget_bytes: float,
     slow: dict[tuple, tuple[int, float]],
     log: Callable[[str], None],
+    base: Setup,
 ) -> Result:
     impl = IMPLEMENTATIONS[cfg.impl]
     res = Result(cfg)
@@ -396,26 +425,27 @@ def _run_one(
     s = make_setup(cfg.scheme, cfg.L, cfg.B, causal=cfg.causal, grad=True, **kw)
     if cfg.scheme != "none":
         res.auto = _auto_pick(s)
+    timing = dict(repeats=args.repeats, warmup=args.warmup, device=args.device)
+    plain = IMPLEMENTATIONS["sdpa-plain"].run
     try:
-        fwd = measure_time(
-            impl.run,
-            s,
-            backward=False,
-            repeats=args.repeats,
-            warmup=args.warmup,
-            device=args.device,
-        )
-        both = measure_time(
-            impl.run, s, backward=True, repeats=args.repeats, warmup=args.warmup, device=args.device
-        )
+        if cfg.impl == "sdpa-plain":
+            fwd = measure_time(impl.run, s, backward=False, **timing)
+            both = measure_time(impl.run, s, backward=True, **timing)
+            fwd_base, both_base = fwd, both
+        else:
+            fwd, fwd_base = measure_paired(impl.run, s, plain, base, backward=False, **timing)
+            both, both_base = measure_paired(impl.run, s, plain, base, backward=True, **timing)
     except (RuntimeError, MemoryError) as e:  # e.g. out of memory
         res.skipped = f"failed: {str(e).splitlines()[0][:100]}"
         return res
     finally:
         del s
-    res.runs = {"fwd": fwd, "fwdbwd": both}
+    res.runs = {"fwd": fwd, "fwdbwd": both, "fwd_plain": fwd_base, "fwdbwd_plain": both_base}
     res.fwd_ms = statistics.median(fwd) * 1e3
     res.fwdbwd_ms = statistics.median(both) * 1e3
+    if cfg.impl != "sdpa-plain":
+        res.fwd_ratio = paired_ratio(fwd, fwd_base)
+        res.fwdbwd_ratio = paired_ratio(both, both_base)
     slow[key] = (cfg.L, (res.fwd_ms + res.fwdbwd_ms) / 1e3)
     if args.memory:
         spec = {
@@ -669,7 +699,8 @@ def main(argv: list[str] | None = None) -> int:
         f"relpos bench: H={args.heads}, d={args.head_dim}, {args.dtype} on {args.device} "
         f"({torch.get_num_threads()} threads, torch {torch.__version__}); median of "
         f"{args.repeats} runs after {args.warmup} warm-up; ratios to sdpa-plain (no bias) at "
-        "the same shape.\n\nCommand: `relpos bench " + " ".join(argv or sys.argv[1:]) + "`"
+        "the same shape, the median of run-by-run ratios (each run alternates with one of "
+        "sdpa-plain).\n\nCommand: `relpos bench " + " ".join(argv or sys.argv[1:]) + "`"
     )
     print(header.splitlines()[0], flush=True)
     results = run(args, log=lambda line: print(line, flush=True))
