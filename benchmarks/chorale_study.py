@@ -15,8 +15,8 @@ from pathlib import Path
 
 import torch
 
+from relpos.atomic import atomic_path
 from relpos.cli import main as relpos
-from relpos.data.atomic import atomic_path
 from relpos.training import load_checkpoint
 
 SCHEMES = {

@@ -42,7 +42,7 @@ def main() -> None:
     chunked = _backend("chunked")
     kw = dict(heads=8, head_dim=64, device="cpu", dtype=torch.float32, grad=True, causal=True)
     print(f"torch {torch.__version__}, {args.threads} threads, B=1, H=8, d=64, causal, fwd+bwd")
-    print("| scheme | L | plain SDPA ms | eager × plain | compiled × plain | first compiled call s |")
+    print("| scheme | L | plain SDPA ms | eager × plain | compiled × plain | first call s |")
     print("|---|---:|---:|---:|---:|---:|")
     for n in (int(x) for x in args.lengths.split(",")):
         base = make_setup("none", n, 1, **kw)

@@ -14,6 +14,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from relpos.atomic import atomic_path
 from relpos.data import (
     BOS,
     EOS,
@@ -42,7 +43,6 @@ from relpos.data import (
     write_musicxml,
 )
 from relpos.data import cache as cache_mod
-from relpos.data.atomic import atomic_path
 from relpos.data.cache import (
     CorruptCacheError,
     StaleCacheError,

@@ -29,12 +29,10 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import resource
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -44,6 +42,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+
+from .atomic import atomic_path
 
 __all__ = [
     "IMPLEMENTATIONS",
@@ -504,23 +504,9 @@ def render_markdown(results: list[Result], header: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _file_mode() -> int:
-    """The mode a plainly created file gets (``mkstemp`` makes 0600 files)."""
-    umask = os.umask(0)
-    os.umask(umask)
-    return 0o666 & ~umask
-
-
 def _atomic_write(path: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.chmod(tmp, _file_mode())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_path(path) as tmp:
+        tmp.write_bytes(data)
 
 
 def _plot(results: list[Result], path: Path) -> None:
@@ -572,15 +558,11 @@ def _plot(results: list[Result], path: Path) -> None:
     for ax in (ax_t, ax_m):
         ax.grid(True, which="both", alpha=0.3)
     fig.tight_layout()
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".png")
-    os.close(fd)
     try:
-        fig.savefig(tmp, dpi=110)
-        os.chmod(tmp, _file_mode())
-        os.replace(tmp, path)
+        with atomic_path(path, suffix=".png") as tmp:
+            fig.savefig(tmp, dpi=110)
     finally:
         plt.close(fig)
-        Path(tmp).unlink(missing_ok=True)
 
 
 def write_outputs(results: list[Result], out: Path, header: str, plot: bool = True) -> None:

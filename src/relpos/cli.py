@@ -153,7 +153,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from .data.atomic import atomic_path
+    from .atomic import atomic_path
     from .training import evaluate_nll, load_token_data
 
     run_dir = Path(args.run_dir)

@@ -18,7 +18,7 @@ array       dtype, shape     content
 name, dtype, shape and bytes of each array. :func:`cached_splits` rebuilds the file, with a
 :class:`CacheWarning`, when it is *stale* (another format version or another ``key``) or
 *corrupt* (unreadable, missing arrays, checksum mismatch, inconsistent offsets); files are
-replaced atomically (:func:`relpos.data.atomic.atomic_path`).
+replaced atomically (:func:`relpos.atomic.atomic_path`).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from .atomic import atomic_path
+from ..atomic import atomic_path
 from .splits import NUM_VOICES, SPLITS, ChoraleSplits
 
 __all__ = [

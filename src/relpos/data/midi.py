@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from .atomic import atomic_path
+from ..atomic import atomic_path
 from .splits import NUM_VOICES, SILENCE, VOICE_NAMES, check_chorale
 
 __all__ = ["chorale_to_score", "voice_runs", "write_midi", "write_musicxml"]

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from ..data.atomic import atomic_path
+from ..atomic import atomic_path
 
 __all__ = ["FORMAT_VERSION", "load_checkpoint", "save_checkpoint"]
 

@@ -32,8 +32,8 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
+from ..atomic import atomic_path
 from ..data import random_windows
-from ..data.atomic import atomic_path
 from ..models.transformer import Transformer
 from .checkpoint import load_checkpoint, save_checkpoint
 from .config import TrainConfig

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ..data.atomic import atomic_path
+from ..atomic import atomic_path
 
 __all__ = ["plot_learning_curve"]
 
