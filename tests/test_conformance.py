@@ -22,9 +22,10 @@ VOCAB = 13
 ATOL = 1e-5
 
 
-def tiny_model(spec: dict, causal: bool, seed: int = 0) -> Transformer:
+def tiny_model(spec: dict, causal: bool, seed: int = 0, backend: str = "auto") -> Transformer:
     torch.manual_seed(seed)
     cfg = TransformerConfig(
+        backend=backend,
         vocab_size=VOCAB,
         d_model=16,
         num_heads=2,
@@ -46,38 +47,45 @@ def random_docs(rng: random.Random, count: int, lo: int = 1, hi: int = 9) -> lis
 
 
 causal_ids = ["causal", "bidirectional"]
+#: The reference and the default: both must keep padded, packed and cached runs exact.
+parity_backends = pytest.mark.parametrize("backend", ["eager", "auto"])
 
 
 @pytest.mark.parametrize("spec", SCHEME_SPECS, ids=spec_id)
 @pytest.mark.parametrize("causal", [True, False], ids=causal_ids)
 @pytest.mark.parametrize("side", ["left", "right"])
-def test_padded_batch_equals_each_sample_alone(spec, causal, side):
+@parity_backends
+def test_padded_batch_equals_each_sample_alone(spec, causal, side, backend):
     docs = random_docs(random.Random(1), 4)
-    assert checks.padded_gap(tiny_model(spec, causal), docs, side=side) < ATOL
+    assert checks.padded_gap(tiny_model(spec, causal, backend=backend), docs, side=side) < ATOL
 
 
 @pytest.mark.parametrize("spec", SCHEME_SPECS, ids=spec_id)
 @pytest.mark.parametrize("causal", [True, False], ids=causal_ids)
-def test_packed_row_equals_each_document_alone(spec, causal):
+@parity_backends
+def test_packed_row_equals_each_document_alone(spec, causal, backend):
     rng = random.Random(2)
     rows = [random_docs(rng, 3), random_docs(rng, 2)]
-    assert checks.packed_gap(tiny_model(spec, causal), rows) < ATOL
+    assert checks.packed_gap(tiny_model(spec, causal, backend=backend), rows) < ATOL
 
 
 @pytest.mark.parametrize("spec", SCHEME_SPECS, ids=spec_id)
 @pytest.mark.parametrize("chunk", [1, 3])
-def test_cached_decoding_equals_full_forward(spec, chunk):
+@parity_backends
+def test_cached_decoding_equals_full_forward(spec, chunk, backend):
     tokens = torch.randint(0, VOCAB, (2, 10), generator=torch.Generator().manual_seed(3))
-    assert checks.cached_gap(tiny_model(spec, causal=True), tokens, chunk=chunk) < ATOL
+    model = tiny_model(spec, causal=True, backend=backend)
+    assert checks.cached_gap(model, tokens, chunk=chunk) < ATOL
 
 
 @pytest.mark.parametrize("spec", SCHEME_SPECS, ids=spec_id)
-def test_left_padded_prompts_decode_like_each_alone(spec):
+@parity_backends
+def test_left_padded_prompts_decode_like_each_alone(spec, backend):
     """Batched generation: left-padded prompts, then one token per step for every row."""
     rng = random.Random(4)
     prompts = random_docs(rng, 3, lo=2, hi=6)
     cont = torch.randint(0, VOCAB, (3, 4), generator=torch.Generator().manual_seed(4))
-    model = tiny_model(spec, causal=True)
+    model = tiny_model(spec, causal=True, backend=backend)
     assert checks.left_padded_decoding_gap(model, prompts, cont) < ATOL
 
 

@@ -67,7 +67,11 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--num-heads", type=int, default=DEMO["num_heads"])
     g.add_argument("--num-layers", type=int, default=DEMO["num_layers"])
     g.add_argument("--dropout", type=float, default=0.1)
-    g.add_argument("--backend", default="eager", help="attention backend")
+    g.add_argument(
+        "--backend",
+        default="auto",
+        help="attention backend: auto (the fastest that fits), eager, sdpa, chunked, flex",
+    )
     t = p.add_argument_group("training (ignored with --config or --resume)")
     t.add_argument(
         "--data",

@@ -25,8 +25,10 @@ class MultiheadAttention(nn.Module):
         causal: a query sees only keys at positions ``<= `` its own (in its own sequence).
         dropout: dropout on the attention probabilities, in training.
         bias: whether the projections have biases.
-        backend: ``"eager"`` (materialised logits; the reference), ``"sdpa"``, ``"chunked"``,
-            ``"flex"`` or ``"auto"`` (see ``docs/performance.md``).
+        backend: ``"auto"`` (default: the fastest backend for the scheme, positions, device
+            and whether gradients are needed), ``"eager"`` (materialised logits; the reference
+            every other backend is tested against), ``"sdpa"``, ``"chunked"`` or ``"flex"``
+            (see ``docs/performance.md``).
 
     Shapes:
         ``x``: ``(b, n, d_model)``; returns ``(b, n, d_model)``. Outputs of padding tokens are 0.
@@ -41,7 +43,7 @@ class MultiheadAttention(nn.Module):
         causal: bool = False,
         dropout: float = 0.0,
         bias: bool = True,
-        backend: str = "eager",
+        backend: str = "auto",
     ) -> None:
         super().__init__()
         check_heads(d_model, num_heads)

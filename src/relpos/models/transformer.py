@@ -34,7 +34,8 @@ class TransformerConfig:
         dropout: dropout on residual branches and attention probabilities.
         causal: decoder-only (True) or encoder (False).
         scheme: the positional scheme, as a dict ``{"name": ..., **fields}`` (or a bare name).
-        backend: attention backend.
+        backend: attention backend (default ``"auto"``; see
+            :class:`~relpos.attention.MultiheadAttention`).
     """
 
     vocab_size: int
@@ -45,7 +46,7 @@ class TransformerConfig:
     dropout: float = 0.1
     causal: bool = True
     scheme: dict[str, Any] = field(default_factory=lambda: {"name": "nope"})
-    backend: str = "eager"
+    backend: str = "auto"
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "num_layers"):
