@@ -6,24 +6,29 @@ relative table; ``B`` queries in one block, ``J`` its keys, ``D`` distances in t
 Over contiguous positions, a relative scheme's logit term depends on the query only through the
 distance ``δ = j - i``, and beyond a band ``lo < δ < hi`` it is a per-query constant (clipping). The
 far parts go to the fused kernel elsewhere (:mod:`relpos.attention.chunked`); this module computes
-the band in query blocks of ``B``: block ``c`` holds queries ``[cB, cB + B)`` and the
-``J = B + D - 1`` keys its band reaches, ``[cB + lo + 1, cB + B + hi - 1)`` (keys outside
-``[0, n)`` are zero padding, masked). Every block then has the same geometry, so a *group* of
-blocks is one batch: one fused kernel call, one GEMM, one elementwise op each, however many blocks
-(no per-block Python loop).
+the band in query blocks of ``B``: block ``c`` holds queries ``[cB, cB + B)`` and the *window* of
+``J = B + D - 1`` keys its band reaches, ``[cB + lo + 1, cB + B + hi - 1)``. Windows overlap and
+all have the same length, so a *group* of blocks is one batch (a strided view of the keys): one
+fused kernel call, one GEMM, one elementwise op each, however many blocks. Keys outside ``[0, n)``
+are zero padding, masked — only groups at the ends have any, and a group of one block is trimmed to
+the keys that exist.
 
-* the logit term in *distance coordinates*: ``rel_lin[b, h, i, t]`` for ``δ = t + lo + 1``
-  (``t < D = hi - lo - 1``), the scheme's ``relative_logits`` at the rows ``lut[t] =
-  relative_index(δ)``;
-* the ``(B, J)`` tile of it is a strided **view** (the skew of Huang et al., 2018, without a copy):
-  element ``(i, j)`` of the tile is ``rel_lin[i, j - i + j0 - i0 - lo - 1]``, at storage offset
-  ``(j0 - i0 - lo - 1) + i·(row - 1) + j`` — a view with row stride ``row - 1``;
-* forward: the tile view plus ``-inf`` outside the band is the float mask of one call to the fused
-  CPU flash kernel per group, which returns the blocks' outputs and log-sum-exp (with a value term,
-  the softmax in plain ops, since the attention mass per relative row needs the probabilities);
-* backward: the tile is recomputed (``baddbmm`` with the same mask, ``exp(s - lse)``) and
-  ``dS = P ⊙ (dP - D)`` is written through the transposed skew into distance coordinates, then
-  summed into the table rows with ``index_add`` — the per-pair gradient no fused kernel returns.
+* The logit term in *distance coordinates*: column ``t`` is distance ``δ = t + lo + 1``
+  (``t < D = hi - lo - 1``), table row ``lut[t] = relative_index(δ)``. Window column ``j`` of
+  block row ``i`` is ``t = j - i``.
+* The ``(B, J)`` tile ``tile[i, j] = lin[i, j - i + offset]`` is a strided **view** of a
+  ``(B, W)`` buffer, row stride ``W - 1`` (:func:`skew_view`: the skew of Huang et al., 2018,
+  without a copy). For ``q·Eᵀ`` schemes (``relative_keys``: Shaw, Music Transformer) the group's
+  queries are multiplied by the rows of the distances it reaches, straight into a buffer whose
+  other columns hold ``-inf``; the view is then the fused kernel's float mask with the band
+  applied. T5's query-independent term is gathered once and skewed the same way, plus a 0/-inf
+  band mask.
+* Back to distance coordinates: row ``i``, distance ``t`` is window column ``i + t``, a view with
+  row stride ``J + 1`` (:func:`_distances`; a trimmed window goes through :func:`diagonals`) —
+  the value term's mass per distance in the forward pass, ``dS_rel`` in the backward pass.
+* Backward: tiles are recomputed from the final log-sum-exp (:func:`probs_and_dscores`), then
+  ``dq += dS_rel·E`` and ``dE += dS_relᵀ·q`` per group, ``dE`` pushed through ``relative_keys`` once
+  at the end — the per-pair gradient no fused kernel returns.
 
 Nothing of size ``(i, j)`` or ``(i, j, d)`` exists: a group holds ``O(g·B·J)`` elements, with ``g``
 chosen to keep that under :data:`GROUP_ELEMENTS`.
