@@ -17,6 +17,7 @@ from relpos import Positions
 from relpos.attention import BACKENDS
 from relpos.attention import band as band_mod
 from relpos.attention.chunked import chunked_path
+from relpos.functional.skew import gather_relative
 from tests.helpers import spec_id
 from tests.test_backends import assert_same, run_case
 
@@ -137,4 +138,33 @@ def test_region_path_with_frozen_tables_and_constant_queries(spec):
     for backend in ("eager", "chunked"):
         out = BACKENDS[backend](q, k, v, scheme, pos, pos, causal=True)
         results.append((out, torch.autograd.grad(out, [k, v], grad_out)))
+    assert_same(results, atol=1e-9, rtol=1e-9)
+
+
+class LogitsWithoutKeys(relpos.MusicRelative):
+    """A query-dependent relative term given only as ``relative_logits`` (no ``relative_keys``)."""
+
+    relative_keys = None
+
+    def relative_logits(self, q):
+        return q @ (self.table / self.head_dim**0.5).transpose(-1, -2)
+
+    def score_bias(self, q, q_positions, k_positions):
+        index = self.relative_index(q_positions, k_positions)
+        return gather_relative(self.relative_logits(q), index)
+
+
+def test_a_query_dependent_term_without_relative_keys_takes_the_general_path():
+    scheme = LogitsWithoutKeys(
+        relpos.MusicConfig(max_distance=6), d_model=8, num_heads=2, causal=True
+    )
+    pos = Positions.from_length(40)
+    q, k, v = (torch.randn(1, 2, 40, 4, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    scheme = scheme.double()
+    assert chunked_path(scheme, q, pos, pos) == "tiles"
+    grad_out = torch.randn(1, 2, 40, 4, dtype=torch.float64)
+    results = []
+    for backend in ("eager", "chunked"):
+        out = BACKENDS[backend](q, k, v, scheme, pos, pos, causal=True)
+        results.append((out, torch.autograd.grad(out, [q, k, v, scheme.table], grad_out)))
     assert_same(results, atol=1e-9, rtol=1e-9)

@@ -357,7 +357,7 @@ def query_independent(scheme: Scheme, q: Tensor) -> bool:
 def supports(scheme: Scheme, q: Tensor) -> bool:
     """Whether the band computes ``scheme``'s logit term: a query-independent one (T5) or one
     given by ``relative_keys`` (``q·Eᵀ``: Shaw, the Music Transformer)."""
-    return hasattr(scheme, "relative_keys") or query_independent(scheme, q)
+    return getattr(scheme, "relative_keys", None) is not None or query_independent(scheme, q)
 
 
 def _const_lin(scheme: Scheme, band: Band, q: Tensor, rows: int) -> Tensor:

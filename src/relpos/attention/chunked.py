@@ -33,7 +33,9 @@ no per-pair gradient is needed, and merged by log-sum-exp — the trick of block
   ``rel[i, r_far]`` and the value term a constant vector. Keys ``j <= i - W_L`` are one fused call
   on shifted slices (``is_causal=True`` on ``q[W_L:]``, ``k[:L-W_L]``), keys ``j >= i + W_R`` one on
   flipped slices; the band is :mod:`relpos.attention.band`'s (the fused kernel with the skewed
-  relative term as a float mask forward, recomputed tiles backward). The constants' gradients
+  relative term as a float mask forward, recomputed tiles backward). The band needs the logit term
+  as ``q·Eᵀ`` (``relative_keys``: Shaw, Music Transformer) or independent of ``q`` (T5); other
+  relative schemes take the general path. The constants' gradients
   follow from the parts' outputs: ``Σ_far dS_ij = w_far,i (dO_i·(O_far,i + a_far) - D_i)``;
 * ALiBi (fixed slopes, no gradient) splits each query block's keys into left, diagonal and right
   parts whose bias is a per-key vector plus a per-query constant (``slope·(j - i) = slope·(j - i0)
