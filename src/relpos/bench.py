@@ -44,6 +44,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .atomic import atomic_path
+from .denormals import cpu_name, flush_denormals
 
 __all__ = [
     "IMPLEMENTATIONS",
@@ -289,6 +290,7 @@ def _memory_child(spec: dict[str, Any]) -> dict[str, Any]:
     device, impl = spec["device"], IMPLEMENTATIONS[spec["impl"]]
     dtype = getattr(torch, spec["dtype"])
     torch.set_num_threads(spec["threads"])
+    flush_denormals(spec.get("flush_denormals", True))  # as the parent, before any parallel op
     kw = dict(heads=spec["heads"], head_dim=spec["head_dim"], device=device, dtype=dtype)
     # Warm up on a small shape: kernels, thread pools and allocator arenas exist before the base.
     small = make_setup(
@@ -459,6 +461,7 @@ def _run_one(
             "device": args.device,
             "dtype": args.dtype,
             "threads": torch.get_num_threads(),
+            "flush_denormals": args.flush_denormals,
         }
         peak, why = measure_memory(spec, timeout=max(120.0, 30 * res.fwdbwd_ms / 1e3))
         res.peak_mib = None if peak is None else peak / 2**20
@@ -632,6 +635,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
     p.add_argument(
+        "--keep-denormals",
+        dest="flush_denormals",
+        action="store_false",
+        help="measure without flush-to-zero (see relpos.denormals; slow on many x86 CPUs)",
+    )
+    p.add_argument(
         "--no-memory",
         dest="memory",
         action="store_false",
@@ -668,6 +677,11 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--warmup must be >= 1, got {args.warmup}")
     if args.threads is not None:
         torch.set_num_threads(args.threads)
+    # Before any parallel op, so that the intra-op threads inherit it (relpos.denormals).
+    flushed = flush_denormals(args.flush_denormals) and args.flush_denormals
+    if args.flush_denormals and not flushed:
+        print("relpos bench: flush-to-zero did not take effect; denormals are kept", flush=True)
+    args.flush_denormals = flushed
     args.lengths = args.lengths or (ALL_LENGTHS if args.all else DEFAULT_LENGTHS)
     args.batch = args.batch or ([1, 4] if args.all else [1])
     args.causal_modes = {"causal": [True], "bidirectional": [False], "both": [True, False]}[
@@ -679,7 +693,9 @@ def main(argv: list[str] | None = None) -> int:
         args.max_memory_gb = 0.6 * _available_bytes() / 2**30
     header = (
         f"relpos bench: H={args.heads}, d={args.head_dim}, {args.dtype} on {args.device} "
-        f"({torch.get_num_threads()} threads, torch {torch.__version__}); median of "
+        f"({cpu_name() if args.device == 'cpu' else args.device}, "
+        f"{torch.get_num_threads()} threads, denormals "
+        f"{'flushed' if args.flush_denormals else 'kept'}, torch {torch.__version__}); median of "
         f"{args.repeats} runs after {args.warmup} warm-up; ratios to sdpa-plain (no bias) at "
         "the same shape, the median of run-by-run ratios (each run alternates with one of "
         "sdpa-plain).\n\nCommand: `relpos bench " + " ".join(argv or sys.argv[1:]) + "`"

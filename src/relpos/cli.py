@@ -1,6 +1,9 @@
 """The ``relpos`` command line: ``train``, ``eval``, ``generate``, ``demo``, ``bench``, ``tour``.
 
 Every subcommand reports bad input as one clear line on stderr and exit status 2, not a traceback.
+Every subcommand first turns on flush-to-zero for float32 denormals, before PyTorch's thread pool
+starts (:mod:`relpos.denormals`: attention's backward pass runs many times slower on denormals on
+many x86 CPUs); ``relpos bench --keep-denormals`` measures without it.
 """
 
 from __future__ import annotations
@@ -11,6 +14,8 @@ import os
 import sys
 from pathlib import Path
 from typing import Any
+
+from .denormals import flush_denormals
 
 __all__ = ["main"]
 
@@ -334,10 +339,12 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["bench"]:  # forward every option, leading ones included, to relpos.bench
-        from . import bench
+        from . import bench  # which sets flush-to-zero itself (--keep-denormals)
 
         return bench.main(argv[1:])
     args = build_parser().parse_args(argv)
+    # Before any parallel op: the intra-op threads inherit it (relpos.denormals explains why).
+    flush_denormals()
     try:
         return args.func(args)
     except CLIError as e:
