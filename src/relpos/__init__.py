@@ -4,7 +4,7 @@ Every scheme is a function of each token's own position inside its own sequence 
 :class:`Positions`), never of array indices.
 """
 
-from . import checks, functional
+from . import checks, denormals, functional
 from .attention import BACKENDS, KVCache, MultiheadAttention, eager_attention
 from .embedding import TokenPositionEmbedding
 from .models import Transformer, TransformerConfig
@@ -68,6 +68,7 @@ __all__ = [
     "checks",
     "config_from_dict",
     "data",
+    "denormals",
     "eager_attention",
     "functional",
     "make_scheme",

@@ -41,12 +41,15 @@ def apply_rope(x: Tensor, angles: Tensor, *, interleaved: bool = False) -> Tenso
         raise ValueError(f"rotary dim {r} exceeds the head dim {x.shape[-1]}")
     cos = angles.cos().unsqueeze(1)  # (b, 1, n, r/2)
     sin = angles.sin().unsqueeze(1)
-    rot, rest = x[..., :r].to(compute_dtype(x.dtype)), x[..., r:]
+    rot = x[..., :r].to(compute_dtype(x.dtype))
     if interleaved:
         x1, x2 = rot[..., 0::2], rot[..., 1::2]
     else:
         x1, x2 = rot[..., :half], rot[..., half:]
-    y1 = x1 * cos - x2 * sin
-    y2 = x1 * sin + x2 * cos
+    # y1 = x1·cos - x2·sin, y2 = x1·sin + x2·cos: a product and a fused multiply-add each, in
+    # place on the product (its backward needs only the inputs), so few passes over q and k.
+    y1 = (x1 * cos).addcmul_(x2, sin, value=-1.0)
+    y2 = (x1 * sin).addcmul_(x2, cos)
     out = torch.stack([y1, y2], dim=-1).flatten(-2) if interleaved else torch.cat([y1, y2], -1)
-    return torch.cat([out.to(x.dtype), rest], dim=-1)
+    out = out.to(x.dtype)
+    return out if r == x.shape[-1] else torch.cat([out, x[..., r:]], dim=-1)
