@@ -7,10 +7,10 @@ hundred cycles. Random ``q, k`` never produce such gaps; ALiBi's ``-slope·|i - 
 on every row (a slope of 1/2 crosses the window 174–208 tokens back), and so does any trained
 model with peaked attention. PyTorch's fused CPU attention backward then runs many times slower:
 on the project's Intel Xeon box, a ``(1, 8, 256, 64)`` × 2048-key backward with half its
-probabilities denormal took 543 ms instead of 17 ms, and ALiBi training through the ``chunked``
-backend ran at 4.5× plain attention instead of 1.3× (``python benchmarks/denormals.py``;
-``docs/performance.md``). The forward kernel is not affected. Other CPUs (AMD's, measured in
-earlier rounds) handle denormals at full speed.
+probabilities denormal took 540 ms instead of 17 ms, and ALiBi's forward+backward pass through
+the ``chunked`` backend ran at 4.9× plain attention instead of 1.3× (``python
+benchmarks/denormals.py``; ``docs/performance.md``, round 4). The forward kernel is not
+affected, and the CPU of the project's earlier benchmark rounds showed no such penalty.
 
 The cure is the CPU's flush-to-zero / denormals-are-zero mode, which TensorFlow turns on by
 default and PyTorch leaves off: ``torch.set_flush_denormal(True)``. It changes no result beyond
