@@ -21,6 +21,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import relpos
 from relpos import Positions
+from relpos.attention import alibi_parts
 from relpos.attention import backends as backends_mod
 from relpos.attention import band as band_mod
 from relpos.attention import chunked as chunked_mod
@@ -358,7 +359,7 @@ def check_no_l_by_l(spec: dict, layout: str, n: int, causal: bool) -> None:
         out.sum().backward()
     rows = max(d, getattr(scheme, "num_relative", 0))  # head dim, or a relative table's rows
     band = 128 + 2 * rows  # the region path's band tile: 128 queries, clipped distances
-    alibi = h * chunked_mod._ALIBI_BLOCK**2  # ALiBi's diagonal block
+    alibi = h * alibi_parts.ALIBI_BLOCK**2  # ALiBi's diagonal block
     # The band's groups of blocks: a fixed budget, or one block when that is larger.
     group = max(band_mod.GROUP_ELEMENTS, h * 128 * (128 + band))
     bound = max(h * n * rows, h * qb * kb, group, alibi)

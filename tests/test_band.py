@@ -114,9 +114,49 @@ def test_groups_share_one_interior_mask():
     like = torch.zeros(1)
     groups = band.groups(1, 2)
     assert groups[0][0] == 0 and groups[-1][1] == band.num_blocks
-    for c0, c1 in groups:
-        band.mask(c0, c1, like, 1)
-    assert len(band._masks) <= 3  # the first group, the interior, the last
+    band_mod._MASKS.clear()
+    masks = [band.mask(c0, c1, like, 1) for c0, c1 in groups]
+    assert len(band_mod._MASKS) <= 3  # the first group, the interior, the last
+    # A later call of the same geometry (another layer, the next step) builds nothing.
+    again = band_mod.Band.build(scheme, 1000, -4, 1, 16, torch.device("cpu"))
+    for (c0, c1), (blocked, neg) in zip(groups, masks, strict=True):
+        hit = again.mask(c0, c1, like, 1)
+        assert hit[0] is blocked and hit[1] is neg
+
+
+def test_mask_cache_is_bounded(monkeypatch):
+    """Masks past MASK_CACHE_BYTES evict the least recently used; one larger is not kept."""
+    scheme = relpos.make_scheme(
+        {"name": "shaw", "max_distance": 4}, d_model=8, num_heads=2, causal=False
+    )
+    like = torch.zeros(1)
+    band_mod._MASKS.clear()
+    one = 16 * 24 * 5  # a (1, 1, 16, 24) bool and float32 mask, 5 bytes an element
+    monkeypatch.setattr(band_mod, "MASK_CACHE_BYTES", 2 * one)
+    for n in (100, 200, 300):  # first groups of three lengths: three different masks
+        band_mod.Band.build(scheme, n, -5, 5, 16, torch.device("cpu")).mask(0, 1, like, 1)
+    assert len(band_mod._MASKS) == 2
+    assert band_mod._MASKS._bytes == 2 * one
+    monkeypatch.setattr(band_mod, "MASK_CACHE_BYTES", one - 1)
+    band_mod._MASKS.clear()
+    band_mod.Band.build(scheme, 400, -5, 5, 16, torch.device("cpu")).mask(0, 1, like, 1)
+    assert len(band_mod._MASKS) == 0
+
+
+def test_cached_mask_built_in_inference_mode_serves_training():
+    """A mask first built under inference_mode is a normal tensor: a later training call of the
+    same geometry runs forward and backward."""
+    band_mod._MASKS.clear()
+    spec = {"name": "music", "max_distance": 40}
+    scheme = relpos.make_scheme(spec, d_model=8, num_heads=2, causal=True)
+    q, k, v = (torch.randn(1, 2, 300, 4) for _ in range(3))
+    pos = Positions.from_length(300)
+    with torch.inference_mode():
+        BACKENDS["chunked"](q, k, v, scheme, pos, pos, causal=True)
+    assert len(band_mod._MASKS) > 0
+    q.requires_grad_(True)
+    BACKENDS["chunked"](q, k, v, scheme, pos, pos, causal=True).sum().backward()
+    assert q.grad is not None and torch.isfinite(q.grad).all()
 
 
 @pytest.mark.parametrize(

@@ -37,6 +37,8 @@ chosen to keep that under :data:`GROUP_ELEMENTS`.
 from __future__ import annotations
 
 import math
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass, field
 
 import torch
@@ -62,6 +64,54 @@ _flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
 
 #: Elements of one group's ``(b, g, h, B, J)`` tiles (16 MiB in float32).
 GROUP_ELEMENTS = 1 << 20
+
+#: Bytes of band masks kept between calls (:class:`_MaskCache`).
+MASK_CACHE_BYTES = 64 << 20
+
+
+class _MaskCache:
+    """Band masks kept between calls, least recently used first out past :data:`MASK_CACHE_BYTES`.
+
+    A mask depends on geometry only (``n``, the band, the block, the group, batch, dtype, device),
+    never on values, so every call of one shape (every layer, every step) shares it. Building the
+    edge blocks' masks anew each call cost about a tenth of the Music Transformer's forward pass
+    at L=2048 (:mod:`relpos.bench` profile; ``docs/performance.md``).
+    """
+
+    def __init__(self) -> None:
+        self._items: OrderedDict[tuple, tuple[Tensor, Tensor]] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+
+    def get(self, key: tuple) -> tuple[Tensor, Tensor] | None:
+        with self._lock:
+            hit = self._items.get(key)
+            if hit is not None:
+                self._items.move_to_end(key)
+            return hit
+
+    def put(self, key: tuple, value: tuple[Tensor, Tensor]) -> None:
+        size = sum(t.numel() * t.element_size() for t in value)
+        limit = MASK_CACHE_BYTES
+        with self._lock:
+            if size > limit or key in self._items:
+                return
+            self._items[key] = value
+            self._bytes += size
+            while self._bytes > limit:
+                _, old = self._items.popitem(last=False)
+                self._bytes -= sum(t.numel() * t.element_size() for t in old)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._items.clear()
+            self._bytes = 0
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+
+_MASKS = _MaskCache()
 
 
 def skew_view(rel_lin: Tensor, offset: int, keys: int) -> Tensor:
@@ -127,7 +177,6 @@ class Band:
     block: int
     lut: Tensor
     rows: slice | None = None
-    _masks: dict[tuple, tuple[Tensor, Tensor]] = field(default_factory=dict)
     _logits: dict[tuple, _LogitScratch] = field(default_factory=dict)
 
     @classmethod
@@ -184,21 +233,28 @@ class Band:
         ``[c0, c1)``: pairs outside the band or with a padding key. A padding query (past ``n``)
         blocks nothing, so that no row is empty; its output is dropped."""
         # Groups whose queries and keys all lie inside the sequence share one mask.
-        key = (None if self.inside(c0, c1) else c0, c1 - c0, batch, like.dtype, like.device)
-        hit = self._masks.get(key)
+        group = None if self.inside(c0, c1) else c0
+        key = (self.n, self.lo, self.hi, self.block, group, c1 - c0, batch, like.dtype, like.device)
+        hit = _MASKS.get(key)
         if hit is None:
-            dev, b_, j_ = like.device, self.block, self.keys
-            ii = torch.arange(b_, device=dev).view(1, b_, 1)
-            jj = torch.arange(j_, device=dev).view(1, 1, j_)
-            start = torch.arange(c0, c1, device=dev).view(-1, 1, 1) * b_
-            query, key_ = start + ii, start + jj - self.left  # absolute positions
-            dist = jj - self.left - ii
-            blocked = (dist <= self.lo) | (dist >= self.hi) | (key_ < 0) | (key_ >= self.n)
-            blocked &= query < self.n
-            blocked = blocked.unsqueeze(1).repeat(batch, 1, 1, 1)
-            neg = like.new_zeros(blocked.shape).masked_fill_(blocked, -math.inf)
-            hit = self._masks[key] = (blocked, neg)
+            with torch.inference_mode(False):  # cached: usable by later calls outside it
+                hit = self._build_mask(c0, c1, like, batch)
+            _MASKS.put(key, hit)
         return hit
+
+    def _build_mask(self, c0: int, c1: int, like: Tensor, batch: int) -> tuple[Tensor, Tensor]:
+        """The mask of :meth:`mask`, computed (positions of the blocks' queries and keys)."""
+        dev, b_, j_ = like.device, self.block, self.keys
+        ii = torch.arange(b_, device=dev).view(1, b_, 1)
+        jj = torch.arange(j_, device=dev).view(1, 1, j_)
+        start = torch.arange(c0, c1, device=dev).view(-1, 1, 1) * b_
+        query, key_ = start + ii, start + jj - self.left  # absolute positions
+        dist = jj - self.left - ii
+        blocked = (dist <= self.lo) | (dist >= self.hi) | (key_ < 0) | (key_ >= self.n)
+        blocked &= query < self.n
+        blocked = blocked.unsqueeze(1).repeat(batch, 1, 1, 1)
+        neg = like.new_zeros(blocked.shape).masked_fill_(blocked, -math.inf)
+        return blocked, neg
 
     def inside(self, c0: int, c1: int) -> bool:
         """Whether the queries and keys of blocks ``[c0, c1)`` all lie inside the sequence."""
@@ -388,14 +444,17 @@ def _distance_range(band: Band, cols: tuple[int, int]) -> tuple[int, int, int]:
 class _LogitScratch:
     """The buffer that every group of one shape writes its ``q·Eᵀ`` logit term into.
 
-    Filled with ``-inf`` once; a group then writes only its band columns, and the columns the
-    previous group wrote outside them are reset — interior groups write the same columns, so in
-    steady state nothing is filled (many short strided fills cost about a tenth of a GEMM).
-    Its row stride stays the full width, which :func:`skew_view` allows.
+    A group writes only its band columns, and the columns outside them that may hold anything
+    else (at first the whole uninitialised buffer, then what the previous group wrote) are set to
+    ``-inf`` — interior groups write the same columns, so in steady state nothing is filled (many
+    short strided fills cost about a tenth of a GEMM; filling the whole buffer up front cost more
+    than the band's own products in the backward pass). Its row stride stays the full width,
+    which :func:`skew_view` allows.
     """
 
     def __init__(self, buf: Tensor) -> None:
-        self.buf, self.lo, self.hi = buf, 0, 0  # columns [lo, hi) hold finite values
+        # Columns outside [lo, hi) hold -inf; at first, nothing is known to.
+        self.buf, self.lo, self.hi = buf, 0, buf.shape[-1]
 
     def take(self, lo: int, hi: int, width: int) -> Tensor:
         """The first ``width`` columns, ``-inf`` outside ``[lo, hi)`` (which the caller fills)."""
@@ -421,7 +480,7 @@ def _keyed_logits(
     scratch = band._logits.get(key)
     if scratch is None:
         scratch = band._logits[key] = _LogitScratch(
-            qg.new_full((*qg.shape[:-1], band.keys + band.block - 1), -math.inf)
+            qg.new_empty((*qg.shape[:-1], band.keys + band.block - 1))
         )
     buf = scratch.take(t_lo - t0, t_hi - t0, cols[1] - cols[0] + band.block - 1)
     dst, keys_t = buf[..., t_lo - t0 : t_hi - t0], keys[..., t_lo:t_hi, :].transpose(-1, -2)

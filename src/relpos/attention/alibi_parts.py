@@ -1,0 +1,256 @@
+"""ALiBi over contiguous positions on CPU: the ``chunked`` backend's fused-kernel parts.
+
+Shape legend: ``b`` batch, ``h`` heads, ``i`` queries, ``j`` keys, ``d`` head dim; ``bi`` queries
+in one block.
+
+ALiBi adds ``-slope_h·|j - i|`` (Press et al., 2022). Over plain positions ``0..L-1`` a query
+block ``[i0, i1)`` splits its keys into three parts, each one call of the stock fused kernel:
+
+* **left** ``j < i0``: ``slope·(j - i) = slope·(j - i0) - slope·(i - i0)``, a per-key row
+  ``(1, h, 1, j)`` mask plus a per-query constant added to the part's log-sum-exp;
+* **diagonal** ``[i0, i1)``: the exact ``(1, h, bi, bi)`` bias;
+* **right** ``j >= i1`` (bidirectional): the mirror image of the left part.
+
+The parts merge by log-sum-exp. Every value added near the query stays small, so float32 rounding
+stays at the level of ``slope·block``; nothing ``(i, j)`` is built beyond the diagonal block.
+
+**Keys too far to matter are skipped** (:func:`alibi_reach`). A steep head's bias drives far
+keys' probabilities below the smallest positive float: with ``scale·|q_i·k_j| <= scale·‖q‖·‖k‖``
+and the query's own key (bias 0) in its row, key ``j`` has
+``log P_ij <= 2·scale·max‖q‖·max‖k‖ - slope·|i - j|``, and past
+``|i - j| > (2·scale·max‖q‖·max‖k‖ + T) / slope`` with ``T = -log(smallest subnormal)`` (103.3 in
+float32) its probability is exactly 0 in the compute dtype, forward and backward. For the default
+slopes ``2^-1..2^-8`` and unit-variance ``q, k`` with ``d = 64`` the three steepest of eight heads
+become windows of about 260, 520 and 1060 keys. The bound comes from the data, per query block
+and head, so trained weights with large norms simply skip less.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+from torch import Tensor
+
+from ..functional.dtypes import compute_dtype
+
+if TYPE_CHECKING:
+    from .chunked import _Job
+
+__all__ = ["ALIBI_BLOCK", "AlibiAttention", "alibi_reach"]
+
+#: Query block of ALiBi's parts.
+ALIBI_BLOCK = 256
+
+_flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+_flash_bwd = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
+
+
+def _bounds(lo: int, hi: int, block: int) -> list[tuple[int, int]]:
+    return [(s, min(s + block, hi)) for s in range(lo, hi, block)]
+
+
+def alibi_reach(slopes: Tensor, q: Tensor, k: Tensor, scale: float, block: int) -> list[list[int]]:
+    """Per query block and head, the key distance past which ALiBi's probabilities are exactly 0.
+
+    Args:
+        slopes: ``(h,)`` ALiBi slopes.
+        q, k: ``(b, h, i, d)`` and ``(b, h, j, d)`` in the compute dtype.
+        scale: the logit scale.
+        block: queries per block.
+
+    Returns:
+        ``reach[c][h]``: every key farther than that from every query of block ``c`` has
+        probability 0 for head ``h`` (``-1``: no bound — a slope that is not positive, or norms
+        that are not finite).
+    """
+    floor = -math.log(torch.finfo(q.dtype).smallest_normal * torch.finfo(q.dtype).eps)
+    n = q.shape[-2]
+    nb = -(-n // block)
+    q_norm = torch.linalg.vector_norm(q, dim=-1).amax(0)  # (h, i)
+    q_norm = torch.nn.functional.pad(q_norm, (0, nb * block - n)).view(-1, nb, block).amax(-1)
+    k_norm = torch.linalg.vector_norm(k, dim=-1).amax(0).amax(-1, keepdim=True)  # (h, 1)
+    slope = slopes.to(q.device, torch.float64).view(-1, 1)
+    # The log-probability bound: 2·scale·|q|·|k| above the row's own key, minus the bias.
+    reach = (2.0 * scale * q_norm.double() * k_norm.double() + floor + 1.0) / slope
+    ok = torch.isfinite(reach) & (slope > 0) & (reach < 2**62)
+    reach = torch.where(ok, reach.floor(), torch.full_like(reach, -1.0))
+    return reach.to(torch.int64).t().tolist()  # one sync per call
+
+
+@dataclass
+class _Span:
+    """Heads ``[h0, h1)`` of a part attend keys ``[j0, j1)`` (``j0 == j1``: none)."""
+
+    h0: int
+    h1: int
+    j0: int
+    j1: int
+
+
+@dataclass
+class _Part:
+    """One key range of a query block: ``mask`` and ``const`` cover keys from ``start`` on."""
+
+    spans: list[_Span]
+    start: int
+    mask: Tensor  # (1, h, 1|bi, keys)
+    const: Tensor | None  # (1, h, bi) per-query constant; None: the diagonal part
+    causal: bool
+
+    def call_mask(self, s: _Span) -> Tensor:
+        return self.mask[:, s.h0 : s.h1, :, s.j0 - self.start : s.j1 - self.start]
+
+
+def _spans(lo: list[int], hi: list[int]) -> list[_Span]:
+    """Runs of consecutive heads with the same key range ``[lo[h], hi[h])``."""
+    spans: list[_Span] = []
+    for h, (j0, j1) in enumerate(zip(lo, hi, strict=True)):
+        if spans and (spans[-1].j0, spans[-1].j1) == (j0, j1):
+            spans[-1].h1 = h + 1
+        else:
+            spans.append(_Span(h, h + 1, j0, j1))
+    return spans
+
+
+@dataclass
+class _Geometry:
+    """What every query block of ``n`` plain positions shares, computed once per call.
+
+    ``left[..., n - i0:]`` is the left part's mask ``slope·(j - i0)`` for ``j < i0``;
+    ``right[..., :n - i1]`` the right part's ``-slope·(j - i1 + 1)`` for ``j >= i1``; ``diag``
+    the exact bias of a full block (its top-left corner that of a shorter last block); the
+    per-query constants ``-slope·(i - i0)`` and ``-slope·(i1 - 1 - i)`` likewise.
+    """
+
+    left: Tensor  # (1, h, 1, n)
+    right: Tensor  # (1, h, 1, n)
+    diag: Tensor  # (1, h, B, B)
+    const_left: Tensor  # (1, h, B)
+    const_right: Tensor  # (1, h, B)
+
+    @classmethod
+    def build(cls, job: _Job, q: Tensor, n: int, block: int) -> _Geometry:
+        slopes = job.scheme.slopes.to(q.device, q.dtype).view(1, -1, 1)  # (1, h, 1)
+        ar = torch.arange(max(n, block) + 1, device=q.device, dtype=q.dtype)
+        bl = min(block, n)
+        qp, kp = job.q_positions[:bl], job.k_positions[:bl]
+        return cls(
+            left=(slopes * (ar[:n] - n)).unsqueeze(2),
+            right=(-slopes * ar[1 : n + 1]).unsqueeze(2),
+            diag=job.scheme.score_bias(q, qp, kp).to(q.dtype),
+            const_left=-slopes * ar[:bl],
+            const_right=-slopes * ar[:bl].flip(0),
+        )
+
+
+def _parts(
+    geom: _Geometry, causal: bool, heads: int, i0: int, i1: int, n: int, reach: list[int]
+) -> list[_Part]:
+    """The left, diagonal and (bidirectional) right parts of query block ``[i0, i1)``.
+
+    Left keys ``j < i0``: ``slope·(j - i) = slope·(j - i0) - slope·(i - i0)``; right keys
+    ``j >= i1``: ``-slope·(j - i) = -slope·(j - i1 + 1) - slope·(i1 - 1 - i)``; the diagonal block
+    takes the exact bias. Head ``h`` drops left keys ``j < i0 - reach[h]`` and right keys
+    ``j >= i1 + reach[h]`` (:func:`alibi_reach`).
+    """
+    bi = i1 - i0
+    far = [r if r >= 0 else n for r in reach]
+    parts = []
+    if i0 > 0:
+        spans = _spans([max(0, i0 - r) for r in far], [i0] * heads)
+        const = geom.const_left[..., :bi]
+        parts.append(_Part(spans, 0, geom.left[..., n - i0 :], const, False))
+    diag = geom.diag[..., :bi, :bi]
+    parts.append(_Part([_Span(0, heads, i0, i1)], i0, diag, None, causal))
+    if not causal and i1 < n:
+        spans = _spans([i1] * heads, [min(n, i1 + r) for r in far])
+        const = geom.const_right[..., geom.const_right.shape[-1] - bi :]
+        parts.append(_Part(spans, i1, geom.right[..., : n - i1], const, False))
+    return parts
+
+
+def _attend_part(part: _Part, q: Tensor, k: Tensor, v: Tensor, rows: slice, scale: float):
+    """``(out (b, h, bi, d), lse (b, h, bi))`` of one part (``lse = -inf``: heads without keys)."""
+    if len(part.spans) == 1 and part.spans[0].j1 > part.spans[0].j0:
+        s = part.spans[0]  # every head the same keys: one call, no copy
+        return _flash(
+            q[:, :, rows], k[:, :, s.j0 : s.j1], v[:, :, s.j0 : s.j1], 0.0, part.causal,
+            attn_mask=part.call_mask(s), scale=scale,
+        )  # fmt: skip
+    b, h, _, d = q.shape
+    bi = rows.stop - rows.start
+    o, lse = q.new_zeros(b, h, bi, d), q.new_full((b, h, bi), -math.inf)
+    for s in part.spans:
+        if s.j1 > s.j0:
+            hs, js = slice(s.h0, s.h1), slice(s.j0, s.j1)
+            o[:, hs], lse[:, hs] = _flash(
+                q[:, hs, rows], k[:, hs, js], v[:, hs, js], 0.0, part.causal,
+                attn_mask=part.call_mask(s), scale=scale,
+            )  # fmt: skip
+    return o, lse
+
+
+class AlibiAttention(torch.autograd.Function):
+    """ALiBi attention ``(b, h, i, d)`` over plain positions from fused-kernel parts merged by
+    log-sum-exp; the backward pass runs the fused backward kernel on the same parts with the
+    final log-sum-exp. ALiBi has no parameters, so there is no bias gradient."""
+
+    @staticmethod
+    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, job: _Job) -> Tensor:
+        dtype = compute_dtype(q.dtype)
+        qf, kf, vf = (t.to(dtype) for t in (q, k, v))
+        b, h, n, _ = qf.shape
+        reach = alibi_reach(job.scheme.slopes, qf, kf, job.scale, ALIBI_BLOCK)
+        geom = _Geometry.build(job, qf, n, ALIBI_BLOCK)
+        out = torch.empty_like(qf)
+        lse = qf.new_empty(b, h, n)
+        for c, (i0, i1) in enumerate(_bounds(0, n, ALIBI_BLOCK)):
+            parts = _parts(geom, job.causal, h, i0, i1, n, reach[c])
+            # Merge by log-sum-exp, the diagonal part first (its lse is finite): with the running
+            # (o, l), a part (o_p, l_p) weighs w = exp(l_p - logaddexp(l, l_p)), o += w·(o_p - o).
+            diag = next(p for p in parts if p.const is None)
+            o, l_ = _attend_part(diag, qf, kf, vf, slice(i0, i1), job.scale)
+            for part in parts:
+                if part is diag:
+                    continue
+                o_p, l_p = _attend_part(part, qf, kf, vf, slice(i0, i1), job.scale)
+                l_p = l_p + part.const
+                total = torch.logaddexp(l_, l_p)
+                o = torch.lerp(o, o_p, torch.exp(l_p - total).unsqueeze(-1))
+                l_ = total
+            out[:, :, i0:i1] = o
+            lse[:, :, i0:i1] = l_
+        ctx.job, ctx.reach, ctx.geom = job, reach, geom
+        ctx.save_for_backward(qf, kf, vf, out, lse)
+        return out.to(q.dtype)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_out: Tensor):
+        job: _Job = ctx.job
+        qf, kf, vf, out, lse = ctx.saved_tensors
+        h, n = qf.shape[1], qf.shape[2]
+        do = grad_out.to(qf.dtype)
+        dq, dk, dv = torch.zeros_like(qf), torch.zeros_like(kf), torch.zeros_like(vf)
+        for c, (i0, i1) in enumerate(_bounds(0, n, ALIBI_BLOCK)):
+            dob, ob = do[:, :, i0:i1].contiguous(), out[:, :, i0:i1].contiguous()
+            for part in _parts(ctx.geom, job.causal, h, i0, i1, n, ctx.reach[c]):
+                lse_p = lse[:, :, i0:i1] if part.const is None else lse[:, :, i0:i1] - part.const
+                lse_p = lse_p.contiguous()
+                for s in part.spans:
+                    if s.j1 == s.j0:  # every key of this part is out of reach for these heads
+                        continue
+                    hs, js = slice(s.h0, s.h1), slice(s.j0, s.j1)
+                    gq, gk, gv = _flash_bwd(
+                        dob[:, hs], qf[:, hs, i0:i1], kf[:, hs, js], vf[:, hs, js], ob[:, hs],
+                        lse_p[:, hs], 0.0, part.causal, attn_mask=part.call_mask(s),
+                        scale=job.scale,
+                    )  # fmt: skip
+                    dq[:, hs, i0:i1] += gq
+                    dk[:, hs, js] += gk
+                    dv[:, hs, js] += gv
+        t = grad_out.dtype
+        return dq.to(t), dk.to(t), dv.to(t), None

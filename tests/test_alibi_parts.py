@@ -1,0 +1,116 @@
+"""ALiBi's fused-kernel parts (``relpos.attention.alibi_parts``): left/diagonal/right parts and
+the keys they skip, against eager attention and against the bound's own claim."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import relpos
+from relpos import Positions
+from relpos.attention import alibi_parts
+from relpos.attention.backends import BACKENDS
+from relpos.attention.chunked import chunked_path
+from tests.test_backends import assert_same, run_case
+
+
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
+def test_parts_match_eager_across_blocks(causal, monkeypatch):
+    """Small blocks, so every query block but the first has a left part (and a right part when
+    bidirectional); outputs and gradients equal eager's."""
+    monkeypatch.setattr(alibi_parts, "ALIBI_BLOCK", 32)
+    n = 150
+    pos = Positions.from_length(n)
+    scheme = relpos.make_scheme("alibi", d_model=8, num_heads=2, causal=causal)
+    assert chunked_path(scheme, torch.zeros(1, 2, n, 4), pos, pos) == "alibi"
+    results, _ = run_case("chunked", {"name": "alibi"}, causal, "plain", n=n, seed=3)
+    assert_same(results, atol=1e-9, rtol=1e-9)
+
+
+def _steep_case(dtype: torch.dtype, causal: bool, n: int = 400, amp: float = 1.0):
+    torch.manual_seed(0)
+    h, d = 4, 8
+    scheme = relpos.make_scheme("alibi", d_model=h * d, num_heads=h, causal=causal).to(dtype)
+    # Steep heads become short windows; a zero slope must still see every key.
+    scheme.slopes = torch.tensor([16.0, 4.0, 0.5, 0.0], dtype=dtype)
+    q, k, v = (amp * torch.randn(2, h, n, d, dtype=dtype, requires_grad=True) for _ in range(3))
+    return scheme, q, k, v, Positions.from_length(n)
+
+
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=str)
+def test_skipped_keys_change_nothing(dtype, causal, monkeypatch):
+    """Steep slopes: most keys of the steep heads are skipped, and outputs and gradients still
+    equal eager's."""
+    monkeypatch.setattr(alibi_parts, "ALIBI_BLOCK", 64)
+    scheme, q, k, v, pos = _steep_case(dtype, causal)
+    n = q.shape[-2]
+    scale = q.shape[-1] ** -0.5
+    reach = alibi_parts.alibi_reach(scheme.slopes, q.detach(), k.detach(), scale, 64)
+    assert all(0 <= r[0] < 100 for r in reach)  # the steepest head: a short window
+    assert all(r[3] == -1 for r in reach)  # slope 0: no bound
+    calls = []  # (heads × keys) of each forward kernel call
+    real = alibi_parts._flash
+
+    def counting(q_, k_, *args, **kwargs):
+        calls.append(k_.shape[1] * k_.shape[2])
+        return real(q_, k_, *args, **kwargs)
+
+    monkeypatch.setattr(alibi_parts, "_flash", counting)
+    grad_out = torch.randn_like(q)
+    results = []
+    for name in ("eager", "chunked"):
+        out = BACKENDS[name](q, k, v, scheme, pos, pos, causal=causal)
+        results.append((out, *torch.autograd.grad(out, (q, k, v), grad_out)))
+    # Without skipping, block [i0, i1) gives every head i0 left keys (n - i1 right ones), and
+    # its own block: the steep heads' windows must save more than a tenth of that.
+    blocks = [(i0, min(n, i0 + 64)) for i0 in range(0, n, 64)]
+    whole = 4 * sum(i1 if causal else n for _, i1 in blocks)
+    assert sum(calls) < 0.9 * whole, (sum(calls), whole)
+    tol = 1e-9 if dtype == torch.float64 else 2e-5
+    for a, b in zip(*results, strict=True):
+        torch.testing.assert_close(b, a, atol=tol, rtol=tol)
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    seed=st.integers(0, 2**16),
+    n=st.integers(20, 260),
+    block=st.sampled_from([16, 32, 64]),
+    log_slope=st.floats(-4.0, 4.0),
+    amp=st.floats(0.1, 4.0),
+    adversarial=st.booleans(),
+)
+def test_reach_bound_holds_in_float32(seed, n, block, log_slope, amp, adversarial):
+    """Every pair farther apart than the reach of its query's block has probability exactly 0 in
+    float32 — also when each query's own logit is as low as the norms allow and far keys' as
+    high (``adversarial``: all queries along one direction, keys along it or against it)."""
+    g = torch.Generator().manual_seed(seed)
+    h, d = 2, 8
+    if adversarial:
+        u = torch.nn.functional.normalize(torch.randn(h, 1, d, generator=g), dim=-1)
+        sign = torch.randint(0, 2, (1, n, 1), generator=g) * 2.0 - 1.0
+        q = (amp * u).expand(h, n, d).unsqueeze(0)
+        k = (amp * sign * u).unsqueeze(0)
+    else:
+        q, k = (amp * torch.randn(1, h, n, d, generator=g) for _ in range(2))
+    slopes = torch.tensor([2.0**log_slope, 2.0 ** (log_slope - 1)])
+    scale = d**-0.5
+    reach = alibi_parts.alibi_reach(slopes, q, k, scale, block)
+    i = torch.arange(n)
+    dist = (i.view(-1, 1) - i.view(1, -1)).abs().float()
+    probs = torch.softmax(scale * q @ k.transpose(-1, -2) - slopes.view(1, -1, 1, 1) * dist, -1)
+    for c in range(-(-n // block)):
+        rows = slice(c * block, min(n, (c + 1) * block))
+        for head in range(h):
+            r = reach[c][head]
+            assert r >= 0
+            far = dist[rows] > r
+            assert (probs[0, head, rows][far] == 0).all()
+
+
+def test_reach_has_no_bound_for_infinite_norms():
+    q = torch.full((1, 1, 4, 2), float("inf"))
+    assert alibi_parts.alibi_reach(torch.tensor([1.0]), q, q, 1.0, 2) == [[-1], [-1]]
