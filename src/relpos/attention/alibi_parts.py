@@ -35,6 +35,7 @@ import torch
 from torch import Tensor
 
 from ..functional.dtypes import compute_dtype
+from .chunked import _bounds, _flash, _flash_bwd
 
 if TYPE_CHECKING:
     from .chunked import _Job
@@ -43,13 +44,6 @@ __all__ = ["ALIBI_BLOCK", "AlibiAttention", "alibi_reach"]
 
 #: Query block of ALiBi's parts.
 ALIBI_BLOCK = 256
-
-_flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
-_flash_bwd = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
-
-
-def _bounds(lo: int, hi: int, block: int) -> list[tuple[int, int]]:
-    return [(s, min(s + block, hi)) for s in range(lo, hi, block)]
 
 
 def alibi_reach(slopes: Tensor, q: Tensor, k: Tensor, scale: float, block: int) -> list[list[int]]:
@@ -149,7 +143,8 @@ class _Geometry:
 def _parts(
     geom: _Geometry, causal: bool, heads: int, i0: int, i1: int, n: int, reach: list[int]
 ) -> list[_Part]:
-    """The left, diagonal and (bidirectional) right parts of query block ``[i0, i1)``.
+    """The diagonal, left and (bidirectional) right parts of query block ``[i0, i1)``, the
+    diagonal first (the one part with a key for every head, so its log-sum-exp is finite).
 
     Left keys ``j < i0``: ``slope·(j - i) = slope·(j - i0) - slope·(i - i0)``; right keys
     ``j >= i1``: ``-slope·(j - i) = -slope·(j - i1 + 1) - slope·(i1 - 1 - i)``; the diagonal block
@@ -158,13 +153,12 @@ def _parts(
     """
     bi = i1 - i0
     far = [r if r >= 0 else n for r in reach]
-    parts = []
+    diag = geom.diag[..., :bi, :bi]
+    parts = [_Part([_Span(0, heads, i0, i1)], i0, diag, None, causal)]
     if i0 > 0:
         spans = _spans([max(0, i0 - r) for r in far], [i0] * heads)
         const = geom.const_left[..., :bi]
         parts.append(_Part(spans, 0, geom.left[..., n - i0 :], const, False))
-    diag = geom.diag[..., :bi, :bi]
-    parts.append(_Part([_Span(0, heads, i0, i1)], i0, diag, None, causal))
     if not causal and i1 < n:
         spans = _spans([i1] * heads, [min(n, i1 + r) for r in far])
         const = geom.const_right[..., geom.const_right.shape[-1] - bi :]
@@ -208,14 +202,12 @@ class AlibiAttention(torch.autograd.Function):
         out = torch.empty_like(qf)
         lse = qf.new_empty(b, h, n)
         for c, (i0, i1) in enumerate(_bounds(0, n, ALIBI_BLOCK)):
-            parts = _parts(geom, job.causal, h, i0, i1, n, reach[c])
-            # Merge by log-sum-exp, the diagonal part first (its lse is finite): with the running
-            # (o, l), a part (o_p, l_p) weighs w = exp(l_p - logaddexp(l, l_p)), o += w·(o_p - o).
-            diag = next(p for p in parts if p.const is None)
+            diag, *rest = _parts(geom, job.causal, h, i0, i1, n, reach[c])
+            # Merge by log-sum-exp, starting from the diagonal part (its lse is finite): with the
+            # running (o, l), a part (o_p, l_p) weighs w = exp(l_p - logaddexp(l, l_p)),
+            # o += w·(o_p - o).
             o, l_ = _attend_part(diag, qf, kf, vf, slice(i0, i1), job.scale)
-            for part in parts:
-                if part is diag:
-                    continue
+            for part in rest:
                 o_p, l_p = _attend_part(part, qf, kf, vf, slice(i0, i1), job.scale)
                 l_p = l_p + part.const
                 total = torch.logaddexp(l_, l_p)

@@ -60,7 +60,6 @@ from torch import Tensor
 from ..functional.dtypes import compute_dtype
 from ..positions import PAD_SEGMENT, Positions
 from ..schemes.base import Scheme
-from .alibi_parts import AlibiAttention
 from .band import Band, band_backward, band_forward, query_independent, supports
 from .grads import GradSink, push_grad
 from .sdpa import validate_attention_inputs
@@ -808,6 +807,8 @@ def chunked_attention(
     if chosen == "fused":
         return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
     if chosen == "alibi":
+        from .alibi_parts import AlibiAttention  # it imports this module's kernel aliases
+
         job = _Job(scheme, q_positions, k_positions, causal, TilePlan([], []), scale)
         return AlibiAttention.apply(q, k, v, job)
     if chosen == "region":
