@@ -107,6 +107,43 @@ def test_region_path_matches_eager(spec, causal, group_elements, n, monkeypatch)
     assert_same(results, atol=1e-9, rtol=1e-9)
 
 
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
+@pytest.mark.parametrize("spec", BAND_SPECS, ids=spec_id)
+def test_region_path_with_groups_of_two_blocks_matches_eager(spec, causal, monkeypatch):
+    """Groups of several blocks inside the sequence: T5's shared ``(1, h, B, J)`` mask is
+    broadcast over the group's blocks (and the batch), forward and backward."""
+
+    def pairs(self, batch, heads):
+        return [(c, min(c + 2, self.num_blocks)) for c in range(0, self.num_blocks, 2)]
+
+    monkeypatch.setattr(band_mod.Band, "groups", pairs)
+    n = 450  # 8 blocks of 64: groups (0, 2) … (6, 8); the middle ones lie inside the sequence
+    results, _ = run_case("chunked", spec, causal, "plain", n=n, seed=7)
+    assert_same(results, atol=1e-9, rtol=1e-9)
+
+
+def test_t5_inside_groups_share_one_broadcast_mask():
+    spec = {"name": "t5", "num_buckets": 8, "max_distance": 12}
+    scheme = relpos.make_scheme(spec, d_model=8, num_heads=2, causal=True)
+    band = band_mod.Band.build(scheme, 450, -12, 1, 64, torch.device("cpu"))
+    q = torch.randn(3, 2, 450, 4)
+    with torch.no_grad():  # as in the backends: the table's gradient comes from dS, not here
+        masks = band_mod._ConstMasks(scheme, band, q)
+    cols = (0, band.keys)
+    inside = [(2, 4), (4, 6), (3, 4)]
+    assert all(band.inside(c0, c1) for c0, c1 in inside) and not band.inside(0, 2)
+    shared = {id(masks.mask(c0, c1, cols, band.mask(c0, c1, q, 3)[1], 3)) for c0, c1 in inside}
+    assert len(shared) == 1
+    c0, c1 = inside[0]
+    got = masks.mask(c0, c1, cols, band.mask(c0, c1, q, 3)[1], 3)
+    assert got.shape == (1, 2, 64, band.keys)
+    # The same numbers as the per-group mask it replaces.
+    full = band_mod._group_mask(
+        band, masks.lin[:, :, : (c1 - c0) * 64], band.mask(c0, c1, q, 3)[1], 3, cols
+    )
+    torch.testing.assert_close(got.expand_as(full), full, atol=0, rtol=0)
+
+
 def test_groups_share_one_interior_mask():
     spec = {"name": "shaw", "max_distance": 4}
     scheme = relpos.make_scheme(spec, d_model=8, num_heads=2, causal=True)

@@ -67,12 +67,12 @@ def test_the_command_line_flushes_before_running_a_command(monkeypatch, capsys):
     assert "error" in capsys.readouterr().err
 
 
-def test_bench_header_names_the_cpu_and_the_denormal_mode(tmp_path):
+def test_bench_header_names_the_cpu_the_denormal_mode_and_the_allocator_mode(tmp_path):
     from relpos import bench
 
     argv = ["--lengths", "32", "--schemes", "alibi", "--impls", "chunked", "--repeats", "5"]
-    argv += ["--warmup", "1", "--no-memory", "--no-plot", "--keep-denormals"]
+    argv += ["--warmup", "1", "--no-memory", "--no-plot", "--keep-denormals", "--default-malloc"]
     argv += ["--out", str(tmp_path)]
     assert bench.main(argv) == 0
     header = (tmp_path / "bench.md").read_text().splitlines()[0]
-    assert cpu_name() in header and "denormals kept" in header
+    assert cpu_name() in header and "denormals kept" in header and "default malloc" in header

@@ -4,7 +4,7 @@ Every scheme is a function of each token's own position inside its own sequence 
 :class:`Positions`), never of array indices.
 """
 
-from . import checks, denormals, functional
+from . import checks, denormals, functional, heap
 from .attention import BACKENDS, KVCache, MultiheadAttention, eager_attention
 from .embedding import TokenPositionEmbedding
 from .models import Transformer, TransformerConfig
@@ -71,6 +71,7 @@ __all__ = [
     "denormals",
     "eager_attention",
     "functional",
+    "heap",
     "make_scheme",
     "register",
     "resolve_positions",

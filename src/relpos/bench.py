@@ -45,6 +45,7 @@ from torch import Tensor
 
 from .atomic import atomic_path
 from .denormals import cpu_name, flush_denormals
+from .heap import retain_freed_memory
 
 __all__ = [
     "IMPLEMENTATIONS",
@@ -291,6 +292,8 @@ def _memory_child(spec: dict[str, Any]) -> dict[str, Any]:
     dtype = getattr(torch, spec["dtype"])
     torch.set_num_threads(spec["threads"])
     flush_denormals(spec.get("flush_denormals", True))  # as the parent, before any parallel op
+    # Not retain_freed_memory(): memory the warm-up freed would stay mapped, be counted in the
+    # base and reused by the pass, hiding part of its peak.
     kw = dict(heads=spec["heads"], head_dim=spec["head_dim"], device=device, dtype=dtype)
     # Warm up on a small shape: kernels, thread pools and allocator arenas exist before the base.
     small = make_setup(
@@ -641,6 +644,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="measure without flush-to-zero (see relpos.denormals; slow on many x86 CPUs)",
     )
     p.add_argument(
+        "--default-malloc",
+        dest="retain_heap",
+        action="store_false",
+        help="measure with the C library's default allocator settings (see relpos.heap)",
+    )
+    p.add_argument(
         "--no-memory",
         dest="memory",
         action="store_false",
@@ -682,6 +691,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.flush_denormals and not flushed:
         print("relpos bench: flush-to-zero did not take effect; denormals are kept", flush=True)
     args.flush_denormals = flushed
+    args.retain_heap = args.retain_heap and retain_freed_memory()
     args.lengths = args.lengths or (ALL_LENGTHS if args.all else DEFAULT_LENGTHS)
     args.batch = args.batch or ([1, 4] if args.all else [1])
     args.causal_modes = {"causal": [True], "bidirectional": [False], "both": [True, False]}[
@@ -695,7 +705,9 @@ def main(argv: list[str] | None = None) -> int:
         f"relpos bench: H={args.heads}, d={args.head_dim}, {args.dtype} on {args.device} "
         f"({cpu_name() if args.device == 'cpu' else args.device}, "
         f"{torch.get_num_threads()} threads, denormals "
-        f"{'flushed' if args.flush_denormals else 'kept'}, torch {torch.__version__}); median of "
+        f"{'flushed' if args.flush_denormals else 'kept'}, "
+        f"{'freed memory retained' if args.retain_heap else 'default malloc'}, "
+        f"torch {torch.__version__}); median of "
         f"{args.repeats} runs after {args.warmup} warm-up; ratios to sdpa-plain (no bias) at "
         "the same shape, the median of run-by-run ratios (each run alternates with one of "
         "sdpa-plain).\n\nCommand: `relpos bench " + " ".join(argv or sys.argv[1:]) + "`"

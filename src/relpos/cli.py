@@ -3,7 +3,9 @@
 Every subcommand reports bad input as one clear line on stderr and exit status 2, not a traceback.
 Every subcommand first turns on flush-to-zero for float32 denormals, before PyTorch's thread pool
 starts (:mod:`relpos.denormals`: attention's backward pass runs many times slower on denormals on
-many x86 CPUs); ``relpos bench --keep-denormals`` measures without it.
+many x86 CPUs); ``relpos bench --keep-denormals`` measures without it. It also makes glibc keep
+freed memory for reuse (:mod:`relpos.heap`: the ``chunked`` backend's temporaries otherwise fault
+their pages in anew on every call); ``relpos bench --default-malloc`` measures without it.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from .denormals import flush_denormals
+from .heap import retain_freed_memory
 
 __all__ = ["main"]
 
@@ -339,12 +342,13 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["bench"]:  # forward every option, leading ones included, to relpos.bench
-        from . import bench  # which sets flush-to-zero itself (--keep-denormals)
+        from . import bench  # which sets both itself (--keep-denormals, --default-malloc)
 
         return bench.main(argv[1:])
     args = build_parser().parse_args(argv)
     # Before any parallel op: the intra-op threads inherit it (relpos.denormals explains why).
     flush_denormals()
+    retain_freed_memory()
     try:
         return args.func(args)
     except CLIError as e:
