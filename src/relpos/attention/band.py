@@ -416,12 +416,6 @@ def supports(scheme: Scheme, q: Tensor) -> bool:
     return getattr(scheme, "relative_keys", None) is not None or query_independent(scheme, q)
 
 
-def _const_lin(scheme: Scheme, band: Band, q: Tensor, rows: int) -> Tensor:
-    """A query-independent logit term (T5) in distance coordinates, ``(1|b, h, rows, D)``."""
-    lin = band.to_distance(scheme.relative_logits(q[:, :, :1]))
-    return lin.expand(*lin.shape[:2], rows, lin.shape[-1]).contiguous()
-
-
 class _ConstMasks:
     """The float masks of a query-independent logit term (T5), for one call's groups.
 
@@ -433,10 +427,12 @@ class _ConstMasks:
     and keeps one mask per group.
     """
 
-    def __init__(self, scheme: Scheme, band: Band, q: Tensor) -> None:
-        b, h = q.shape[:2]
+    def __init__(self, band: Band, rel: Tensor, batch: int) -> None:
+        """``rel``: the term in relative rows, ``(1|b, h, 1, R)``, without a graph."""
         self.band = band
-        self.lin = _const_lin(scheme, band, q, _group_rows(band, b, h))  # (1|b, h, g·B, D)
+        lin = band.to_distance(rel)  # distance coordinates, (1|b, h, 1, D)
+        rows = _group_rows(band, batch, rel.shape[1])
+        self.lin = lin.expand(*lin.shape[:2], rows, lin.shape[-1]).contiguous()
         self._shared: dict[tuple[int, int], Tensor] = {}
 
     def mask(self, c0: int, c1: int, cols: tuple[int, int], neg: Tensor, b: int) -> Tensor:
@@ -579,9 +575,10 @@ def band_forward(
     mass = q.new_zeros(b, h, n_pad, num_rel) if has_value else None
     const = keys = cols = None
     if has_bias and query_independent(scheme, q):  # T5
-        const = _ConstMasks(scheme, band, q)
+        rel = scheme.relative_logits(q[:, :, :1])  # (1|b, h, 1, R)
+        const = _ConstMasks(band, rel, b)
         if far_rows:
-            cols = scheme.relative_logits(q[:, :, :1])[..., far_rows].expand(-1, -1, n, -1)
+            cols = rel[..., far_rows].expand(-1, -1, n, -1)
     elif has_bias:  # q·Eᵀ
         keys, far_keys = _distance_keys(scheme, band, q.dtype, far_rows)
         if far_keys is not None:
@@ -680,7 +677,7 @@ def band_backward(
     if has_bias and query_independent(scheme, q):
         with torch.enable_grad():
             const_rel = scheme.relative_logits(q[:, :, :1])
-        const = _ConstMasks(scheme, band, q.detach())
+        const = _ConstMasks(band, const_rel.detach(), b)
     elif has_bias:
         with torch.enable_grad():
             keys_g = _distance_keys(scheme, band, q.dtype, far_rows)
