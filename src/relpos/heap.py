@@ -7,9 +7,10 @@ its *trim threshold* is free. Either way the next tensor of that size starts on 
 must map and zero on first touch: a *minor page fault* per 4 KiB page. An attention pass that
 allocates many mid-sized temporaries in a loop (the ``chunked`` backend's tiles, masks and
 partial outputs) keeps re-faulting the same memory. On the project's Intel Xeon box (a virtual
-machine, where a fault costs a few microseconds), T5's ``chunked`` forward pass at L=2048 took
-about 2,800 faults per call and its forward+backward pass about 6,400; plain SDPA, which
-allocates one output, took none. ``docs/performance.md`` (round 6) has the timings.
+machine, where a fault costs a few microseconds), T5's ``chunked`` forward+backward pass at
+L=2048 took about 8,500 faults per call, against 900 for plain SDPA and 70 for T5 with the heap
+retained (``python benchmarks/page_faults.py``; ``docs/performance.md``, round 6, has the table and
+the timings).
 
 :func:`retain_freed_memory` raises both thresholds (``mallopt``), so that freed memory stays in
 the heap and is reused without faults. The cost: the process keeps its high-water mark of heap
