@@ -25,6 +25,7 @@ from relpos.attention import alibi_parts
 from relpos.attention import backends as backends_mod
 from relpos.attention import band as band_mod
 from relpos.attention import chunked as chunked_mod
+from relpos.attention import narrow as narrow_mod
 from relpos.attention.backends import BACKENDS, choose_backend
 from relpos.attention.chunked import chunked_attention, chunked_path, plan_tiles
 from relpos.attention.flex import (
@@ -362,7 +363,9 @@ def check_no_l_by_l(spec: dict, layout: str, n: int, causal: bool) -> None:
     alibi = h * alibi_parts.ALIBI_BLOCK**2  # ALiBi's diagonal block
     # The band's groups of blocks: a fixed budget, or one block when that is larger.
     group = max(band_mod.GROUP_ELEMENTS, h * 128 * (128 + band))
-    bound = max(h * n * rows, h * qb * kb, group, alibi)
+    # The distance engine's chunks of rows: a fixed budget, or one row's (n, B + D - 1) tile.
+    narrow = max(narrow_mod.CHUNK_ELEMENTS, n * (narrow_mod.NARROW_BLOCK + narrow_mod.NARROW_WIDTH))
+    bound = max(h * n * rows, h * qb * kb, group, alibi, narrow)
     assert mode.max <= bound < n * n // 8, (mode.max, bound)
 
 

@@ -16,6 +16,7 @@ import relpos
 from relpos import Positions
 from relpos.attention import BACKENDS
 from relpos.attention import band as band_mod
+from relpos.attention import narrow as narrow_mod
 from relpos.attention.chunked import chunked_path
 from relpos.functional.skew import gather_relative
 from tests.helpers import spec_id
@@ -87,19 +88,29 @@ BAND_SPECS = [
     {"name": "shaw", "max_distance": 2, "keys": False},
     {"name": "shaw", "max_distance": 4, "per_head": False, "values": False},
     {"name": "t5", "num_buckets": 8, "max_distance": 12},
-    {"name": "shaw", "max_distance": 3, "per_head": False},
+    {"name": "shaw", "max_distance": 3, "per_head": True},
     {"name": "music", "max_distance": 20},
     # A band wider than a block: the first blocks multiply only the distances they reach.
     {"name": "music", "max_distance": 150},
 ]
 
 
+def use_engine(monkeypatch, engine: str) -> None:
+    """Route every band to one engine: ``tiles`` (band.py) or ``distance`` (narrow.py)."""
+    monkeypatch.setattr(narrow_mod, "NARROW_WIDTH", -1 if engine == "tiles" else 1 << 30)
+
+
+@pytest.mark.parametrize("engine", ["tiles", "distance"])
 @pytest.mark.parametrize("group_elements", [1, 1 << 20], ids=["one-block", "many-blocks"])
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
 @pytest.mark.parametrize("spec", BAND_SPECS, ids=spec_id)
 @pytest.mark.parametrize("n", [70, 200])
-def test_region_path_matches_eager(spec, causal, group_elements, n, monkeypatch):
+def test_region_path_matches_eager(spec, causal, group_elements, n, engine, monkeypatch):
+    """Both band engines against eager; ``one-block`` makes the tile engine's groups one block
+    and the distance engine's chunks one (batch, head) row."""
+    use_engine(monkeypatch, engine)
     monkeypatch.setattr(band_mod, "GROUP_ELEMENTS", group_elements)
+    monkeypatch.setattr(narrow_mod, "CHUNK_ELEMENTS", group_elements)
     scheme = relpos.make_scheme(spec, d_model=8, num_heads=2, causal=causal)
     pos = Positions.from_length(n)
     assert chunked_path(scheme, torch.zeros(1, 2, n, 4), pos, pos) == "region"
@@ -112,6 +123,7 @@ def test_region_path_matches_eager(spec, causal, group_elements, n, monkeypatch)
 def test_region_path_with_groups_of_two_blocks_matches_eager(spec, causal, monkeypatch):
     """Groups of several blocks inside the sequence: T5's shared ``(1, h, B, J)`` mask is
     broadcast over the group's blocks (and the batch), forward and backward."""
+    use_engine(monkeypatch, "tiles")
 
     def pairs(self, batch, heads):
         return [(c, min(c + 2, self.num_blocks)) for c in range(0, self.num_blocks, 2)]
@@ -180,17 +192,23 @@ def test_mask_cache_is_bounded(monkeypatch):
     assert len(band_mod._MASKS) == 0
 
 
-def test_cached_mask_built_in_inference_mode_serves_training():
+@pytest.mark.parametrize(
+    "spec",
+    [{"name": "shaw", "max_distance": 8}, {"name": "music", "max_distance": 400}],
+    ids=["distance", "tiles"],
+)
+def test_cached_mask_built_in_inference_mode_serves_training(spec):
     """A mask first built under inference_mode is a normal tensor: a later training call of the
-    same geometry runs forward and backward."""
+    same geometry runs forward and backward (both engines: distance coordinates and tiles)."""
     band_mod._MASKS.clear()
-    spec = {"name": "music", "max_distance": 40}
+    narrow_mod._EdgeMasks._cache.clear()
     scheme = relpos.make_scheme(spec, d_model=8, num_heads=2, causal=True)
     q, k, v = (torch.randn(1, 2, 300, 4) for _ in range(3))
     pos = Positions.from_length(300)
     with torch.inference_mode():
         BACKENDS["chunked"](q, k, v, scheme, pos, pos, causal=True)
-    assert len(band_mod._MASKS) > 0
+    cache = band_mod._MASKS if spec["name"] == "music" else narrow_mod._EdgeMasks._cache
+    assert len(cache) > 0
     q.requires_grad_(True)
     BACKENDS["chunked"](q, k, v, scheme, pos, pos, causal=True).sum().backward()
     assert q.grad is not None and torch.isfinite(q.grad).all()
@@ -201,8 +219,10 @@ def test_cached_mask_built_in_inference_mode_serves_training():
     [{"name": "music", "max_distance": 150}, {"name": "shaw", "max_distance": 3}],
     ids=spec_id,
 )
-def test_region_path_with_frozen_tables_and_constant_queries(spec):
+@pytest.mark.parametrize("engine", ["tiles", "distance"])
+def test_region_path_with_frozen_tables_and_constant_queries(spec, engine, monkeypatch):
     """The band skips the relative term's gradients nobody asked for, and gets the rest right."""
+    use_engine(monkeypatch, engine)
     torch.manual_seed(0)
     scheme = relpos.make_scheme(spec, d_model=12, num_heads=2, causal=True).double()
     scheme.requires_grad_(False)

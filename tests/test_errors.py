@@ -167,6 +167,25 @@ CASES = [
         "even num_buckets",
     ),
     (
+        # One bucket per direction leaves no exact bucket to scale the log buckets by: this used
+        # to divide by zero inside t5_buckets at the first forward pass.
+        "two T5 buckets bidirectional",
+        lambda: relpos.make_scheme(
+            {"name": "t5", "num_buckets": 2, "max_distance": 4},
+            d_model=8,
+            num_heads=2,
+            causal=False,
+        ),
+        ValueError,
+        r"even num_buckets >= 4 .*got 2",
+    ),
+    (
+        "two T5 buckets bidirectional, functional",
+        lambda: relpos.functional.t5_buckets(torch.arange(3), bidirectional=True, num_buckets=2),
+        ValueError,
+        r"even and >= 4 when bidirectional.*got 2",
+    ),
+    (
         "unknown backend",
         lambda: MultiheadAttention(8, 2, backend="cuda-magic"),
         ValueError,

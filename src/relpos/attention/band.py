@@ -32,6 +32,11 @@ the keys that exist.
 
 Nothing of size ``(i, j)`` or ``(i, j, d)`` exists: a group holds ``O(g·B·J)`` elements, with ``g``
 chosen to keep that under :data:`GROUP_ELEMENTS`.
+
+This is the *tile engine*, for wide bands (a Music Transformer with a large ``M``). A band of at
+most :data:`~relpos.attention.narrow.NARROW_WIDTH` distances runs in
+:mod:`relpos.attention.narrow` instead, with the same contract; :class:`RelativeTerm` and
+:func:`finish_relative_grads` are the parts both engines share.
 """
 
 from __future__ import annotations
@@ -51,9 +56,11 @@ from .grads import GradSink, push_grad
 __all__ = [
     "GROUP_ELEMENTS",
     "Band",
+    "RelativeTerm",
     "band_backward",
     "band_forward",
     "diagonals",
+    "finish_relative_grads",
     "probs_and_dscores",
     "skew_view",
     "supports",
@@ -548,6 +555,108 @@ def _distance_keys(scheme: Scheme, band: Band, dtype: torch.dtype, far_rows: lis
     return near, (keys[..., far_rows, :] if far_rows else None)
 
 
+class RelativeTerm:
+    """A band's logit term and its gradients, shared by the band engines (this module's and
+    :mod:`relpos.attention.narrow`'s).
+
+    Either query-independent (T5: ``rel (1|b, h, 1, R)``, in distance coordinates ``lin (1|b, h,
+    1, D)``) or ``q·Eᵀ`` (``keys (h|1, D, d)`` in distance coordinates), or absent. With
+    ``grads``, the term keeps its graph to the scheme's parameters and accumulates their
+    gradient in distance coordinates (``drel_lin`` or ``dkeys``) for :func:`finish_relative_grads`.
+
+    Attributes:
+        cols: the term at ``far_rows`` for every query, ``(1|b, h, i, len(far_rows))`` (forward).
+    """
+
+    def __init__(
+        self,
+        scheme: Scheme,
+        band: Band,
+        q: Tensor,
+        *,
+        has_bias: bool,
+        far_rows: list[int],
+        grads: bool,
+    ) -> None:
+        _, h, n, d = q.shape
+        self.const_rel = self.lin = self.keys = self.keys_g = self.cols = None
+        self.drel_lin = self.dkeys = None
+        if has_bias and query_independent(scheme, q):  # T5
+            with torch.set_grad_enabled(grads):
+                self.const_rel = scheme.relative_logits(q[:, :, :1])  # (1|b, h, 1, R)
+            self.lin = band.to_distance(self.const_rel.detach())
+            if grads and self.const_rel.requires_grad:
+                self.drel_lin = q.new_zeros(1, h, 1, band.width)
+            if not grads and far_rows:
+                self.cols = self.const_rel[..., far_rows].expand(-1, -1, n, -1)
+        elif has_bias:  # q·Eᵀ
+            with torch.set_grad_enabled(grads):
+                self.keys_g = _distance_keys(scheme, band, q.dtype, far_rows)
+            self.keys = self.keys_g[0].detach()
+            if grads and self.keys_g[0].requires_grad:
+                self.dkeys = q.new_zeros(h, band.width, d)
+            if not grads and self.keys_g[1] is not None:
+                self.cols = torch.matmul(q, self.keys_g[1].transpose(-1, -2))
+
+    def _keys(self, h0: int, h1: int) -> Tensor:
+        return self.keys if self.keys.shape[0] == 1 else self.keys[h0:h1]
+
+    def term(self, qc: Tensor, b0: int, b1: int, h0: int, h1: int) -> Tensor | None:
+        """The term of rows ``[b0, b1) × [h0, h1)`` in distance coordinates: ``q·Eᵀ`` as a new
+        ``(bc, hc, i, D)`` tensor, T5's ``(1|bc, hc, 1, D)`` view, or None."""
+        if self.keys is not None:
+            return torch.matmul(qc, self._keys(h0, h1).transpose(-1, -2))
+        if self.lin is not None:
+            lin = self.lin if self.lin.shape[0] == 1 else self.lin[b0:b1]
+            return lin[:, h0:h1]
+        return None
+
+    def add_grads(
+        self, ds: Tensor, qc: Tensor, dqc: Tensor, h0: int, h1: int, needs_q: bool
+    ) -> None:
+        """Accumulate the term's gradient from ``ds (bc, hc, i, D)``, the score gradient in
+        distance coordinates of queries ``qc``; ``dq·E`` into ``dqc`` for a ``q·Eᵀ`` term."""
+        if self.keys is not None:
+            if needs_q:
+                dqc += torch.matmul(ds, self._keys(h0, h1))
+            if self.dkeys is not None:
+                self.dkeys[h0:h1] += torch.einsum("bhnt,bhnd->htd", ds, qc)
+        elif self.drel_lin is not None:
+            self.drel_lin[0, h0:h1, 0] += ds.sum((0, 2))
+
+
+def finish_relative_grads(
+    term: RelativeTerm,
+    band: Band,
+    q: Tensor,
+    dq: Tensor,
+    num_rel: int,
+    far_rows: list[int],
+    far_grads: Tensor | None,
+    needs_q: bool,
+    sink: GradSink,
+) -> None:
+    """Push the accumulated gradient of the term (band distances plus ``far_grads (b, h, i,
+    len(far_rows))``, the far rows' share) through the scheme once: into ``dq`` for ``q·Eᵀ``'s
+    far rows and into ``sink`` for the parameters."""
+    if term.drel_lin is not None:  # (1, h, 1, D) → (1, h, 1, R)
+        drel = band.to_rows(term.drel_lin, num_rel)
+        if far_grads is not None:
+            drel[..., far_rows] += far_grads.sum((0, 2), keepdim=True)
+        push_grad(term.const_rel, drel, None, None, sink)
+    if term.keys_g is not None:
+        near, far = term.keys_g
+        outs, outs_grads = [near], [term.dkeys]
+        if far is not None and far_grads is not None:
+            if needs_q:
+                dq += torch.matmul(far_grads, far.detach())
+            outs.append(far)
+            outs_grads.append(torch.einsum("bhnr,bhnd->hrd", far_grads, q))
+        if term.dkeys is not None:  # one pass through relative_keys for both
+            grads_ = [_sum_heads(g, t) for g, t in zip(outs_grads, outs, strict=True)]
+            push_grad(outs, grads_, None, None, sink)
+
+
 def band_forward(
     scheme: Scheme,
     band: Band,
@@ -573,16 +682,9 @@ def band_forward(
     lse = q.new_empty(b, h, n_pad)
     out = q.new_empty(b, h, n_pad, q.shape[-1])
     mass = q.new_zeros(b, h, n_pad, num_rel) if has_value else None
-    const = keys = cols = None
-    if has_bias and query_independent(scheme, q):  # T5
-        rel = scheme.relative_logits(q[:, :, :1])  # (1|b, h, 1, R)
-        const = _ConstMasks(band, rel, b)
-        if far_rows:
-            cols = rel[..., far_rows].expand(-1, -1, n, -1)
-    elif has_bias:  # q·Eᵀ
-        keys, far_keys = _distance_keys(scheme, band, q.dtype, far_rows)
-        if far_keys is not None:
-            cols = torch.matmul(q, far_keys.transpose(-1, -2))
+    term = RelativeTerm(scheme, band, q, has_bias=has_bias, far_rows=far_rows, grads=False)
+    keys, cols = term.keys, term.cols
+    const = None if term.const_rel is None else _ConstMasks(band, term.const_rel, b)
     for c0, c1 in band.groups(b, h):
         r0, r1 = c0 * band.block, c1 * band.block
         g, qg = c1 - c0, _queries(band, qp, c0, c1)
@@ -659,7 +761,7 @@ def band_backward(
     mass; ``far_grads (b, h, i, len(far_rows))`` gradients of the logit term at ``far_rows``.
     """
     dq, dk, dv = grads
-    b, h, n, d = q.shape
+    b, h, n, _ = q.shape
     n_pad = band.num_blocks * band.block
     qp, dop = _padded_queries(band, q), _padded_queries(band, do)
     # Padding rows: lse = +inf makes their recomputed probabilities 0, so they add nothing.
@@ -671,19 +773,10 @@ def band_backward(
     dqp = dq if n_pad == n else torch.zeros_like(qp)  # whole blocks: add into dq directly
     # A query-independent term (T5, ``(1, h, 1, R)``): every block has the same geometry, so its
     # gradient sums the groups' dS tiles over batch and blocks first and unskews once at the end.
-    const = const_rel = ds_total = None
-    # A q·Eᵀ term: dq gets dS_rel·E, and E's gradient dS_relᵀ·q is summed here, pushed once.
-    keys = keys_g = dkeys = None
-    if has_bias and query_independent(scheme, q):
-        with torch.enable_grad():
-            const_rel = scheme.relative_logits(q[:, :, :1])
-        const = _ConstMasks(band, const_rel.detach(), b)
-    elif has_bias:
-        with torch.enable_grad():
-            keys_g = _distance_keys(scheme, band, q.dtype, far_rows)
-        keys = keys_g[0].detach()
-        if keys_g[0].requires_grad:
-            dkeys = q.new_zeros(h, band.width, d)
+    # A q·Eᵀ term: dq gets dS_rel·E, and E's gradient dS_relᵀ·q is summed, pushed once.
+    term = RelativeTerm(scheme, band, q, has_bias=has_bias, far_rows=far_rows, grads=True)
+    keys, dkeys, ds_total = term.keys, term.dkeys, None
+    const = None if term.const_rel is None else _ConstMasks(band, term.const_rel.detach(), b)
     for c0, c1 in band.groups(b, h):
         r0, r1 = c0 * band.block, c1 * band.block
         g, qg, dog = c1 - c0, _queries(band, qp, c0, c1), _queries(band, dop, c0, c1)
@@ -712,7 +805,7 @@ def band_backward(
                 _as_groups(dqp[:, :, r0:r1], g).add_(dq_rel.unflatten(0, (b, g)))
             if dkeys is not None:
                 dkeys[:, t_lo:t_hi] += torch.einsum("nhbt,nhbd->htd", drel, qg)
-        elif const_rel is not None and const_rel.requires_grad:
+        elif term.drel_lin is not None:
             part = torch.nn.functional.pad(ds.sum(0), (a, band.keys - e))
             ds_total = part if ds_total is None else ds_total.add_(part)
         dq_g = torch.matmul(ds, kg).mul_(scale)
@@ -721,23 +814,9 @@ def band_backward(
         _fold_windows(band, dk, dkg, c0, c1, (a, e))
     if dqp is not dq:
         dq += dqp[:, :, :n]
-    if ds_total is not None:  # (h, B, J) → (1, h, 1, D) → (1, h, 1, R)
-        drel_lin = unskew(ds_total, 0, band.width).sum(1, keepdim=True).unsqueeze(0)
-        drel = band.to_rows(drel_lin, num_rel)
-        if far_grads is not None:
-            drel[..., far_rows] += far_grads.sum((0, 2), keepdim=True)
-        push_grad(const_rel, drel, None, None, sink)
-    if keys_g is not None:
-        near, far = keys_g
-        outs, outs_grads = [near], [dkeys]
-        if far is not None and far_grads is not None:
-            if needs_q:
-                dq += torch.matmul(far_grads, far.detach())
-            outs.append(far)
-            outs_grads.append(torch.einsum("bhnr,bhnd->hrd", far_grads, q))
-        if dkeys is not None:  # one pass through relative_keys for both
-            grads_ = [_sum_heads(g, t) for g, t in zip(outs_grads, outs, strict=True)]
-            push_grad(outs, grads_, None, None, sink)
+    if ds_total is not None:  # (h, B, J) → (1, h, 1, D)
+        term.drel_lin += unskew(ds_total, 0, band.width).sum(1, keepdim=True).unsqueeze(0)
+    finish_relative_grads(term, band, q, dq, num_rel, far_rows, far_grads, needs_q, sink)
 
 
 def _sum_heads(grad: Tensor, like: Tensor) -> Tensor:

@@ -32,8 +32,10 @@ no per-pair gradient is needed, and merged by log-sum-exp — the trick of block
   so beyond a band ``-W_L < j - i < W_R`` the logit term is a per-query constant
   ``rel[i, r_far]`` and the value term a constant vector. Keys ``j <= i - W_L`` are one fused call
   on shifted slices (``is_causal=True`` on ``q[W_L:]``, ``k[:L-W_L]``), keys ``j >= i + W_R`` one on
-  flipped slices; the band is :mod:`relpos.attention.band`'s (the fused kernel with the skewed
-  relative term as a float mask forward, recomputed tiles backward). The band needs the logit term
+  flipped slices. The band runs in distance coordinates when it spans at most
+  :data:`~relpos.attention.narrow.NARROW_WIDTH` distances (:mod:`relpos.attention.narrow`: Shaw,
+  T5), else on tiles (:mod:`relpos.attention.band`: the fused kernel with the skewed relative
+  term as a float mask forward, recomputed tiles backward). The band needs the logit term
   as ``q·Eᵀ`` (``relative_keys``: Shaw, Music Transformer) or independent of ``q`` (T5); other
   relative schemes take the general path. The constants' gradients
   follow from the parts' outputs: ``Σ_far dS_ij = w_far,i (dO_i·(O_far,i + a_far) - D_i)``;
@@ -62,6 +64,7 @@ from ..positions import PAD_SEGMENT, Positions
 from ..schemes.base import Scheme
 from .band import Band, band_backward, band_forward, query_independent, supports
 from .grads import GradSink, push_grad
+from .narrow import NARROW_BLOCK, is_narrow, narrow_backward, narrow_forward
 from .sdpa import validate_attention_inputs
 
 __all__ = [
@@ -180,8 +183,10 @@ class _Job:
     #: Region path: ``(W_L, r_L, W_R, r_R)`` (see :func:`_far_widths`).
     far: tuple[int, int, int, int] | None = None
     params: list[Tensor] = field(default_factory=list)
-    #: Region path: the band's geometry.
+    #: Region path: the band's geometry, and whether it runs in distance coordinates
+    #: (:mod:`relpos.attention.narrow`) rather than on tiles (:mod:`relpos.attention.band`).
     band_geom: Band | None = None
+    narrow: bool = False
 
     def __post_init__(self) -> None:
         hooks, s = self.scheme.hooks, self.scheme
@@ -554,7 +559,7 @@ class _RegionAttention(torch.autograd.Function):
         del params
         dtype = compute_dtype(q.dtype)
         qf, kf, vf = (t.to(dtype) for t in (q, k, v))
-        stats = band_forward(
+        stats = (narrow_forward if job.narrow else band_forward)(
             job.scheme,
             job.band_geom,
             qf,
@@ -639,7 +644,7 @@ class _RegionAttention(torch.autograd.Function):
                 far_grads[:, :, rows, side] = w * (
                     (do[:, :, rows] * full).sum(-1) - delta[:, :, rows]
                 )
-        band_backward(
+        (narrow_backward if job.narrow else band_backward)(
             job.scheme,
             job.band_geom,
             qf,
@@ -816,8 +821,13 @@ def chunked_attention(
         w_l, r_l, w_r, r_r = _far_widths(job, n, q.device)
         band = (-w_l, 1 if causal else w_r)
         # A block of B queries computes B + D - 1 keys for D band distances: a narrow band (Shaw,
-        # T5) wastes less with small blocks; a wide one (Music Transformer) runs faster in large.
-        bq = _MIN_BAND_BLOCK if band[1] - band[0] < 512 else _BAND_BLOCK
+        # T5) runs in distance coordinates with small blocks; a wide one (Music Transformer at
+        # M = L/2) on tiles, faster in large blocks.
+        job.narrow = is_narrow(band[1] - band[0] - 1)
+        if job.narrow:
+            bq = NARROW_BLOCK
+        else:
+            bq = _MIN_BAND_BLOCK if band[1] - band[0] < 512 else _BAND_BLOCK
         job.band_geom = Band.build(scheme, n, band[0], band[1], bq, q.device)
         job.far_rows = [r_l, r_r] if job.rel_bias else []
         job.far = (w_l, r_l, w_r, r_r)

@@ -24,15 +24,16 @@ def t5_buckets(
     Args:
         distance: integer ``k_pos - q_pos``, any shape.
         bidirectional: split buckets between the two directions.
-        num_buckets: total number of buckets (even when bidirectional).
+        num_buckets: total number of buckets (even and at least 4 when bidirectional).
         max_distance: distance from which all pairs share the farthest bucket.
 
     Returns:
         int64 tensor of bucket ids in ``[0, num_buckets)``, same shape as ``distance``.
     """
-    if num_buckets < 2 or (bidirectional and num_buckets % 2):
+    if num_buckets < 2 or (bidirectional and (num_buckets % 2 or num_buckets < 4)):
         raise ValueError(
-            f"num_buckets must be >= 2 (and even when bidirectional), got {num_buckets}"
+            "num_buckets must be >= 2 (even and >= 4 when bidirectional: two per direction), "
+            f"got {num_buckets}"
         )
     n = -distance.long()  # > 0 when the key is before the query
     buckets = torch.zeros_like(n)

@@ -47,9 +47,10 @@ class T5Bias(Scheme):
     def __init__(self, config: T5Config | None = None, **dims) -> None:
         super().__init__(config, **dims)
         c = self.config
-        if not self.causal and c.num_buckets % 2:
+        if not self.causal and (c.num_buckets % 2 or c.num_buckets < 4):
             raise ValueError(
-                f"bidirectional T5 bias needs an even num_buckets, got {c.num_buckets}"
+                "bidirectional T5 bias needs an even num_buckets >= 4 (each direction an exact "
+                f"bucket and a log-spaced one), got {c.num_buckets}"
             )
         per_direction = c.num_buckets // (1 if self.causal else 2)
         if c.max_distance <= per_direction // 2:

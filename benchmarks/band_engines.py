@@ -1,0 +1,104 @@
+"""The region path's two band engines against each other: tiles (``relpos.attention.band``) and
+distance coordinates (``relpos.attention.narrow``), per pass, for the bounds in ``narrow.py``.
+
+L=2048, B=1, H=8, head dim 64, float32, two threads, flush-to-zero, heap retained (as
+``relpos bench``). Every configuration of a case is timed in turn within each repeat, beside plain
+SDPA at the same shape, and reported as the median time and its ratio to plain SDPA's median.
+
+    python benchmarks/band_engines.py                  # every case, a markdown table
+    python benchmarks/band_engines.py --cases shaw     # cases whose name starts with "shaw"
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+import relpos
+from relpos.attention import chunked, narrow
+from relpos.bench import _backend, _sdpa_plain, make_setup
+from relpos.denormals import cpu_name, flush_denormals
+from relpos.heap import retain_freed_memory
+
+BIG = 1 << 30
+#: name: (NARROW_WIDTH, NARROW_BLOCK): which engine runs the band, and the distance engine's block.
+ENGINES = {
+    "tiles": (-1, 32),
+    "distance (B=16)": (BIG, 16),
+    "distance (B=32)": (BIG, 32),
+}
+#: (name, scheme spec, causal)
+CASES = [
+    ("shaw k=16 causal", {"name": "shaw"}, True),
+    ("shaw k=16 bidirectional", {"name": "shaw"}, False),
+    ("t5 causal", {"name": "t5"}, True),
+    ("t5 bidirectional", {"name": "t5"}, False),
+    *(
+        (f"music M={m} causal", {"name": "music", "max_distance": m}, True)
+        for m in (128, 256, 512, 1024)
+    ),
+]
+
+
+def measure(spec: dict, causal: bool, backward: bool, repeats: int, n: int) -> dict[str, float]:
+    """Median seconds per engine configuration (and ``plain``) for one case and pass."""
+    s = make_setup(
+        spec["name"], n, 1, causal=causal, heads=8, head_dim=64, device="cpu",
+        dtype=torch.float32, grad=backward,
+    )  # fmt: skip
+    s.scheme = relpos.make_scheme(spec, d_model=512, num_heads=8, causal=causal)
+    s.scheme.requires_grad_(backward)
+    fast = _backend("chunked")
+    saved = (narrow.NARROW_WIDTH, chunked.NARROW_BLOCK)
+
+    def run(name: str) -> float:
+        if name != "plain":
+            narrow.NARROW_WIDTH, chunked.NARROW_BLOCK = ENGINES[name]
+        t0 = time.perf_counter()
+        out = (_sdpa_plain if name == "plain" else fast)(s)
+        if backward:
+            out.sum().backward()
+        return time.perf_counter() - t0
+
+    names = ["plain", *ENGINES]
+    times: dict[str, list[float]] = {name: [] for name in names}
+    try:
+        for name in names:  # warm-up: caches, masks, the allocator
+            run(name), run(name)
+        for _ in range(repeats):
+            for name in names:
+                times[name].append(run(name))
+    finally:
+        narrow.NARROW_WIDTH, chunked.NARROW_BLOCK = saved
+    return {name: statistics.median(ts) for name, ts in times.items()}
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--cases", default="", help="only cases whose name starts with this")
+    p.add_argument("--repeats", type=int, default=9)
+    p.add_argument("--length", type=int, default=2048)
+    args = p.parse_args()
+    flush_denormals(True)  # before the thread pool starts
+    torch.set_num_threads(2)
+    retain_freed_memory()
+    print(f"{cpu_name()}, torch {torch.__version__}, L={args.length}, B=1, {args.repeats} repeats")
+    print("ms (× plain SDPA)\n")
+    print("| case | pass | plain SDPA | " + " | ".join(ENGINES) + " |")
+    print("|---|---|---:|" + "---:|" * len(ENGINES))
+    for name, spec, causal in CASES:
+        if not name.startswith(args.cases):
+            continue
+        for backward in (False, True):
+            t = measure(spec, causal, backward, args.repeats, args.length)
+            cells = [f"{1e3 * t[e]:.1f} ({t[e] / t['plain']:.2f})" for e in ENGINES]
+            pass_ = "fwd+bwd" if backward else "fwd"
+            print(f"| {name} | {pass_} | {1e3 * t['plain']:.1f} | " + " | ".join(cells) + " |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,347 @@
+"""A narrow band of a relative scheme's self-attention, computed in distance coordinates.
+
+Shape legend: ``b`` batch, ``h`` heads, ``i`` queries, ``d`` head dim, ``R`` rows of a relative
+table; ``D`` distances in the band, ``B`` queries in one block, ``J = B + D - 1`` keys of its
+window, ``N`` the blocks of a chunk of (batch, head) rows (one batched GEMM).
+
+:mod:`relpos.attention.band` runs each block's softmax on its whole ``(B, J)`` window tile. For a
+narrow band — Shaw's ``2k + 1`` distances, T5's exact buckets — most of that tile lies outside the
+band (with ``B = 64`` and ``D = 16``, 80 % of it), and the per-group copies of queries, windows
+and outputs cost more than the band's own products. This engine keeps the tile only for the
+GEMMs and does everything else on the ``D`` entries each query has, ``(b, h, i, D)``:
+
+1. The queries of every block of a chunk of rows are a view ``(N, B, d)`` of (a padded copy of)
+   ``q``. The chunk's keys and values are copied into a flat buffer where each (batch, head) row
+   takes ``n_pad`` rows; window ``(r, c)`` starts at buffer row ``r·n_pad + c·B``, so every window
+   of the chunk is one strided view ``(N, J, d)``. A window's keys before position 0 or past
+   ``n`` are the neighbouring row's keys or zero margins — finite, and always masked.
+2. ``tile = q·kᵀ`` per block, ``(N, B, J)``; the logits in distance coordinates are its diagonals
+   ``tile[i, i + t]``, a view with row stride ``J + 1`` (the skew of Huang et al., 2018, read
+   backwards without a copy).
+3. The softmax runs on ``(b, h, i, D)``: ``logits·scale`` plus the relative term (``q·Eᵀ`` over
+   the ``D`` distances, or T5's row broadcast), ``-inf`` for keys outside ``[0, n)`` in the few
+   edge rows. Its probabilities are directly the value term's mass per distance.
+4. The probabilities go back into the zeroed tile through the same diagonal view, and
+   ``tile·v_window`` gives the output.
+
+The backward pass mirrors it: ``dS`` in distance coordinates is the relative term's gradient
+(``dq += dS·E``, ``dE += dSᵀ·q``); ``dq``, ``dk``, ``dv`` come from GEMMs with ``dS`` and ``P``
+back in tile form, the windows' gradients folded into the flat buffer in ``B``-key chunks (windows
+overlap; chunks at one offset do not).
+
+Memory: ``O(rows·n·J)`` per chunk, with rows chosen to keep that under :data:`CHUNK_ELEMENTS`,
+plus the chunk's padded copies of ``q``, ``k``, ``v`` (and ``dO`` and the gradients backward).
+Nothing of size ``(i, j)``.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from ..schemes.base import Scheme
+from .band import Band, RelativeTerm, finish_relative_grads
+from .grads import GradSink
+
+__all__ = [
+    "CHUNK_ELEMENTS",
+    "NARROW_BLOCK",
+    "NARROW_WIDTH",
+    "diagonal_view",
+    "is_narrow",
+    "narrow_backward",
+    "narrow_forward",
+]
+
+#: Bands of at most this many distances take this engine, both passes. The tile engine is faster
+#: from 512 distances on (a Music Transformer at L=2048, forward + backward: 1.54× against 1.90×
+#: plain SDPA at ``M = 256``, 1.97× against 1.86× at ``M = 512``); T5's forward pass (the fused
+#: kernel on tiles) is the same on both (``benchmarks/band_engines.py``; ``docs/performance.md``,
+#: round 7).
+NARROW_WIDTH = 256
+#: Queries per block: a block's GEMM computes ``B + D - 1`` keys for ``D`` useful ones; 32 was
+#: as fast as 16 for Shaw (``D = 16``) and faster for T5 and the Music Transformer (same
+#: benchmark).
+NARROW_BLOCK = 32
+#: Elements of one chunk's ``(N, B, J)`` tile (4 MiB in float32; 2²² and 2²⁴ were no faster).
+CHUNK_ELEMENTS = 1 << 20
+
+
+def is_narrow(width: int) -> bool:
+    """Whether a band of ``width`` distances runs here rather than in the tile engine."""
+    return width <= NARROW_WIDTH
+
+
+def diagonal_view(tile: Tensor, width: int) -> Tensor:
+    """``(.., B, J)`` → the ``(.., B, width)`` view ``out[.., i, t] = tile[.., i, i + t]``.
+
+    Needs ``width <= J - B + 1`` (row ``B - 1`` reaches column ``B - 2 + width``) and a unit last
+    stride.
+    """
+    *lead, rows, keys = tile.shape
+    if tile.stride(-1) != 1 or width > keys - rows + 1:
+        raise ValueError(
+            f"diagonal_view: a (.., {rows}, {keys}) tile with strides {tile.stride()} has no "
+            f"{width} full diagonals"
+        )
+    strides = (*tile.stride()[:-2], tile.stride(-2) + 1, 1)
+    return tile.as_strided((*lead, rows, width), strides, tile.storage_offset())
+
+
+# ------------------------------------------------------------------------------------ layout
+def _rows(x: Tensor, n_pad: int) -> Tensor:
+    """``(b, h, n, d)`` → contiguous ``(b, h, n_pad, d)``, zero rows past ``n`` (``x`` itself when
+    it already is)."""
+    extra = n_pad - x.shape[2]
+    if extra == 0 and x.is_contiguous():
+        return x
+    return F.pad(x, (0, 0, 0, extra)).contiguous()
+
+
+def _flat(band: Band, x: Tensor) -> Tensor:
+    """``(bc, hc, n, d)`` → the flat key buffer ``(left + bc·hc·n_pad + right, d)`` (see the module
+    docstring): row ``r``'s keys at buffer rows ``left + r·n_pad …``, zeros after its ``n``-th and
+    in the margins."""
+    b, h, n, d = x.shape
+    n_pad, left = band.num_blocks * band.block, band.left
+    right = band.keys - band.block - left
+    buf = x.new_empty(left + b * h * n_pad + right, d)
+    buf[:left].zero_()
+    buf[left + b * h * n_pad :].zero_()
+    body = buf[left : left + b * h * n_pad].view(b, h, n_pad, d)
+    body[:, :, :n].copy_(x)
+    body[:, :, n:].zero_()
+    return buf
+
+
+def _windows(band: Band, flat: Tensor) -> Tensor:
+    """The ``(N, J, d)`` windows of every row of a flat buffer, one strided view: window
+    ``(r, c)`` starts at buffer row ``r·n_pad + c·B``."""
+    n_pad, d = band.num_blocks * band.block, flat.shape[-1]
+    rows = (flat.shape[0] - band.keys + band.block) // n_pad
+    shape = (rows * band.num_blocks, band.keys, d)
+    return flat.as_strided(shape, (band.block * d, d, 1), flat.storage_offset())
+
+
+def _fold(band: Band, flat: Tensor, dwin: Tensor, alpha: float = 1.0) -> None:
+    """The adjoint of :func:`_windows`: ``flat += dwin`` window by window. Windows overlap; their
+    ``B``-key chunks at one offset do not, so each offset is one strided add."""
+    d, bl = flat.shape[-1], band.block
+    for o in range(0, band.keys, bl):
+        w = min(bl, band.keys - o)
+        view = flat.as_strided((dwin.shape[0], w, d), (bl * d, d, 1), flat.storage_offset() + o * d)
+        view.add_(dwin[:, o : o + w], alpha=alpha)
+
+
+def _unflat(band: Band, flat: Tensor, like: Tensor) -> Tensor:
+    """The ``like``-shaped ``(bc, hc, n, d)`` keys part of a flat buffer (a view)."""
+    b, h, n, d = like.shape
+    n_pad = band.num_blocks * band.block
+    return flat[band.left : band.left + b * h * n_pad].view(b, h, n_pad, d)[:, :, :n]
+
+
+def _chunks(band: Band, b: int, h: int) -> list[tuple[int, int, int, int]]:
+    """``[(b0, b1, h0, h1)]``: whole batch rows when a row of ``h`` heads fits the budget, else
+    head ranges of one batch row — either way a contiguous range of the flat buffers' rows."""
+    per_row = band.num_blocks * band.block * band.keys
+    rows = max(1, CHUNK_ELEMENTS // per_row)
+    if rows >= h:
+        step = rows // h
+        return [(b0, min(b0 + step, b), 0, h) for b0 in range(0, b, step)]
+    return [(b0, b0 + 1, h0, min(h0 + rows, h)) for b0 in range(b) for h0 in range(0, h, rows)]
+
+
+class _EdgeMasks:
+    """The distance-coordinate pairs whose key lies outside ``[0, n)``: only the first ``left``
+    and the last ``hi - 1`` query rows have any. ``(head rows, head blocked (rows, D), tail start,
+    tail blocked (rows, D))``, cached per geometry (they depend on nothing else)."""
+
+    _cache: dict[tuple, tuple[int, Tensor, int, Tensor]] = {}  # noqa: RUF012 (shared cache)
+    _lock = threading.Lock()
+
+    @classmethod
+    def get(cls, band: Band, device: torch.device) -> tuple[int, Tensor, int, Tensor]:
+        key = (band.n, band.lo, band.hi, str(device))
+        with cls._lock:
+            hit = cls._cache.get(key)
+        if hit is None:
+            with torch.inference_mode(False):  # cached: usable by later calls outside it
+                hit = cls._build(band, device)
+            with cls._lock:
+                if len(cls._cache) > 256:  # geometries of a long-running process: start over
+                    cls._cache.clear()
+                cls._cache[key] = hit
+        return hit
+
+    @staticmethod
+    def _build(band: Band, device: torch.device) -> tuple[int, Tensor, int, Tensor]:
+        n = band.n
+        t = torch.arange(band.width, device=device).view(1, -1)
+        head = min(band.left, n)
+        tail = max(head, n - (band.hi - 1))  # rows after the head rows
+        rows = torch.arange(n, device=device).view(-1, 1)
+        keys = rows + t + band.lo + 1
+        blocked = (keys < 0) | (keys >= n)
+        return head, blocked[:head].clone(), tail, blocked[tail:].clone()
+
+
+def _mask_edges(band: Band, x: Tensor, value: float) -> None:
+    """Fill the pairs of ``x (.., n_pad, D)`` whose key is outside ``[0, n)`` with ``value``."""
+    head, head_blocked, tail, tail_blocked = _EdgeMasks.get(band, x.device)
+    if head:
+        x[..., :head, :].masked_fill_(head_blocked, value)
+    if tail < band.n:
+        x[..., tail : band.n, :].masked_fill_(tail_blocked, value)
+
+
+def _logits(
+    band: Band, tile: Tensor, shape: tuple[int, int], scale: float, term: Tensor | None
+) -> Tensor:
+    """``(bc, hc, n_pad, D)``: the tile's diagonals times ``scale`` plus the relative ``term``
+    (``(bc, hc, n_pad, D)``, overwritten, or ``(1|bc, hc, 1, D)`` broadcast), edges ``-inf``."""
+    bc, hc = shape
+    nb, bl, dd = band.num_blocks, band.block, band.width
+    diag = diagonal_view(tile, dd).view(bc, hc, nb, bl, dd)
+    if term is None:
+        s = torch.mul(diag, scale)
+    elif term.shape[-2] == 1:  # T5: one row per head, every query
+        s = torch.add(term.unsqueeze(2), diag, alpha=scale)
+    else:  # q·Eᵀ: written in place
+        s = term.view(bc, hc, nb, bl, dd).add_(diag, alpha=scale)
+    s = s.view(bc, hc, nb * bl, dd)
+    _mask_edges(band, s, -math.inf)
+    return s
+
+
+def _tile_from(tile: Tensor, lin: Tensor, band: Band) -> Tensor:
+    """Write ``lin (bc, hc, n_pad, D)`` into ``tile (N, B, J)`` along its diagonals, zero
+    elsewhere; returns ``tile``."""
+    tile.zero_()
+    nb, bl, dd = band.num_blocks, band.block, band.width
+    diagonal_view(tile, dd).copy_(lin.reshape(-1, nb, bl, dd).flatten(0, 1))
+    return tile
+
+
+def _exp(s: Tensor, band: Band) -> Tensor:
+    """``exp(s)`` in place for ``s <= 0``: flushed at -87 (CPU ``exp`` is slow on very negative
+    inputs), then exactly 0 at the masked edge pairs."""
+    p = s.clamp_min_(-87.0).exp_()
+    _mask_edges(band, p, 0.0)
+    return p
+
+
+# ------------------------------------------------------------------------------------ forward
+def narrow_forward(
+    scheme: Scheme,
+    band: Band,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    scale: float,
+    has_bias: bool,
+    has_value: bool,
+    num_rel: int,
+    far_rows: list[int],
+) -> dict[str, Tensor]:
+    """Attention restricted to the band, in distance coordinates; the same contract as
+    :func:`~relpos.attention.band.band_forward`.
+
+    Returns ``lse (b, h, i)``, ``out (b, h, i, d)`` (normalised over the band), with a value term
+    ``mass (b, h, i, R)``, and for ``far_rows`` ``cols (1|b, h, i, len(far_rows))``.
+    """
+    b, h, n, d = q.shape
+    n_pad, bl = band.num_blocks * band.block, band.block
+    setup = RelativeTerm(scheme, band, q, has_bias=has_bias, far_rows=far_rows, grads=False)
+    lse = q.new_empty(b, h, n_pad)
+    out = q.new_empty(b, h, n_pad, d)
+    mass = q.new_zeros(b, h, n_pad, num_rel) if has_value else None
+    for b0, b1, h0, h1 in _chunks(band, b, h):
+        rows = (slice(b0, b1), slice(h0, h1))  # contiguous in every (b, h, ..) tensor
+        qc = _rows(q[rows], n_pad)
+        tile = torch.bmm(qc.view(-1, bl, d), _windows(band, _flat(band, k[rows])).transpose(1, 2))
+        s = _logits(band, tile, (b1 - b0, h1 - h0), scale, setup.term(qc, b0, b1, h0, h1))
+        m = s.amax(-1, keepdim=True)  # finite: a real query's own key is in the band
+        p = _exp(s.sub_(m), band)
+        norm = p.sum(-1, keepdim=True)
+        p.div_(norm)
+        lse[rows] = m.add_(norm.log_()).squeeze(-1)
+        ptile = _tile_from(tile, p, band)
+        vw = _windows(band, _flat(band, v[rows]))
+        torch.bmm(ptile, vw, out=out[rows].view(-1, bl, d))
+        if mass is not None:
+            band.add_rows(mass[rows], p, 0, band.width)
+    result = {"lse": lse[:, :, :n], "out": out[:, :, :n]}
+    if mass is not None:
+        result["mass"] = mass[:, :, :n]
+    if setup.cols is not None:
+        result["cols"] = setup.cols
+    return result
+
+
+# ------------------------------------------------------------------------------------ backward
+def narrow_backward(
+    scheme: Scheme,
+    band: Band,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    do: Tensor,
+    lse: Tensor,
+    delta: Tensor,
+    *,
+    scale: float,
+    has_bias: bool,
+    num_rel: int,
+    dmass: Tensor | None,
+    far_rows: list[int],
+    far_grads: Tensor | None,
+    needs_q: bool,
+    sink: GradSink,
+    grads: tuple[Tensor, Tensor, Tensor],
+) -> None:
+    """Gradients of the band, recomputed in distance coordinates from the final ``lse``; the same
+    contract as :func:`~relpos.attention.band.band_backward` (adds into ``grads = (dq, dk, dv)``,
+    parameter gradients into ``sink``)."""
+    dq, dk, dv = grads
+    b, h, n, d = q.shape
+    n_pad, bl, dd = band.num_blocks * band.block, band.block, band.width
+    setup = RelativeTerm(scheme, band, q, has_bias=has_bias, far_rows=far_rows, grads=True)
+    lse_p = F.pad(lse, (0, n_pad - n), value=math.inf).unsqueeze(-1)
+    delta_p = F.pad(delta, (0, n_pad - n)).unsqueeze(-1)
+    dmass_lin = None if dmass is None else band.to_distance(dmass)  # (b, h, n, D)
+    dq_direct = n_pad == n and dq.is_contiguous()  # whole blocks: add into dq in place
+    for b0, b1, h0, h1 in _chunks(band, b, h):
+        rows = (slice(b0, b1), slice(h0, h1))  # contiguous in every (b, h, ..) tensor
+        qc, doc = _rows(q[rows], n_pad), _rows(do[rows], n_pad)
+        qb, dob = qc.view(-1, bl, d), doc.view(-1, bl, d)
+        kf, vf = _flat(band, k[rows]), _flat(band, v[rows])
+        kw, vw = _windows(band, kf), _windows(band, vf)
+        tile = torch.bmm(qb, kw.transpose(1, 2))
+        s = _logits(band, tile, (b1 - b0, h1 - h0), scale, setup.term(qc, b0, b1, h0, h1))
+        # Padding rows (lse = +inf) get exp(-87), not 0; their dO and D are 0, so they add nothing.
+        p = _exp(s.sub_(lse_p[rows]), band)
+        dp_tile = torch.bmm(dob, vw.transpose(1, 2))
+        blocks = (b1 - b0, h1 - h0, band.num_blocks, bl)
+        dp = diagonal_view(dp_tile, dd).view(*blocks, dd)
+        ds = torch.sub(dp, delta_p[rows].view(*blocks, 1)).flatten(2, 3)  # (.., n_pad, D)
+        if dmass_lin is not None:
+            ds[:, :, :n] += dmass_lin[rows]
+        ds.mul_(p)  # dS = P ⊙ (dP - D)
+        dvf = torch.zeros_like(vf)
+        _fold(band, dvf, torch.bmm(_tile_from(tile, p, band).transpose(1, 2), dob))
+        dv[rows] += _unflat(band, dvf, v[rows])
+        ds_tile = _tile_from(dp_tile, ds, band)
+        dqc = dq[rows] if dq_direct else q.new_zeros(b1 - b0, h1 - h0, n_pad, d)
+        dqc.view(-1, bl, d).baddbmm_(ds_tile, kw, alpha=scale)
+        setup.add_grads(ds, qc, dqc, h0, h1, needs_q)
+        if not dq_direct:
+            dq[rows] += dqc[:, :, :n]
+        dkf = torch.zeros_like(kf)
+        _fold(band, dkf, torch.bmm(ds_tile.transpose(1, 2), qb), alpha=scale)
+        dk[rows] += _unflat(band, dkf, k[rows])
+    finish_relative_grads(setup, band, q, dq, num_rel, far_rows, far_grads, needs_q, sink)
