@@ -1,12 +1,14 @@
 """The region path's two band engines against each other: tiles (``relpos.attention.band``) and
 distance coordinates (``relpos.attention.narrow``), per pass, for the bounds in ``narrow.py``.
 
-L=2048, B=1, H=8, head dim 64, float32, two threads, flush-to-zero, heap retained (as
-``relpos bench``). Every configuration of a case is timed in turn within each repeat, beside plain
-SDPA at the same shape, and reported as the median time and its ratio to plain SDPA's median.
+L=2048, B=1 (or ``--length``, ``--batch``), H=8, head dim 64, float32, two threads,
+flush-to-zero, heap retained (as ``relpos bench``). Every configuration of a case is timed in turn
+within each repeat, beside plain SDPA at the same shape, and reported as the median time and its
+ratio to plain SDPA's median.
 
     python benchmarks/band_engines.py                  # every case, a markdown table
     python benchmarks/band_engines.py --cases shaw     # cases whose name starts with "shaw"
+    python benchmarks/band_engines.py --length 1024 --batch 4
 """
 
 from __future__ import annotations
@@ -24,11 +26,12 @@ from relpos.denormals import cpu_name, flush_denormals
 from relpos.heap import retain_freed_memory
 
 BIG = 1 << 30
-#: name: (NARROW_WIDTH, NARROW_BLOCK): which engine runs the band, and the distance engine's block.
+#: name: (NARROW_WIDTH, NARROW_RATIO, NARROW_BLOCK): which engine runs the band (forced: no
+#: bound on the ratio of length to band), and the distance engine's block.
 ENGINES = {
-    "tiles": (-1, 32),
-    "distance (B=16)": (BIG, 16),
-    "distance (B=32)": (BIG, 32),
+    "tiles": (-1, 0, 32),
+    "distance (B=16)": (BIG, 0, 16),
+    "distance (B=32)": (BIG, 0, 32),
 }
 #: (name, scheme spec, causal)
 CASES = [
@@ -43,20 +46,22 @@ CASES = [
 ]
 
 
-def measure(spec: dict, causal: bool, backward: bool, repeats: int, n: int) -> dict[str, float]:
+def measure(
+    spec: dict, causal: bool, backward: bool, repeats: int, n: int, batch: int
+) -> dict[str, float]:
     """Median seconds per engine configuration (and ``plain``) for one case and pass."""
     s = make_setup(
-        spec["name"], n, 1, causal=causal, heads=8, head_dim=64, device="cpu",
+        spec["name"], n, batch, causal=causal, heads=8, head_dim=64, device="cpu",
         dtype=torch.float32, grad=backward,
     )  # fmt: skip
     s.scheme = relpos.make_scheme(spec, d_model=512, num_heads=8, causal=causal)
     s.scheme.requires_grad_(backward)
     fast = _backend("chunked")
-    saved = (narrow.NARROW_WIDTH, chunked.NARROW_BLOCK)
+    saved = (narrow.NARROW_WIDTH, narrow.NARROW_RATIO, chunked.NARROW_BLOCK)
 
     def run(name: str) -> float:
         if name != "plain":
-            narrow.NARROW_WIDTH, chunked.NARROW_BLOCK = ENGINES[name]
+            narrow.NARROW_WIDTH, narrow.NARROW_RATIO, chunked.NARROW_BLOCK = ENGINES[name]
         t0 = time.perf_counter()
         out = (_sdpa_plain if name == "plain" else fast)(s)
         if backward:
@@ -72,7 +77,7 @@ def measure(spec: dict, causal: bool, backward: bool, repeats: int, n: int) -> d
             for name in names:
                 times[name].append(run(name))
     finally:
-        narrow.NARROW_WIDTH, chunked.NARROW_BLOCK = saved
+        narrow.NARROW_WIDTH, narrow.NARROW_RATIO, chunked.NARROW_BLOCK = saved
     return {name: statistics.median(ts) for name, ts in times.items()}
 
 
@@ -81,11 +86,15 @@ def main() -> int:
     p.add_argument("--cases", default="", help="only cases whose name starts with this")
     p.add_argument("--repeats", type=int, default=9)
     p.add_argument("--length", type=int, default=2048)
+    p.add_argument("--batch", type=int, default=1)
     args = p.parse_args()
     flush_denormals(True)  # before the thread pool starts
     torch.set_num_threads(2)
     retain_freed_memory()
-    print(f"{cpu_name()}, torch {torch.__version__}, L={args.length}, B=1, {args.repeats} repeats")
+    print(
+        f"{cpu_name()}, torch {torch.__version__}, L={args.length}, B={args.batch}, "
+        f"{args.repeats} repeats"
+    )
     print("ms (× plain SDPA)\n")
     print("| case | pass | plain SDPA | " + " | ".join(ENGINES) + " |")
     print("|---|---|---:|" + "---:|" * len(ENGINES))
@@ -93,7 +102,7 @@ def main() -> int:
         if not name.startswith(args.cases):
             continue
         for backward in (False, True):
-            t = measure(spec, causal, backward, args.repeats, args.length)
+            t = measure(spec, causal, backward, args.repeats, args.length, args.batch)
             cells = [f"{1e3 * t[e]:.1f} ({t[e] / t['plain']:.2f})" for e in ENGINES]
             pass_ = "fwd+bwd" if backward else "fwd"
             print(f"| {name} | {pass_} | {1e3 * t['plain']:.1f} | " + " | ".join(cells) + " |")

@@ -98,6 +98,7 @@ BAND_SPECS = [
 def use_engine(monkeypatch, engine: str) -> None:
     """Route every band to one engine: ``tiles`` (band.py) or ``distance`` (narrow.py)."""
     monkeypatch.setattr(narrow_mod, "NARROW_WIDTH", -1 if engine == "tiles" else 1 << 30)
+    monkeypatch.setattr(narrow_mod, "NARROW_RATIO", 0)
 
 
 @pytest.mark.parametrize("engine", ["tiles", "distance"])

@@ -77,10 +77,12 @@ def test_chunks_cover_every_row_once_in_contiguous_ranges(budget, b, h, monkeypa
     assert len(seen) == len(set(seen))
 
 
-def test_default_bound_sends_shaw_and_t5_here_and_a_wide_music_band_to_tiles():
-    assert narrow_mod.is_narrow(16)  # Shaw k=16, causal
-    assert narrow_mod.is_narrow(181)  # T5's default band, bidirectional
-    assert not narrow_mod.is_narrow(1024)  # Music Transformer, M=1024
+def test_default_bounds_send_shaw_and_t5_here_and_wide_or_long_bands_to_tiles():
+    assert narrow_mod.is_narrow(16, 2048)  # Shaw k=16, causal
+    assert narrow_mod.is_narrow(181, 2048)  # T5's default band, bidirectional
+    assert narrow_mod.is_narrow(256, 1024)  # a Music Transformer at M = 256
+    assert not narrow_mod.is_narrow(256, 512)  # … over a sequence only twice as long
+    assert not narrow_mod.is_narrow(1024, 2048)  # Music Transformer, M=1024
 
 
 SPECS = st.one_of(
@@ -98,9 +100,10 @@ SPECS = st.one_of(
         st.booleans(),
     ),
     st.builds(
-        lambda nb, md: {"name": "t5", "num_buckets": nb, "max_distance": md},
+        # max_distance must exceed the exact buckets (num_buckets / 2 when causal).
+        lambda nb, extra: {"name": "t5", "num_buckets": nb, "max_distance": nb + extra},
         st.sampled_from([4, 6, 8]),
-        st.integers(4, 20),
+        st.integers(0, 12),
     ),
     st.builds(lambda m: {"name": "music", "max_distance": m}, st.integers(0, 12)),
 )
@@ -132,6 +135,7 @@ def test_distance_engine_matches_eager(spec, causal, n, b, h, budget, block, see
     mp = pytest.MonkeyPatch()
     try:
         mp.setattr(narrow_mod, "NARROW_WIDTH", 1 << 30)
+        mp.setattr(narrow_mod, "NARROW_RATIO", 0)
         mp.setattr(narrow_mod, "CHUNK_ELEMENTS", budget)
         mp.setattr("relpos.attention.chunked.NARROW_BLOCK", block)
         results = []

@@ -32,9 +32,9 @@ no per-pair gradient is needed, and merged by log-sum-exp — the trick of block
   so beyond a band ``-W_L < j - i < W_R`` the logit term is a per-query constant
   ``rel[i, r_far]`` and the value term a constant vector. Keys ``j <= i - W_L`` are one fused call
   on shifted slices (``is_causal=True`` on ``q[W_L:]``, ``k[:L-W_L]``), keys ``j >= i + W_R`` one on
-  flipped slices. The band runs in distance coordinates when it spans at most
-  :data:`~relpos.attention.narrow.NARROW_WIDTH` distances (:mod:`relpos.attention.narrow`: Shaw,
-  T5), else on tiles (:mod:`relpos.attention.band`: the fused kernel with the skewed relative
+  flipped slices. The band runs in distance coordinates when it is narrow
+  (:func:`~relpos.attention.narrow.is_narrow`; :mod:`relpos.attention.narrow`: Shaw, T5), else
+  on tiles (:mod:`relpos.attention.band`: the fused kernel with the skewed relative
   term as a float mask forward, recomputed tiles backward). The band needs the logit term
   as ``q·Eᵀ`` (``relative_keys``: Shaw, Music Transformer) or independent of ``q`` (T5); other
   relative schemes take the general path. The constants' gradients
@@ -823,7 +823,7 @@ def chunked_attention(
         # A block of B queries computes B + D - 1 keys for D band distances: a narrow band (Shaw,
         # T5) runs in distance coordinates with small blocks; a wide one (Music Transformer at
         # M = L/2) on tiles, faster in large blocks.
-        job.narrow = is_narrow(band[1] - band[0] - 1)
+        job.narrow = is_narrow(band[1] - band[0] - 1, n)
         if job.narrow:
             bq = NARROW_BLOCK
         else:

@@ -50,6 +50,7 @@ from .grads import GradSink
 __all__ = [
     "CHUNK_ELEMENTS",
     "NARROW_BLOCK",
+    "NARROW_RATIO",
     "NARROW_WIDTH",
     "diagonal_view",
     "is_narrow",
@@ -63,6 +64,11 @@ __all__ = [
 #: kernel on tiles) is the same on both (``benchmarks/band_engines.py``; ``docs/performance.md``,
 #: round 7).
 NARROW_WIDTH = 256
+#: ... and the sequence at least this many times longer than the band: in a shorter one, the
+#: first blocks' windows reach far before position 0, work the tile engine trims (a Music
+#: Transformer with ``M = 256``, B=4, forward: 2.12× against 1.87× plain SDPA at L=512, 1.79×
+#: against 1.80× at L=1024; the same benchmark).
+NARROW_RATIO = 4
 #: Queries per block: a block's GEMM computes ``B + D - 1`` keys for ``D`` useful ones; 32 was
 #: as fast as 16 for Shaw (``D = 16``) and faster for T5 and the Music Transformer (same
 #: benchmark).
@@ -71,9 +77,10 @@ NARROW_BLOCK = 32
 CHUNK_ELEMENTS = 1 << 20
 
 
-def is_narrow(width: int) -> bool:
-    """Whether a band of ``width`` distances runs here rather than in the tile engine."""
-    return width <= NARROW_WIDTH
+def is_narrow(width: int, n: int) -> bool:
+    """Whether a band of ``width`` distances over ``n`` tokens runs here rather than in the tile
+    engine (:data:`NARROW_WIDTH`, :data:`NARROW_RATIO`)."""
+    return width <= NARROW_WIDTH and NARROW_RATIO * width <= n
 
 
 def diagonal_view(tile: Tensor, width: int) -> Tensor:
