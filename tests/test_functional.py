@@ -123,6 +123,67 @@ def test_partial_rope_leaves_the_rest_alone():
     assert torch.equal(y[..., 4:], x[..., 4:]) and not torch.allclose(y[..., :4], x[..., :4])
 
 
+def rope_loop(x: torch.Tensor, angles: torch.Tensor, interleaved: bool) -> torch.Tensor:
+    """The rotation pair by pair, straight from the paper's 2×2 blocks."""
+    out = x.clone()
+    half = angles.shape[-1]
+    for t in range(half):
+        a, b = (2 * t, 2 * t + 1) if interleaved else (t, t + half)
+        c, s = angles[..., t].cos().unsqueeze(1), angles[..., t].sin().unsqueeze(1)
+        out[..., a] = x[..., a] * c - x[..., b] * s
+        out[..., b] = x[..., a] * s + x[..., b] * c
+    return out
+
+
+@given(
+    d=st.sampled_from([4, 6, 8]),
+    rotary_pairs=st.integers(1, 3),
+    interleaved=st.booleans(),
+    batch_angles=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+def test_rope_and_its_closed_form_gradient_match_a_loop(
+    d, rotary_pairs, interleaved, batch_angles, seed
+):
+    """apply_rope's closed-form backward (rotation by the opposite angles) against autograd
+    through the pair-by-pair loop: outputs, gradients, and gradients of gradients."""
+    torch.manual_seed(seed)
+    half = min(rotary_pairs, d // 2)
+    x = torch.randn(2, 3, 5, d, dtype=torch.float64, requires_grad=True)
+    pos = torch.randint(0, 50, (2 if batch_angles else 1, 5))
+    angles = rope_angles(pos, rope_frequencies(2 * half).double())
+    grad = torch.randn_like(x)
+    got = apply_rope(x, angles, interleaved=interleaved)
+    want = rope_loop(x, angles, interleaved)
+    torch.testing.assert_close(got, want)
+    (g_got,) = torch.autograd.grad(got, x, grad, create_graph=True)
+    (g_want,) = torch.autograd.grad(want, x, grad, create_graph=True)
+    torch.testing.assert_close(g_got, g_want)
+    assert torch.autograd.gradcheck(lambda t: apply_rope(t, angles, interleaved=interleaved), (x,))
+    assert torch.autograd.gradgradcheck(
+        lambda t: apply_rope(t, angles, interleaved=interleaved), (x,)
+    )
+
+
+def test_rope_gradient_reaches_angles_that_require_it():
+    """Learned angles take the differentiable path: the gradient reaches them."""
+    x = torch.randn(1, 2, 4, 6, dtype=torch.float64)
+    angles = torch.randn(1, 4, 3, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda a: apply_rope(x, a, interleaved=True), (angles,))
+    torch.testing.assert_close(
+        apply_rope(x, angles, interleaved=True), rope_loop(x, angles.detach(), True)
+    )
+
+
+def test_rope_in_bfloat16_rotates_in_float32():
+    x = torch.randn(1, 2, 7, 8)
+    angles = rope_angles(torch.arange(7)[None] * 1000, rope_frequencies(8))
+    got = apply_rope(x.bfloat16(), angles)
+    assert got.dtype == torch.bfloat16
+    want = rope_loop(x.bfloat16().float(), angles, False).bfloat16()
+    torch.testing.assert_close(got, want, atol=0, rtol=0)
+
+
 def test_sinusoid_layouts():
     t = sinusoidal_table(torch.tensor([0, 3]), 6)
     assert t[0].tolist() == [0.0, 1.0, 0.0, 1.0, 0.0, 1.0]

@@ -36,18 +36,59 @@ def apply_rope(x: Tensor, angles: Tensor, *, interleaved: bool = False) -> Tenso
         dtype (the rotation itself runs in at least float32).
     """
     half = angles.shape[-1]
-    r = 2 * half
-    if r > x.shape[-1]:
-        raise ValueError(f"rotary dim {r} exceeds the head dim {x.shape[-1]}")
-    cos = angles.cos().unsqueeze(1)  # (b, 1, n, r/2)
+    if 2 * half > x.shape[-1]:
+        raise ValueError(f"rotary dim {2 * half} exceeds the head dim {x.shape[-1]}")
+    cos = angles.cos().unsqueeze(1)  # (b|1, 1, n, r/2)
     sin = angles.sin().unsqueeze(1)
-    rot = x[..., :r].to(compute_dtype(x.dtype))
+    if angles.requires_grad:  # learned angles: let autograd differentiate the products
+        return _rope_autograd(x, cos, sin, interleaved)
+    return _Rope.apply(x, cos, sin, interleaved)
+
+
+def _pairs(t: Tensor, half: int, interleaved: bool) -> tuple[Tensor, Tensor]:
+    """The two halves of every rotated pair, as views."""
     if interleaved:
-        x1, x2 = rot[..., 0::2], rot[..., 1::2]
-    else:
-        x1, x2 = rot[..., :half], rot[..., half:]
-    # y1 = x1·cos - x2·sin, y2 = x1·sin + x2·cos: a product and a fused multiply-add each, in
-    # place on the product (its backward needs only the inputs), so few passes over q and k.
+        return t[..., 0 : 2 * half : 2], t[..., 1 : 2 * half : 2]
+    return t[..., :half], t[..., half : 2 * half]
+
+
+def _rotate(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool) -> Tensor:
+    """``y1 = x1·cos - x2·sin``, ``y2 = x1·sin + x2·cos`` written straight into the output (a
+    product and a fused multiply-add per half: four passes, no concatenation), in at least
+    float32, returned in ``x``'s dtype."""
+    half = cos.shape[-1]
+    out = torch.empty(x.shape, dtype=compute_dtype(x.dtype), device=x.device)
+    (x1, x2), (y1, y2) = _pairs(x, half, interleaved), _pairs(out, half, interleaved)
+    torch.mul(x1, cos, out=y1).addcmul_(x2, sin, value=-1.0)
+    torch.mul(x1, sin, out=y2).addcmul_(x2, cos)
+    if 2 * half < x.shape[-1]:
+        out[..., 2 * half :] = x[..., 2 * half :]
+    return out.to(x.dtype)
+
+
+class _Rope(torch.autograd.Function):
+    """The rotation with its gradient in closed form: a rotation's transpose is the rotation by
+    the opposite angles (``sin → -sin``), four passes again instead of autograd's eight. The
+    backward pass calls this same function, so it is differentiable in turn."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool) -> Tensor:
+        ctx.save_for_backward(cos, sin)
+        ctx.interleaved = interleaved
+        return _rotate(x, cos, sin, interleaved)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        cos, sin = ctx.saved_tensors
+        return _Rope.apply(grad, cos, -sin, ctx.interleaved), None, None, None
+
+
+def _rope_autograd(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool) -> Tensor:
+    """The rotation in differentiable ops (gradients reach the angles too)."""
+    half = cos.shape[-1]
+    r = 2 * half
+    rot = x[..., :r].to(compute_dtype(x.dtype))
+    x1, x2 = _pairs(rot, half, interleaved)
     y1 = (x1 * cos).addcmul_(x2, sin, value=-1.0)
     y2 = (x1 * sin).addcmul_(x2, cos)
     out = torch.stack([y1, y2], dim=-1).flatten(-2) if interleaved else torch.cat([y1, y2], -1)
