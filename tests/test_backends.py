@@ -440,11 +440,41 @@ def test_auto_table(name, layout, needs_grad, expected):
 @pytest.mark.parametrize("name", ["alibi", "t5", "music", "rope"])
 def test_auto_takes_sdpa_for_short_sequences(name):
     scheme = relpos.make_scheme(name, d_model=8, num_heads=2, causal=True)
-    pos = Positions.from_length(256)
-    q = torch.zeros(1, 2, 256, 4)
+    pos = Positions.from_length(128)
+    q = torch.zeros(1, 2, 128, 4)
     assert choose_backend(scheme, q, pos, pos, needs_grad=True) == "sdpa"
     shaw = relpos.make_scheme("shaw", d_model=8, num_heads=2, causal=True)
     assert choose_backend(shaw, q, pos, pos, needs_grad=True) == "chunked"  # value term
+
+
+@pytest.mark.parametrize(
+    ("name", "needs_grad", "frozen", "dropout", "expected"),
+    [
+        ("t5", True, False, 0.0, "chunked"),  # a learned table: sdpa's math kernel is slower
+        ("t5", False, False, 0.0, "sdpa"),  # inference, one (1, h, i, j) mask: sdpa
+        ("t5", True, True, 0.0, "sdpa"),  # a frozen table: sdpa's fused kernel takes the mask
+        ("music", False, False, 0.0, "chunked"),  # q·Eᵀ: sdpa would build (b, h, i, j)
+        ("music", True, False, 0.0, "chunked"),
+        ("music", True, False, 0.1, "sdpa"),  # dropout in training: no region path
+        ("alibi", True, False, 0.0, "sdpa"),  # not a region scheme: 512² still holds
+        ("rope", True, False, 0.0, "sdpa"),
+    ],
+)
+def test_auto_takes_the_region_path_from_medium_lengths(
+    name, needs_grad, frozen, dropout, expected
+):
+    """Between SMALL_RELATIVE and SMALL (here 256 tokens) the region path wins where sdpa would
+    differentiate its mask with the math kernel or build a per-batch bias."""
+    n = 256
+    assert backends_mod.SMALL_RELATIVE < n * n <= backends_mod.SMALL
+    scheme = relpos.make_scheme(name, d_model=8, num_heads=2, causal=True)
+    scheme.requires_grad_(not frozen)
+    pos = Positions.from_length(n)
+    q = torch.zeros(2, 2, n, 4)
+    got = choose_backend(
+        scheme, q, pos, pos, needs_grad=needs_grad, dropout_p=dropout, training=True
+    )
+    assert got == expected
 
 
 def test_auto_runs_the_chosen_backend(monkeypatch):

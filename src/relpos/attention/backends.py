@@ -31,9 +31,14 @@ T5, Shaw keys, Music Transformer   ``chunked`` (band + flash)   ``chunked`` with
 Shaw with a value term             ``chunked``                  ``chunked``
 =================================  ===========================  ==================================
 
-Short sequences (``i·j <= 512²``) take ``sdpa`` whenever it supports the scheme: the ``(i, j)``
-tensors are small and its fused kernels beat ``chunked``'s per-tile overhead. Plain positions:
-self-attention over one contiguous sequence per row (``Positions.from_length``).
+Short sequences (``i·j <= 512²``, :data:`SMALL`) take ``sdpa`` whenever it supports the scheme:
+the ``(i, j)`` tensors are small and its fused kernels beat ``chunked``'s per-tile overhead. The
+region path (a relative term over plain positions on CPU, no dropout) overtakes ``sdpa`` sooner,
+from ``i·j > 128·256`` (:data:`SMALL_RELATIVE`), when the term's table needs a gradient (``sdpa``
+then differentiates its float mask with the math kernel) or when the term depends on the query
+(the Music Transformer, Shaw's keys: ``sdpa`` builds a ``(b, h, i, j)`` bias); T5 in inference
+keeps ``sdpa`` up to 512². Plain positions: self-attention over one contiguous sequence per row
+(``Positions.from_length``).
 On a device other than CPU, ``chunked`` has no fused parts, so ``auto`` takes ``sdpa`` whenever it
 supports the scheme (PyTorch's CUDA kernels differentiate a float mask) and ``chunked`` otherwise.
 ``auto`` never picks ``flex``: its first call per shape compiles (seconds), so it is opt-in.
@@ -48,17 +53,23 @@ from torch import Tensor
 
 from ..positions import Positions
 from ..schemes.base import Scheme
+from .band import query_independent
 from .chunked import chunked_attention, chunked_path
 from .eager import eager_attention
 from .flex import flex_attention_backend, flex_available
 from .sdpa import sdpa_attention, sdpa_supports, validate_attention_inputs
 
-__all__ = ["BACKENDS", "SMALL", "auto_attention", "choose_backend", "get_backend"]
+__all__ = ["BACKENDS", "SMALL", "SMALL_RELATIVE", "auto_attention", "choose_backend", "get_backend"]
 
 BackendFn = Callable[..., Tensor]
 
 #: ``i·j`` up to which ``auto`` takes ``sdpa`` for every scheme it supports (512 × 512 tokens).
 SMALL = 512 * 512
+#: The same bound where the region path runs a learned relative term with gradients, or a
+#: query-dependent one: at L=256, B=16 it was already faster than ``sdpa`` (forward+backward: T5
+#: 71 against 87 ms, Music Transformer 92 against 135 ms), at L=128 level with it or slower
+#: (``docs/performance.md``, round 7).
+SMALL_RELATIVE = 128 * 256
 
 
 def choose_backend(
@@ -76,10 +87,19 @@ def choose_backend(
     Args:
         needs_grad: whether a backward pass will follow (gradients of q, k, v or the scheme).
     """
-    del dropout_p, training  # sdpa and chunked both support dropout
     if not sdpa_supports(scheme):
         return "chunked"
-    if len(q_positions) * len(k_positions) <= SMALL:
+    size = len(q_positions) * len(k_positions)
+    learned_grad = needs_grad and any(p.requires_grad for p in scheme.parameters())
+    if SMALL_RELATIVE < size <= SMALL:
+        # The path chunked would take for this very call (dropout in training rules out the
+        # region path, and then sdpa wins at this size).
+        path = chunked_path(
+            scheme, q, q_positions, k_positions, dropout_p=dropout_p, training=training
+        )
+        if path == "region" and (learned_grad or not query_independent(scheme, q)):
+            return "chunked"  # sdpa: the math kernel, or a (b, h, i, j) bias per call
+    if size <= SMALL:
         return "sdpa"  # short: (i, j) tensors are small and the fused kernels' overhead wins
     path = chunked_path(scheme, q, q_positions, k_positions)
     if path == "fused":  # no bias, plain positions: the stock kernel with no mask
@@ -88,9 +108,7 @@ def choose_backend(
         return "chunked"
     if q.device.type != "cpu":
         return "sdpa"
-    has_bias = "score_bias" in scheme.hooks
-    learned = any(p.requires_grad for p in scheme.parameters())
-    if has_bias and learned and needs_grad:
+    if "score_bias" in scheme.hooks and learned_grad:
         return "chunked"  # sdpa would differentiate the mask with the math kernel
     return "sdpa"
 
