@@ -45,7 +45,7 @@ def test_windows_hold_each_blocks_keys_and_fold_is_their_adjoint(n, lo, hi, bloc
     band = _band(n, lo, hi, block)
     b, h, d = 2, 3, 2
     x = torch.randn(b, h, n, d, dtype=torch.float64)
-    flat = narrow_mod._flat(band, x)
+    flat = narrow_mod._flat(band, x, "test")
     rows = b * h
     win = narrow_mod._windows(band, flat)  # (rows·nb, J, d)
     assert win.shape == (rows * band.num_blocks, band.keys, d)
@@ -170,3 +170,46 @@ def test_a_row_never_reads_its_neighbours_keys(causal, loud, monkeypatch):
         grads = torch.autograd.grad(out[:, quiet], [q, k], grad_out[:, quiet])
         results.append((out[:, quiet], tuple(g[:, quiet] for g in grads)))
     assert_same(results, atol=0, rtol=0)
+
+
+def _shaw_call(seed: int):
+    """Outputs and gradients of one chunked call and of eager (Shaw with values, n=200)."""
+    torch.manual_seed(seed)
+    scheme = relpos.make_scheme(
+        {"name": "shaw", "max_distance": 6, "per_head": True}, d_model=8, num_heads=2, causal=False
+    ).double()
+    pos = Positions.from_length(200)
+    q, k, v = (torch.randn(2, 2, 200, 4, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    grad_out = torch.randn(2, 2, 200, 4, dtype=torch.float64)
+    results = []
+    for fn in (eager_attention, chunked_attention):
+        out = fn(q, k, v, scheme, pos, pos, causal=False)
+        results.append((out, torch.autograd.grad(out, [q, k, v, *scheme.parameters()], grad_out)))
+    return results
+
+
+def test_scratch_buffers_are_reused_and_nothing_returned_lives_in_them():
+    narrow_mod._SCRATCH.bufs.clear()  # this thread's
+    first = _shaw_call(0)
+    assert_same(first, atol=1e-9, rtol=1e-9)
+    kept = {name: buf.data_ptr() for name, buf in narrow_mod._SCRATCH.bufs.items()}
+    assert {"tile", "s", "dp_tile", "ds", "dwin"} <= {name for name, *_ in kept}
+    second = _shaw_call(1)  # other inputs through the same buffers: no stale state
+    assert_same(second, atol=1e-9, rtol=1e-9)
+    assert {name: buf.data_ptr() for name, buf in narrow_mod._SCRATCH.bufs.items()} == kept
+    spans = [
+        (buf.data_ptr(), buf.data_ptr() + buf.numel() * buf.element_size())
+        for buf in narrow_mod._SCRATCH.bufs.values()
+    ]
+    out, grads = second[1]
+    for t in (out, *grads):
+        lo = t.untyped_storage().data_ptr()
+        hi = lo + t.untyped_storage().nbytes()
+        assert all(hi <= a or b <= lo for a, b in spans)
+
+
+def test_scratch_keeps_nothing_past_its_budget(monkeypatch):
+    monkeypatch.setattr(narrow_mod, "SCRATCH_BYTES", 0)
+    narrow_mod._SCRATCH.bufs.clear()
+    assert_same(_shaw_call(2), atol=1e-9, rtol=1e-9)
+    assert narrow_mod._SCRATCH.bufs == {}

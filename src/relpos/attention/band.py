@@ -601,11 +601,14 @@ class RelativeTerm:
     def _keys(self, h0: int, h1: int) -> Tensor:
         return self.keys if self.keys.shape[0] == 1 else self.keys[h0:h1]
 
-    def term(self, qc: Tensor, b0: int, b1: int, h0: int, h1: int) -> Tensor | None:
-        """The term of rows ``[b0, b1) × [h0, h1)`` in distance coordinates: ``q·Eᵀ`` as a new
-        ``(bc, hc, i, D)`` tensor, T5's ``(1|bc, hc, 1, D)`` view, or None."""
+    def term(
+        self, qc: Tensor, b0: int, b1: int, h0: int, h1: int, *, out: Tensor | None = None
+    ) -> Tensor | None:
+        """The term of rows ``[b0, b1) × [h0, h1)`` in distance coordinates: ``q·Eᵀ`` as a
+        ``(bc, hc, i, D)`` tensor (new, or written into ``out``), T5's ``(1|bc, hc, 1, D)`` view,
+        or None."""
         if self.keys is not None:
-            return torch.matmul(qc, self._keys(h0, h1).transpose(-1, -2))
+            return torch.matmul(qc, self._keys(h0, h1).transpose(-1, -2), out=out)
         if self.lin is not None:
             lin = self.lin if self.lin.shape[0] == 1 else self.lin[b0:b1]
             return lin[:, h0:h1]

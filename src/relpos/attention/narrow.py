@@ -30,8 +30,9 @@ back in tile form, the windows' gradients folded into the flat buffer in ``B``-k
 overlap; chunks at one offset do not).
 
 Memory: ``O(rows·n·J)`` per chunk, with rows chosen to keep that under :data:`CHUNK_ELEMENTS`,
-plus the chunk's padded copies of ``q``, ``k``, ``v`` (and ``dO`` and the gradients backward).
-Nothing of size ``(i, j)``.
+plus the chunk's padded copies of ``q``, ``k``, ``v`` (and ``dO`` and the gradients backward),
+all in per-thread scratch buffers kept between calls (:class:`_Scratch`). Nothing of size
+``(i, j)``.
 """
 
 from __future__ import annotations
@@ -75,6 +76,39 @@ NARROW_RATIO = 4
 NARROW_BLOCK = 32
 #: Elements of one chunk's ``(N, B, J)`` tile (4 MiB in float32; 2²² and 2²⁴ were no faster).
 CHUNK_ELEMENTS = 1 << 20
+#: Bytes of temporaries each thread keeps between calls (:class:`_Scratch`).
+SCRATCH_BYTES = 64 << 20
+
+
+class _Scratch(threading.local):
+    """Per-thread buffers for the engine's temporaries, kept from call to call.
+
+    With glibc's default allocator, a temporary of a few MiB is a fresh ``mmap`` on every call
+    and faults its pages in again, at microseconds a page on a virtual machine (``relpos.heap``
+    fixes that for a whole process; a library cannot assume it). Nothing taken from here outlives
+    the call that takes it — no returned or saved tensor is a view of one — and a name is taken
+    once per chunk, so one buffer per name and thread is enough. At most :data:`SCRATCH_BYTES`
+    per thread are kept; a request past that gets a fresh tensor.
+    """
+
+    def __init__(self) -> None:
+        self.bufs: dict[tuple, Tensor] = {}
+
+    def take(self, name: str, shape: tuple[int, ...], like: Tensor) -> Tensor:
+        """An uninitialised ``shape`` tensor of ``like``'s dtype and device."""
+        numel = math.prod(shape)
+        key = (name, like.dtype, like.device)
+        buf = self.bufs.get(key)
+        if buf is None or buf.numel() < numel:
+            with torch.inference_mode(False):  # usable by later calls outside inference mode
+                buf = torch.empty(numel, dtype=like.dtype, device=like.device)
+            kept = sum(b.numel() * b.element_size() for k, b in self.bufs.items() if k != key)
+            if kept + buf.numel() * buf.element_size() <= SCRATCH_BYTES:
+                self.bufs[key] = buf
+        return buf[:numel].view(shape)
+
+
+_SCRATCH = _Scratch()
 
 
 def is_narrow(width: int, n: int) -> bool:
@@ -100,23 +134,26 @@ def diagonal_view(tile: Tensor, width: int) -> Tensor:
 
 
 # ------------------------------------------------------------------------------------ layout
-def _rows(x: Tensor, n_pad: int) -> Tensor:
+def _rows(x: Tensor, n_pad: int, name: str) -> Tensor:
     """``(b, h, n, d)`` → contiguous ``(b, h, n_pad, d)``, zero rows past ``n`` (``x`` itself when
-    it already is)."""
-    extra = n_pad - x.shape[2]
-    if extra == 0 and x.is_contiguous():
+    it already is; else a copy in scratch buffer ``name``)."""
+    b, h, n, d = x.shape
+    if n == n_pad and x.is_contiguous():
         return x
-    return F.pad(x, (0, 0, 0, extra)).contiguous()
+    out = _SCRATCH.take(name, (b, h, n_pad, d), x)
+    out[:, :, :n].copy_(x)
+    out[:, :, n:].zero_()
+    return out
 
 
-def _flat(band: Band, x: Tensor) -> Tensor:
+def _flat(band: Band, x: Tensor, name: str) -> Tensor:
     """``(bc, hc, n, d)`` → the flat key buffer ``(left + bc·hc·n_pad + right, d)`` (see the module
-    docstring): row ``r``'s keys at buffer rows ``left + r·n_pad …``, zeros after its ``n``-th and
-    in the margins."""
+    docstring) in scratch buffer ``name``: row ``r``'s keys at buffer rows ``left + r·n_pad …``,
+    zeros after its ``n``-th and in the margins."""
     b, h, n, d = x.shape
     n_pad, left = band.num_blocks * band.block, band.left
     right = band.keys - band.block - left
-    buf = x.new_empty(left + b * h * n_pad + right, d)
+    buf = _SCRATCH.take(name, (left + b * h * n_pad + right, d), x)
     buf[:left].zero_()
     buf[left + b * h * n_pad :].zero_()
     body = buf[left : left + b * h * n_pad].view(b, h, n_pad, d)
@@ -213,12 +250,14 @@ def _logits(
     bc, hc = shape
     nb, bl, dd = band.num_blocks, band.block, band.width
     diag = diagonal_view(tile, dd).view(bc, hc, nb, bl, dd)
-    if term is None:
-        s = torch.mul(diag, scale)
-    elif term.shape[-2] == 1:  # T5: one row per head, every query
-        s = torch.add(term.unsqueeze(2), diag, alpha=scale)
-    else:  # q·Eᵀ: written in place
+    if term is not None and term.shape[-2] != 1:  # q·Eᵀ (in scratch "s"): in place
         s = term.view(bc, hc, nb, bl, dd).add_(diag, alpha=scale)
+    else:
+        s = _SCRATCH.take("s", (bc, hc, nb, bl, dd), tile)
+        if term is None:
+            torch.mul(diag, scale, out=s)
+        else:  # T5: one row per head, every query
+            torch.add(term.unsqueeze(2), diag, alpha=scale, out=s)
     s = s.view(bc, hc, nb * bl, dd)
     _mask_edges(band, s, -math.inf)
     return s
@@ -239,6 +278,32 @@ def _exp(s: Tensor, band: Band) -> Tensor:
     p = s.clamp_min_(-87.0).exp_()
     _mask_edges(band, p, 0.0)
     return p
+
+
+def _tile(band: Band, rows: Tensor, flat: Tensor, name: str) -> Tensor:
+    """``(N, B, J)``: every block of ``rows (bc, hc, n_pad, d)`` times its key window of the flat
+    buffer, ``rows·windowᵀ``, in scratch buffer ``name``."""
+    blocks = rows.view(-1, band.block, rows.shape[-1])
+    out = _SCRATCH.take(name, (blocks.shape[0], band.block, band.keys), rows)
+    return torch.bmm(blocks, _windows(band, flat).transpose(1, 2), out=out)
+
+
+def _term(setup: RelativeTerm, qc: Tensor, b0: int, b1: int, h0: int, h1: int) -> Tensor | None:
+    """The chunk's relative term in distance coordinates; ``q·Eᵀ`` in scratch buffer ``"s"``."""
+    if setup.keys is None:
+        return setup.term(qc, b0, b1, h0, h1)
+    out = _SCRATCH.take("s", (*qc.shape[:-1], setup.keys.shape[-2]), qc)
+    return setup.term(qc, b0, b1, h0, h1, out=out)
+
+
+def _unfold(band: Band, dwin: Tensor, like: Tensor, name: str, alpha: float = 1.0) -> Tensor:
+    """The ``like``-shaped ``(bc, hc, n, d)`` gradient of the keys from their windows' gradients
+    ``dwin (N, J, d)`` (:func:`_fold` into a zeroed flat buffer ``name``; a view of it)."""
+    b, h, _, d = like.shape
+    n_pad = band.num_blocks * band.block
+    flat = _SCRATCH.take(name, (band.keys - band.block + b * h * n_pad, d), like).zero_()
+    _fold(band, flat, dwin, alpha)
+    return _unflat(band, flat, like)
 
 
 # ------------------------------------------------------------------------------------ forward
@@ -269,16 +334,16 @@ def narrow_forward(
     mass = q.new_zeros(b, h, n_pad, num_rel) if has_value else None
     for b0, b1, h0, h1 in _chunks(band, b, h):
         rows = (slice(b0, b1), slice(h0, h1))  # contiguous in every (b, h, ..) tensor
-        qc = _rows(q[rows], n_pad)
-        tile = torch.bmm(qc.view(-1, bl, d), _windows(band, _flat(band, k[rows])).transpose(1, 2))
-        s = _logits(band, tile, (b1 - b0, h1 - h0), scale, setup.term(qc, b0, b1, h0, h1))
+        qc = _rows(q[rows], n_pad, "q")
+        tile = _tile(band, qc, _flat(band, k[rows], "k"), "tile")
+        s = _logits(band, tile, (b1 - b0, h1 - h0), scale, _term(setup, qc, b0, b1, h0, h1))
         m = s.amax(-1, keepdim=True)  # finite: a real query's own key is in the band
         p = _exp(s.sub_(m), band)
         norm = p.sum(-1, keepdim=True)
         p.div_(norm)
         lse[rows] = m.add_(norm.log_()).squeeze(-1)
         ptile = _tile_from(tile, p, band)
-        vw = _windows(band, _flat(band, v[rows]))
+        vw = _windows(band, _flat(band, v[rows], "v"))
         torch.bmm(ptile, vw, out=out[rows].view(-1, bl, d))
         if mass is not None:
             band.add_rows(mass[rows], p, 0, band.width)
@@ -324,31 +389,35 @@ def narrow_backward(
     dq_direct = n_pad == n and dq.is_contiguous()  # whole blocks: add into dq in place
     for b0, b1, h0, h1 in _chunks(band, b, h):
         rows = (slice(b0, b1), slice(h0, h1))  # contiguous in every (b, h, ..) tensor
-        qc, doc = _rows(q[rows], n_pad), _rows(do[rows], n_pad)
+        qc, doc = _rows(q[rows], n_pad, "q"), _rows(do[rows], n_pad, "do")
         qb, dob = qc.view(-1, bl, d), doc.view(-1, bl, d)
-        kf, vf = _flat(band, k[rows]), _flat(band, v[rows])
-        kw, vw = _windows(band, kf), _windows(band, vf)
-        tile = torch.bmm(qb, kw.transpose(1, 2))
-        s = _logits(band, tile, (b1 - b0, h1 - h0), scale, setup.term(qc, b0, b1, h0, h1))
+        kf, vf = _flat(band, k[rows], "k"), _flat(band, v[rows], "v")
+        kw = _windows(band, kf)
+        tile = _tile(band, qc, kf, "tile")
+        s = _logits(band, tile, (b1 - b0, h1 - h0), scale, _term(setup, qc, b0, b1, h0, h1))
         # Padding rows (lse = +inf) get exp(-87), not 0; their dO and D are 0, so they add nothing.
         p = _exp(s.sub_(lse_p[rows]), band)
-        dp_tile = torch.bmm(dob, vw.transpose(1, 2))
+        dp_tile = _tile(band, doc, vf, "dp_tile")
         blocks = (b1 - b0, h1 - h0, band.num_blocks, bl)
         dp = diagonal_view(dp_tile, dd).view(*blocks, dd)
-        ds = torch.sub(dp, delta_p[rows].view(*blocks, 1)).flatten(2, 3)  # (.., n_pad, D)
+        ds = _SCRATCH.take("ds", (*blocks, dd), q)
+        torch.sub(dp, delta_p[rows].view(*blocks, 1), out=ds)
+        ds = ds.flatten(2, 3)  # (bc, hc, n_pad, D)
         if dmass_lin is not None:
             ds[:, :, :n] += dmass_lin[rows]
         ds.mul_(p)  # dS = P ⊙ (dP - D)
-        dvf = torch.zeros_like(vf)
-        _fold(band, dvf, torch.bmm(_tile_from(tile, p, band).transpose(1, 2), dob))
-        dv[rows] += _unflat(band, dvf, v[rows])
+        dwin = _SCRATCH.take("dwin", (qb.shape[0], band.keys, d), q)
+        torch.bmm(_tile_from(tile, p, band).transpose(1, 2), dob, out=dwin)
+        dv[rows] += _unfold(band, dwin, v[rows], "dv")
         ds_tile = _tile_from(dp_tile, ds, band)
-        dqc = dq[rows] if dq_direct else q.new_zeros(b1 - b0, h1 - h0, n_pad, d)
+        if dq_direct:
+            dqc = dq[rows]
+        else:
+            dqc = _SCRATCH.take("dq", (b1 - b0, h1 - h0, n_pad, d), q).zero_()
         dqc.view(-1, bl, d).baddbmm_(ds_tile, kw, alpha=scale)
         setup.add_grads(ds, qc, dqc, h0, h1, needs_q)
         if not dq_direct:
             dq[rows] += dqc[:, :, :n]
-        dkf = torch.zeros_like(kf)
-        _fold(band, dkf, torch.bmm(ds_tile.transpose(1, 2), qb), alpha=scale)
-        dk[rows] += _unflat(band, dkf, k[rows])
+        torch.bmm(ds_tile.transpose(1, 2), qb, out=dwin)
+        dk[rows] += _unfold(band, dwin, k[rows], "dk", alpha=scale)
     finish_relative_grads(setup, band, q, dq, num_rel, far_rows, far_grads, needs_q, sink)
