@@ -141,7 +141,7 @@ def test_t5_inside_groups_share_one_broadcast_mask():
     band = band_mod.Band.build(scheme, 450, -12, 1, 64, torch.device("cpu"))
     q = torch.randn(3, 2, 450, 4)
     with torch.no_grad():  # as in the backends: the table's gradient comes from dS, not here
-        masks = band_mod._ConstMasks(band, scheme.relative_logits(q[:, :, :1]), 3)
+        masks = band_mod._ConstMasks(band, band.to_distance(scheme.relative_logits(q[:, :, :1])), 3)
     cols = (0, band.keys)
     inside = [(2, 4), (4, 6), (3, 4)]
     assert all(band.inside(c0, c1) for c0, c1 in inside) and not band.inside(0, 2)
@@ -201,15 +201,13 @@ def test_mask_cache_is_bounded(monkeypatch):
 def test_cached_mask_built_in_inference_mode_serves_training(spec):
     """A mask first built under inference_mode is a normal tensor: a later training call of the
     same geometry runs forward and backward (both engines: distance coordinates and tiles)."""
-    band_mod._MASKS.clear()
-    narrow_mod._EdgeMasks._cache.clear()
+    band_mod._MASKS.clear()  # both engines' masks (the distance engine's edge masks too)
     scheme = relpos.make_scheme(spec, d_model=8, num_heads=2, causal=True)
     q, k, v = (torch.randn(1, 2, 300, 4) for _ in range(3))
     pos = Positions.from_length(300)
     with torch.inference_mode():
         BACKENDS["chunked"](q, k, v, scheme, pos, pos, causal=True)
-    cache = band_mod._MASKS if spec["name"] == "music" else narrow_mod._EdgeMasks._cache
-    assert len(cache) > 0
+    assert len(band_mod._MASKS) > 0
     q.requires_grad_(True)
     BACKENDS["chunked"](q, k, v, scheme, pos, pos, causal=True).sum().backward()
     assert q.grad is not None and torch.isfinite(q.grad).all()

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 import relpos
 from relpos import Positions
+from relpos.attention import band as band_mod
 from relpos.attention import narrow as narrow_mod
 from relpos.attention.band import Band
 from relpos.attention.chunked import chunked_attention
@@ -23,12 +24,12 @@ from tests.test_backends import assert_same
 
 def test_diagonal_view_matches_a_loop():
     tile = torch.randn(3, 5, 9)
-    view = narrow_mod.diagonal_view(tile, 5)
+    view = band_mod.diagonal_view(tile, 5)
     for i in range(5):
         for t in range(5):
             assert view[:, i, t].equal(tile[:, i, i + t])
     with pytest.raises(ValueError, match="no 6 full diagonals"):
-        narrow_mod.diagonal_view(tile, 6)  # row 4 would need column 4 + 5 = 9
+        band_mod.diagonal_view(tile, 6)  # row 4 would need column 4 + 5 = 9
 
 
 def _band(n: int, lo: int, hi: int, block: int) -> Band:

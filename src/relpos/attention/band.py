@@ -44,6 +44,7 @@ from __future__ import annotations
 import math
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -59,6 +60,7 @@ __all__ = [
     "RelativeTerm",
     "band_backward",
     "band_forward",
+    "diagonal_view",
     "diagonals",
     "finish_relative_grads",
     "probs_and_dscores",
@@ -109,6 +111,17 @@ class _MaskCache:
                 _, old = self._items.popitem(last=False)
                 self._bytes -= sum(t.numel() * t.element_size() for t in old)
 
+    def get_or_build(
+        self, key: tuple, build: Callable[[], tuple[Tensor, Tensor]]
+    ) -> tuple[Tensor, Tensor]:
+        """The cached masks of ``key``, built by ``build()`` (and kept) on a miss."""
+        hit = self.get(key)
+        if hit is None:
+            with torch.inference_mode(False):  # cached: usable by later calls outside it
+                hit = build()
+            self.put(key, hit)
+        return hit
+
     def clear(self) -> None:
         with self._lock:
             self._items.clear()
@@ -137,6 +150,24 @@ def skew_view(rel_lin: Tensor, offset: int, keys: int) -> Tensor:
         )
     strides = (*rel_lin.stride()[:-2], rel_lin.stride(-2) - 1, 1)
     return rel_lin.as_strided((*lead, rows, keys), strides, rel_lin.storage_offset() + offset)
+
+
+def diagonal_view(tile: Tensor, width: int) -> Tensor:
+    """``(.., B, J)`` → the ``(.., B, width)`` view ``out[.., i, t] = tile[.., i, i + t]``: each
+    row's first ``width`` diagonals, row stride ``J + 1`` (the inverse of :func:`skew_view`, no
+    copy).
+
+    Needs ``width <= J - B + 1`` (row ``B - 1`` reaches column ``B - 2 + width``) and a unit last
+    stride.
+    """
+    *lead, rows, keys = tile.shape
+    if tile.stride(-1) != 1 or width > keys - rows + 1:
+        raise ValueError(
+            f"diagonal_view: a (.., {rows}, {keys}) tile with strides {tile.stride()} has no "
+            f"{width} full diagonals"
+        )
+    strides = (*tile.stride()[:-2], tile.stride(-2) + 1, 1)
+    return tile.as_strided((*lead, rows, width), strides, tile.storage_offset())
 
 
 def diagonals(tile: Tensor) -> Tensor:
@@ -242,12 +273,7 @@ class Band:
         # Groups whose queries and keys all lie inside the sequence share one mask.
         group = None if self.inside(c0, c1) else c0
         key = (self.n, self.lo, self.hi, self.block, group, c1 - c0, batch, like.dtype, like.device)
-        hit = _MASKS.get(key)
-        if hit is None:
-            with torch.inference_mode(False):  # cached: usable by later calls outside it
-                hit = self._build_mask(c0, c1, like, batch)
-            _MASKS.put(key, hit)
-        return hit
+        return _MASKS.get_or_build(key, lambda: self._build_mask(c0, c1, like, batch))
 
     def _build_mask(self, c0: int, c1: int, like: Tensor, batch: int) -> tuple[Tensor, Tensor]:
         """The mask of :meth:`mask`, computed (positions of the blocks' queries and keys)."""
@@ -382,13 +408,7 @@ def _distances(band: Band, tile: Tensor, cols: tuple[int, int]) -> tuple[Tensor,
     :func:`diagonals`."""
     t0, t_lo, t_hi = _distance_range(band, cols)
     if cols == (0, band.keys) and tile.stride(-1) == 1:
-        *lead, rows, _ = tile.shape
-        strides = (*tile.stride()[:-2], tile.stride(-2) + 1, 1)
-        return (
-            tile.as_strided((*lead, rows, band.width), strides, tile.storage_offset()),
-            0,
-            band.width,
-        )
+        return diagonal_view(tile, band.width), 0, band.width
     return diagonals(tile)[..., t_lo - t0 : t_hi - t0], t_lo, t_hi
 
 
@@ -434,11 +454,10 @@ class _ConstMasks:
     and keeps one mask per group.
     """
 
-    def __init__(self, band: Band, rel: Tensor, batch: int) -> None:
-        """``rel``: the term in relative rows, ``(1|b, h, 1, R)``, without a graph."""
+    def __init__(self, band: Band, lin: Tensor, batch: int) -> None:
+        """``lin``: the term in distance coordinates, ``(1|b, h, 1, D)``, without a graph."""
         self.band = band
-        lin = band.to_distance(rel)  # distance coordinates, (1|b, h, 1, D)
-        rows = _group_rows(band, batch, rel.shape[1])
+        rows = _group_rows(band, batch, lin.shape[1])
         self.lin = lin.expand(*lin.shape[:2], rows, lin.shape[-1]).contiguous()
         self._shared: dict[tuple[int, int], Tensor] = {}
 
@@ -687,7 +706,7 @@ def band_forward(
     mass = q.new_zeros(b, h, n_pad, num_rel) if has_value else None
     term = RelativeTerm(scheme, band, q, has_bias=has_bias, far_rows=far_rows, grads=False)
     keys, cols = term.keys, term.cols
-    const = None if term.const_rel is None else _ConstMasks(band, term.const_rel, b)
+    const = None if term.lin is None else _ConstMasks(band, term.lin, b)
     for c0, c1 in band.groups(b, h):
         r0, r1 = c0 * band.block, c1 * band.block
         g, qg = c1 - c0, _queries(band, qp, c0, c1)
@@ -779,7 +798,7 @@ def band_backward(
     # A q·Eᵀ term: dq gets dS_rel·E, and E's gradient dS_relᵀ·q is summed, pushed once.
     term = RelativeTerm(scheme, band, q, has_bias=has_bias, far_rows=far_rows, grads=True)
     keys, dkeys, ds_total = term.keys, term.dkeys, None
-    const = None if term.const_rel is None else _ConstMasks(band, term.const_rel.detach(), b)
+    const = None if term.lin is None else _ConstMasks(band, term.lin, b)
     for c0, c1 in band.groups(b, h):
         r0, r1 = c0 * band.block, c1 * band.block
         g, qg, dog = c1 - c0, _queries(band, qp, c0, c1), _queries(band, dop, c0, c1)

@@ -45,7 +45,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..schemes.base import Scheme
-from .band import Band, RelativeTerm, finish_relative_grads
+from .band import _MASKS, Band, RelativeTerm, diagonal_view, finish_relative_grads
 from .grads import GradSink
 
 __all__ = [
@@ -53,7 +53,6 @@ __all__ = [
     "NARROW_BLOCK",
     "NARROW_RATIO",
     "NARROW_WIDTH",
-    "diagonal_view",
     "is_narrow",
     "narrow_backward",
     "narrow_forward",
@@ -115,22 +114,6 @@ def is_narrow(width: int, n: int) -> bool:
     """Whether a band of ``width`` distances over ``n`` tokens runs here rather than in the tile
     engine (:data:`NARROW_WIDTH`, :data:`NARROW_RATIO`)."""
     return width <= NARROW_WIDTH and NARROW_RATIO * width <= n
-
-
-def diagonal_view(tile: Tensor, width: int) -> Tensor:
-    """``(.., B, J)`` → the ``(.., B, width)`` view ``out[.., i, t] = tile[.., i, i + t]``.
-
-    Needs ``width <= J - B + 1`` (row ``B - 1`` reaches column ``B - 2 + width``) and a unit last
-    stride.
-    """
-    *lead, rows, keys = tile.shape
-    if tile.stride(-1) != 1 or width > keys - rows + 1:
-        raise ValueError(
-            f"diagonal_view: a (.., {rows}, {keys}) tile with strides {tile.stride()} has no "
-            f"{width} full diagonals"
-        )
-    strides = (*tile.stride()[:-2], tile.stride(-2) + 1, 1)
-    return tile.as_strided((*lead, rows, width), strides, tile.storage_offset())
 
 
 # ------------------------------------------------------------------------------------ layout
@@ -199,43 +182,31 @@ def _chunks(band: Band, b: int, h: int) -> list[tuple[int, int, int, int]]:
     return [(b0, b0 + 1, h0, min(h0 + rows, h)) for b0 in range(b) for h0 in range(0, h, rows)]
 
 
-class _EdgeMasks:
-    """The distance-coordinate pairs whose key lies outside ``[0, n)``: only the first ``left``
-    and the last ``hi - 1`` query rows have any. ``(head rows, head blocked (rows, D), tail start,
-    tail blocked (rows, D))``, cached per geometry (they depend on nothing else)."""
+def _edge_rows(band: Band) -> tuple[int, int]:
+    """``(head, tail)``: only query rows ``[0, head)`` and ``[tail, n)`` have band keys outside
+    ``[0, n)`` (before position 0, past the last token)."""
+    head = min(band.left, band.n)
+    return head, max(head, band.n - (band.hi - 1))
 
-    _cache: dict[tuple, tuple[int, Tensor, int, Tensor]] = {}  # noqa: RUF012 (shared cache)
-    _lock = threading.Lock()
 
-    @classmethod
-    def get(cls, band: Band, device: torch.device) -> tuple[int, Tensor, int, Tensor]:
-        key = (band.n, band.lo, band.hi, str(device))
-        with cls._lock:
-            hit = cls._cache.get(key)
-        if hit is None:
-            with torch.inference_mode(False):  # cached: usable by later calls outside it
-                hit = cls._build(band, device)
-            with cls._lock:
-                if len(cls._cache) > 256:  # geometries of a long-running process: start over
-                    cls._cache.clear()
-                cls._cache[key] = hit
-        return hit
+def _edge_masks(band: Band, device: torch.device) -> tuple[Tensor, Tensor]:
+    """``(head blocked (head, D), tail blocked (n - tail, D))``: the pairs of those rows whose key
+    lies outside ``[0, n)``. Kept in the band masks' cache (:class:`band._MaskCache`): they
+    depend on geometry only."""
 
-    @staticmethod
-    def _build(band: Band, device: torch.device) -> tuple[int, Tensor, int, Tensor]:
-        n = band.n
-        t = torch.arange(band.width, device=device).view(1, -1)
-        head = min(band.left, n)
-        tail = max(head, n - (band.hi - 1))  # rows after the head rows
-        rows = torch.arange(n, device=device).view(-1, 1)
-        keys = rows + t + band.lo + 1
-        blocked = (keys < 0) | (keys >= n)
-        return head, blocked[:head].clone(), tail, blocked[tail:].clone()
+    def build() -> tuple[Tensor, Tensor]:
+        head, tail = _edge_rows(band)
+        rows = torch.arange(band.n, device=device).view(-1, 1)
+        keys = rows + torch.arange(band.width, device=device) + band.lo + 1
+        blocked = (keys < 0) | (keys >= band.n)
+        return blocked[:head].clone(), blocked[tail:].clone()
+
+    return _MASKS.get_or_build(("distance edges", band.n, band.lo, band.hi, str(device)), build)
 
 
 def _mask_edges(band: Band, x: Tensor, value: float) -> None:
     """Fill the pairs of ``x (.., n_pad, D)`` whose key is outside ``[0, n)`` with ``value``."""
-    head, head_blocked, tail, tail_blocked = _EdgeMasks.get(band, x.device)
+    (head, tail), (head_blocked, tail_blocked) = _edge_rows(band), _edge_masks(band, x.device)
     if head:
         x[..., :head, :].masked_fill_(head_blocked, value)
     if tail < band.n:
