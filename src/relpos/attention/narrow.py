@@ -73,7 +73,7 @@ NARROW_RATIO = 4
 #: as fast as 16 for Shaw (``D = 16``) and faster for T5 and the Music Transformer (same
 #: benchmark).
 NARROW_BLOCK = 32
-#: Elements of one chunk's ``(N, B, J)`` tile (4 MiB in float32; 2²² and 2²⁴ were no faster).
+#: Elements of one chunk's ``(N, B, J)`` tile (4 MiB in float32).
 CHUNK_ELEMENTS = 1 << 20
 #: Bytes of temporaries each thread keeps between calls (:class:`_Scratch`).
 SCRATCH_BYTES = 64 << 20
