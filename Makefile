@@ -16,15 +16,15 @@ run: $(STAMP)
 	$(BIN)/relpos demo --run-dir runs/demo
 
 test: $(STAMP)
-	$(BIN)/ruff check src tests examples benchmarks
+	$(BIN)/ruff check src tests benchmarks
 	$(BIN)/python -m pytest -m "not slow" -q
 
 test-all: $(STAMP)
 	$(BIN)/python -m pytest -q
 
 lint: $(STAMP)
-	$(BIN)/ruff check src tests examples benchmarks
-	$(BIN)/ruff format --check src tests examples benchmarks
+	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/ruff format --check src tests benchmarks
 
 clean:
 	rm -rf $(VENV) build *.egg-info src/*.egg-info

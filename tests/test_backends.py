@@ -21,13 +21,14 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import relpos
 from relpos import Positions
-from relpos.attention import alibi_parts
-from relpos.attention import backends as backends_mod
-from relpos.attention import band as band_mod
-from relpos.attention import chunked as chunked_mod
-from relpos.attention import narrow as narrow_mod
-from relpos.attention.backends import BACKENDS, choose_backend
+from relpos.attention import auto as auto_mod
+from relpos.attention.auto import choose_backend
+from relpos.attention.backends import BACKENDS
+from relpos.attention.chunked import alibi as alibi_parts
 from relpos.attention.chunked import chunked_attention, chunked_path, plan_tiles
+from relpos.attention.chunked import geometry as geometry_mod
+from relpos.attention.chunked import narrow as narrow_mod
+from relpos.attention.chunked.region import far_field
 from relpos.attention.flex import (
     flex_attention_backend,
     flex_available,
@@ -197,9 +198,8 @@ def test_chunked_fast_paths_cover_far_field(spec, causal):
     path = chunked_path(scheme, torch.zeros(1, 2, n, 4), pos, pos)
     assert path == ("alibi" if spec["name"] == "alibi" else "region")
     if path == "region":
-        job = chunked_mod._Job(scheme, pos, pos, causal, chunked_mod.TilePlan([], []), 0.5)
-        w_l, _, w_r, _ = chunked_mod._far_widths(job, n, torch.device("cpu"))
-        assert w_l < n // 2 and (causal or w_r < n // 2)
+        far = far_field(scheme, n, torch.device("cpu"))
+        assert far.left < n // 2 and (causal or far.right < n // 2)
     results, _ = run_case("chunked", spec, causal, "plain", n=n, seed=1)
     assert_same(results, atol=1e-9, rtol=1e-9)
 
@@ -362,7 +362,7 @@ def check_no_l_by_l(spec: dict, layout: str, n: int, causal: bool) -> None:
     band = 128 + 2 * rows  # the region path's band tile: 128 queries, clipped distances
     alibi = h * alibi_parts.ALIBI_BLOCK**2  # ALiBi's diagonal block
     # The band's groups of blocks: a fixed budget, or one block when that is larger.
-    group = max(band_mod.GROUP_ELEMENTS, h * 128 * (128 + band))
+    group = max(geometry_mod.GROUP_ELEMENTS, h * 128 * (128 + band))
     # The distance engine's chunks of rows: a fixed budget, or one row's (n, B + D - 1) tile.
     narrow = max(narrow_mod.CHUNK_ELEMENTS, n * (narrow_mod.NARROW_BLOCK + narrow_mod.NARROW_WIDTH))
     bound = max(h * n * rows, h * qb * kb, group, alibi, narrow)
@@ -466,7 +466,7 @@ def test_auto_takes_the_region_path_from_medium_lengths(
     """Between SMALL_RELATIVE and SMALL (here 256 tokens) the region path wins where sdpa would
     differentiate its mask with the math kernel or build a per-batch bias."""
     n = 256
-    assert backends_mod.SMALL_RELATIVE < n * n <= backends_mod.SMALL
+    assert auto_mod.SMALL_RELATIVE < n * n <= auto_mod.SMALL
     scheme = relpos.make_scheme(name, d_model=8, num_heads=2, causal=True)
     scheme.requires_grad_(not frozen)
     pos = Positions.from_length(n)
@@ -480,14 +480,13 @@ def test_auto_takes_the_region_path_from_medium_lengths(
 def test_auto_runs_the_chosen_backend(monkeypatch):
     calls = []
     for name in ("sdpa", "chunked"):
-        real = BACKENDS[name]
-        monkeypatch.setitem(
-            BACKENDS, name, lambda *a, _n=name, _r=real, **kw: calls.append(_n) or _r(*a, **kw)
-        )
+        real = auto_mod._PICKS[name]
+        spy = lambda *a, _n=name, _r=real, **kw: calls.append(_n) or _r(*a, **kw)  # noqa: E731
+        monkeypatch.setitem(auto_mod._PICKS, name, spy)
     scheme = relpos.make_scheme("t5", d_model=8, num_heads=2, causal=True)
     pos = Positions.from_length(600)
     q = torch.randn(1, 2, 600, 4, requires_grad=True)
-    backends_mod.auto_attention(q, q, q, scheme, pos, pos, causal=True)
+    auto_mod.auto_attention(q, q, q, scheme, pos, pos, causal=True)
     assert calls == ["chunked"]
 
 
@@ -602,7 +601,7 @@ def test_rows_with_keys_matches_the_allowed_mask(layout):
 
 # ------------------------------------------------------------------------------ bench
 def test_bench_writes_table_plot_and_json(tmp_path):
-    from relpos import bench
+    from relpos.cli import bench
 
     argv = ["--lengths", "32,64", "--schemes", "alibi,shaw", "--impls", "chunked,sdpa,eager"]
     argv += ["--repeats", "5", "--warmup", "1", "--no-memory", "--out", str(tmp_path)]
@@ -619,7 +618,7 @@ def test_bench_writes_table_plot_and_json(tmp_path):
 
 
 def test_bench_times_each_configuration_alternating_with_plain_sdpa():
-    from relpos import bench
+    from relpos.cli import bench
 
     calls = []
 
@@ -639,7 +638,7 @@ def test_bench_times_each_configuration_alternating_with_plain_sdpa():
 
 
 def test_bench_memory_subprocess_sees_the_l_by_l_logits():
-    from relpos import bench
+    from relpos.cli import bench
 
     spec = {"scheme": "t5", "L": 2048, "B": 1, "causal": True, "heads": 8, "head_dim": 16}
     spec.update(device="cpu", dtype="float32", threads=1)
@@ -652,7 +651,7 @@ def test_bench_memory_subprocess_sees_the_l_by_l_logits():
 
 
 def test_bench_rejects_too_few_repeats():
-    from relpos import bench
+    from relpos.cli import bench
 
     with pytest.raises(SystemExit):
         bench.main(["--repeats", "3"])

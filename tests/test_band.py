@@ -1,4 +1,4 @@
-"""The band engine of the ``chunked`` region path (``relpos.attention.band``).
+"""The band engine of the ``chunked`` region path (``relpos.attention.chunked.band``).
 
 The strided skew and its adjoint against loops over (i, j); the region path against ``eager``
 (outputs and gradients) with groups of many blocks and with one block per group, where the first
@@ -15,9 +15,10 @@ from hypothesis import strategies as st
 import relpos
 from relpos import Positions
 from relpos.attention import BACKENDS
-from relpos.attention import band as band_mod
-from relpos.attention import narrow as narrow_mod
+from relpos.attention.chunked import band as band_mod
 from relpos.attention.chunked import chunked_path
+from relpos.attention.chunked import geometry as geometry_mod
+from relpos.attention.chunked import narrow as narrow_mod
 from relpos.functional.skew import gather_relative
 from tests.helpers import spec_id
 from tests.test_backends import assert_same, run_case
@@ -60,27 +61,27 @@ def test_skew_view_and_unskew_match_loops(rows, cols, data):
     torch.manual_seed(rows * 100 + cols)
     rel = torch.randn(2, rows, cols, dtype=torch.float64)
     if offset + keys - rows <= cols - 1:
-        view = band_mod.skew_view(rel, offset, keys)
+        view = geometry_mod.skew_view(rel, offset, keys)
         tile, valid = skew_oracle(rel, offset, keys)
         assert torch.equal(view[..., valid], tile[..., valid])
     grid = torch.randn(2, rows, keys, dtype=torch.float64)
     torch.testing.assert_close(
-        band_mod.unskew(grid, offset, cols), unskew_oracle(grid, offset, cols)
+        geometry_mod.unskew(grid, offset, cols), unskew_oracle(grid, offset, cols)
     )
     # diagonals: unskew with every diagonal kept (offset rows - 1, width rows + keys - 1).
     torch.testing.assert_close(
-        band_mod.diagonals(grid), unskew_oracle(grid, rows - 1, rows + keys - 1)
+        geometry_mod.diagonals(grid), unskew_oracle(grid, rows - 1, rows + keys - 1)
     )
 
 
 def test_skew_view_of_a_column_slice_and_its_bounds():
     wide = torch.randn(3, 5, 12)
     rel = wide[..., 2:9]  # rows of stride 12, 7 columns
-    view = band_mod.skew_view(rel, 2, 6)
+    view = geometry_mod.skew_view(rel, 2, 6)
     tile, valid = skew_oracle(rel, 2, 6)
     assert torch.equal(view[..., valid], tile[..., valid])
     with pytest.raises(ValueError, match="cannot hold"):
-        band_mod.skew_view(rel, 5, 9)  # the last row's last column would be 5 + 8 - 4 > 6
+        geometry_mod.skew_view(rel, 5, 9)  # the last row's last column would be 5 + 8 - 4 > 6
 
 
 BAND_SPECS = [
@@ -110,7 +111,7 @@ def test_region_path_matches_eager(spec, causal, group_elements, n, engine, monk
     """Both band engines against eager; ``one-block`` makes the tile engine's groups one block
     and the distance engine's chunks one (batch, head) row."""
     use_engine(monkeypatch, engine)
-    monkeypatch.setattr(band_mod, "GROUP_ELEMENTS", group_elements)
+    monkeypatch.setattr(geometry_mod, "GROUP_ELEMENTS", group_elements)
     monkeypatch.setattr(narrow_mod, "CHUNK_ELEMENTS", group_elements)
     scheme = relpos.make_scheme(spec, d_model=8, num_heads=2, causal=causal)
     pos = Positions.from_length(n)
@@ -129,7 +130,7 @@ def test_region_path_with_groups_of_two_blocks_matches_eager(spec, causal, monke
     def pairs(self, batch, heads):
         return [(c, min(c + 2, self.num_blocks)) for c in range(0, self.num_blocks, 2)]
 
-    monkeypatch.setattr(band_mod.Band, "groups", pairs)
+    monkeypatch.setattr(geometry_mod.Band, "groups", pairs)
     n = 450  # 8 blocks of 64: groups (0, 2) … (6, 8); the middle ones lie inside the sequence
     results, _ = run_case("chunked", spec, causal, "plain", n=n, seed=7)
     assert_same(results, atol=1e-9, rtol=1e-9)
@@ -138,7 +139,7 @@ def test_region_path_with_groups_of_two_blocks_matches_eager(spec, causal, monke
 def test_t5_inside_groups_share_one_broadcast_mask():
     spec = {"name": "t5", "num_buckets": 8, "max_distance": 12}
     scheme = relpos.make_scheme(spec, d_model=8, num_heads=2, causal=True)
-    band = band_mod.Band.build(scheme, 450, -12, 1, 64, torch.device("cpu"))
+    band = geometry_mod.Band.build(scheme, 450, -12, 1, 64, torch.device("cpu"))
     q = torch.randn(3, 2, 450, 4)
     with torch.no_grad():  # as in the backends: the table's gradient comes from dS, not here
         masks = band_mod._ConstMasks(band, band.to_distance(scheme.relative_logits(q[:, :, :1])), 3)
@@ -160,37 +161,37 @@ def test_t5_inside_groups_share_one_broadcast_mask():
 def test_groups_share_one_interior_mask():
     spec = {"name": "shaw", "max_distance": 4}
     scheme = relpos.make_scheme(spec, d_model=8, num_heads=2, causal=True)
-    band = band_mod.Band.build(scheme, 1000, -4, 1, 16, torch.device("cpu"))
+    band = geometry_mod.Band.build(scheme, 1000, -4, 1, 16, torch.device("cpu"))
     like = torch.zeros(1)
     groups = band.groups(1, 2)
     assert groups[0][0] == 0 and groups[-1][1] == band.num_blocks
-    band_mod._MASKS.clear()
+    geometry_mod.BAND_MASKS.clear()
     masks = [band.mask(c0, c1, like, 1) for c0, c1 in groups]
-    assert len(band_mod._MASKS) <= 3  # the first group, the interior, the last
+    assert len(geometry_mod.BAND_MASKS) <= 3  # the first group, the interior, the last
     # A later call of the same geometry (another layer, the next step) builds nothing.
-    again = band_mod.Band.build(scheme, 1000, -4, 1, 16, torch.device("cpu"))
+    again = geometry_mod.Band.build(scheme, 1000, -4, 1, 16, torch.device("cpu"))
     for (c0, c1), (blocked, neg) in zip(groups, masks, strict=True):
         hit = again.mask(c0, c1, like, 1)
         assert hit[0] is blocked and hit[1] is neg
 
 
 def test_mask_cache_is_bounded(monkeypatch):
-    """Masks past MASK_CACHE_BYTES evict the least recently used; one larger is not kept."""
+    """Masks past the cache budget evict the least recently used; one larger is not kept."""
     scheme = relpos.make_scheme(
         {"name": "shaw", "max_distance": 4}, d_model=8, num_heads=2, causal=False
     )
     like = torch.zeros(1)
-    band_mod._MASKS.clear()
+    geometry_mod.BAND_MASKS.clear()
     one = 16 * 24 * 5  # a (1, 1, 16, 24) bool and float32 mask, 5 bytes an element
-    monkeypatch.setattr(band_mod, "MASK_CACHE_BYTES", 2 * one)
+    monkeypatch.setattr(geometry_mod.BAND_MASKS, "budget", 2 * one)
     for n in (100, 200, 300):  # first groups of three lengths: three different masks
-        band_mod.Band.build(scheme, n, -5, 5, 16, torch.device("cpu")).mask(0, 1, like, 1)
-    assert len(band_mod._MASKS) == 2
-    assert band_mod._MASKS._bytes == 2 * one
-    monkeypatch.setattr(band_mod, "MASK_CACHE_BYTES", one - 1)
-    band_mod._MASKS.clear()
-    band_mod.Band.build(scheme, 400, -5, 5, 16, torch.device("cpu")).mask(0, 1, like, 1)
-    assert len(band_mod._MASKS) == 0
+        geometry_mod.Band.build(scheme, n, -5, 5, 16, torch.device("cpu")).mask(0, 1, like, 1)
+    assert len(geometry_mod.BAND_MASKS) == 2
+    assert geometry_mod.BAND_MASKS.total == 2 * one
+    monkeypatch.setattr(geometry_mod.BAND_MASKS, "budget", one - 1)
+    geometry_mod.BAND_MASKS.clear()
+    geometry_mod.Band.build(scheme, 400, -5, 5, 16, torch.device("cpu")).mask(0, 1, like, 1)
+    assert len(geometry_mod.BAND_MASKS) == 0
 
 
 @pytest.mark.parametrize(
@@ -201,13 +202,13 @@ def test_mask_cache_is_bounded(monkeypatch):
 def test_cached_mask_built_in_inference_mode_serves_training(spec):
     """A mask first built under inference_mode is a normal tensor: a later training call of the
     same geometry runs forward and backward (both engines: distance coordinates and tiles)."""
-    band_mod._MASKS.clear()  # both engines' masks (the distance engine's edge masks too)
+    geometry_mod.BAND_MASKS.clear()  # both engines' masks (the distance engine's edge masks too)
     scheme = relpos.make_scheme(spec, d_model=8, num_heads=2, causal=True)
     q, k, v = (torch.randn(1, 2, 300, 4) for _ in range(3))
     pos = Positions.from_length(300)
     with torch.inference_mode():
         BACKENDS["chunked"](q, k, v, scheme, pos, pos, causal=True)
-    assert len(band_mod._MASKS) > 0
+    assert len(geometry_mod.BAND_MASKS) > 0
     q.requires_grad_(True)
     BACKENDS["chunked"](q, k, v, scheme, pos, pos, causal=True).sum().backward()
     assert q.grad is not None and torch.isfinite(q.grad).all()
@@ -240,7 +241,12 @@ def test_region_path_with_frozen_tables_and_constant_queries(spec, engine, monke
 class LogitsWithoutKeys(relpos.MusicRelative):
     """A query-dependent relative term given only as ``relative_logits`` (no ``relative_keys``)."""
 
-    relative_keys = None
+    @property
+    def has_relative_keys(self):
+        return False
+
+    def relative_keys(self, dtype=torch.float32):
+        return None
 
     def relative_logits(self, q):
         return q @ (self.table / self.head_dim**0.5).transpose(-1, -2)

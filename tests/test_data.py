@@ -1,4 +1,5 @@
-"""Tests of relpos.data: chorale loaders, cache, tokens, transposition, batching, MIDI output."""
+"""Tests of relpos.music (chorale loaders, cache, tokens, transposition, MIDI output) and of
+relpos.training.windows (batching)."""
 
 from __future__ import annotations
 
@@ -15,8 +16,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from relpos.atomic import atomic_path
-from relpos.data import (
+from relpos.music import (
     BOS,
+    CHORALE_GRID,
     EOS,
     MAX_PITCH,
     MIN_PITCH,
@@ -30,20 +32,17 @@ from relpos.data import (
     check_chorale,
     decode,
     encode,
-    eval_windows,
     load_chorales,
     load_jsb_json,
     random_transpose,
-    random_windows,
-    step_boundaries,
     token_voices,
     transpose,
     voice_ranges,
     write_midi,
     write_musicxml,
 )
-from relpos.data import cache as cache_mod
-from relpos.data.cache import (
+from relpos.music import cache as cache_mod
+from relpos.music.cache import (
     CorruptCacheError,
     StaleCacheError,
     cached_splits,
@@ -51,7 +50,8 @@ from relpos.data.cache import (
     load_splits,
     save_splits,
 )
-from relpos.data.midi import voice_runs
+from relpos.music.midi import voice_runs
+from relpos.training.windows import eval_windows, random_windows
 
 REAL_JSB = Path(__file__).resolve().parents[2] / "shared/data/jsb-chorales/Jsb16thSeparated.json"
 
@@ -310,7 +310,7 @@ def _seqs():
 @pytest.mark.parametrize("length", [4, 7, 16, 33, 200])
 def test_eval_windows_cover_every_target_once(length):
     seqs = _seqs()
-    w = eval_windows(seqs, length)
+    w = eval_windows(seqs, length, grid=CHORALE_GRID)
     assert w.tokens.shape[1] == length + 1
     assert w.tokens.dtype == np.int64
     assert w.mask.dtype == np.bool_
@@ -318,7 +318,7 @@ def test_eval_windows_cover_every_target_once(length):
     seen = {i: np.zeros(len(s), int) for i, s in enumerate(seqs)}
     for row, mask, i, start in zip(w.tokens, w.mask, w.seq_index, w.start, strict=True):
         seq = seqs[i]
-        assert start in step_boundaries(len(seq))
+        assert start in CHORALE_GRID.boundaries(len(seq))
         n = int(mask.sum())
         assert mask[:n].all()
         assert not mask[n:].any()
@@ -332,27 +332,28 @@ def test_eval_windows_cover_every_target_once(length):
         assert (seen[i][1:] == 1).all()
     batches = list(w.batches(3))
     assert sum(len(b) for b in batches) == len(w)
-    assert eval_windows(seqs, length).tokens.tolist() == w.tokens.tolist()  # deterministic
+    again = eval_windows(seqs, length, grid=CHORALE_GRID)
+    assert again.tokens.tolist() == w.tokens.tolist()  # deterministic
 
 
 def test_eval_windows_errors():
     with pytest.raises(ValueError, match="length: expected at least 4"):
-        eval_windows(_seqs(), 3)
+        eval_windows(_seqs(), 3, grid=CHORALE_GRID)
     with pytest.raises(TypeError, match="token_seqs"):
         eval_windows(np.zeros((2, 5), np.int64), 8)
-    assert len(eval_windows([], 8)) == 0
+    assert len(eval_windows([], 8, grid=CHORALE_GRID)) == 0
 
 
 def test_random_windows():
     seqs = _seqs()
     rng = np.random.default_rng(0)
-    w = random_windows(seqs, 64, 16, rng)
+    w = random_windows(seqs, 64, 16, rng, grid=CHORALE_GRID)
     assert w.tokens.shape == (64, 17)
     assert w.mask.shape == (64, 17)
     assert w.tokens.dtype == np.int64
     for row, mask, i, start in zip(w.tokens, w.mask, w.seq_index, w.start, strict=True):
         seq = seqs[i]
-        assert start in step_boundaries(len(seq))
+        assert start in CHORALE_GRID.boundaries(len(seq))
         n = int(mask.sum())
         np.testing.assert_array_equal(row[:n], seq[start : start + n])
         assert (row[~mask] == PAD).all()
@@ -362,14 +363,14 @@ def test_random_windows():
             assert n == len(seq)
     # the long sequences are sampled more (weighted by length) and EOS is reachable
     assert (w.seq_index == 4).sum() > (w.seq_index == 0).sum()
-    many = random_windows(seqs, 2000, 16, np.random.default_rng(1))
+    many = random_windows(seqs, 2000, 16, np.random.default_rng(1), grid=CHORALE_GRID)
     assert (many.tokens == EOS).any(axis=1)[many.seq_index == 4].any()
-    again = random_windows(seqs, 64, 16, np.random.default_rng(0))
+    again = random_windows(seqs, 64, 16, np.random.default_rng(0), grid=CHORALE_GRID)
     np.testing.assert_array_equal(again.tokens, w.tokens)
     with pytest.raises(ValueError, match="batch_size"):
-        random_windows(seqs, 0, 16, rng)
+        random_windows(seqs, 0, 16, rng, grid=CHORALE_GRID)
     with pytest.raises(TypeError, match="rng"):
-        random_windows(seqs, 2, 16, 0)  # type: ignore[arg-type]
+        random_windows(seqs, 2, 16, 0, grid=CHORALE_GRID)  # type: ignore[arg-type]
 
 
 # --------------------------------------------------------------------------- atomic writes
@@ -668,7 +669,7 @@ def test_write_midi_readable_by_music21(tmp_path):
 
 def test_write_musicxml_round_trip(tmp_path):
     music21 = pytest.importorskip("music21")
-    from relpos.data.chorales import score_to_array
+    from relpos.music.chorales import score_to_array
 
     rng = np.random.default_rng(0)
     chorale = np.repeat(rng.integers(40, 80, size=(20, 4)), rng.integers(1, 7, size=20), axis=0)
@@ -697,7 +698,7 @@ def test_writers_validate_input(tmp_path):
 
 def test_music21_loader_limit_and_cache(tmp_path, monkeypatch):
     music21 = pytest.importorskip("music21")
-    from relpos.data import chorales as chorales_mod
+    from relpos.music import chorales as chorales_mod
 
     s = load_chorales(cache_dir=tmp_path, progress=False, limit=2)
     names = [n for k in ("train", "valid", "test") for n in s.names(k)]
@@ -732,7 +733,7 @@ def test_music21_loader_limit_and_cache(tmp_path, monkeypatch):
 
 def test_music21_score_to_array_details():
     music21 = pytest.importorskip("music21")
-    from relpos.data.chorales import score_to_array
+    from relpos.music.chorales import score_to_array
 
     score = music21.stream.Score()
     for name, pitches in [
@@ -759,7 +760,7 @@ def test_music21_score_to_array_details():
 
 def test_music21_repeats_are_expanded():
     music21 = pytest.importorskip("music21")
-    from relpos.data.chorales import score_to_array
+    from relpos.music.chorales import score_to_array
 
     score = music21.stream.Score()
     for name, (a, b) in zip(
@@ -785,7 +786,7 @@ def test_music21_repeats_are_expanded():
 
 
 def test_split_of_is_deterministic_and_groups_versions():
-    from relpos.data.chorales import split_of
+    from relpos.music.chorales import split_of
 
     assert split_of("bach/bwv18.5-lz") == split_of("bach/bwv18.5-w") == split_of("bach/bwv18.5")
     assert split_of("bach/bwv66.6") == split_of("bach/bwv66.6")

@@ -1,4 +1,4 @@
-"""Flush-to-zero for float32 denormals (relpos.denormals), and that the command line sets it.
+"""Flush-to-zero for float32 denormals (relpos.runtime), and that the command line sets it.
 
 The mode is per-thread state inherited at thread creation, so each case runs in a fresh process.
 """
@@ -12,8 +12,8 @@ import sys
 import pytest
 import torch
 
-import relpos.cli
-from relpos.denormals import cpu_name
+import relpos.cli.commands
+from relpos.runtime import cpu_name
 
 if not torch.set_flush_denormal(False):  # (False: leave this process as PyTorch's default)
     pytest.skip("this CPU has no flush-to-zero mode", allow_module_level=True)
@@ -21,7 +21,7 @@ if not torch.set_flush_denormal(False):  # (False: leave this process as PyTorch
 
 def run_fresh(body: str) -> dict:
     """Run ``body`` in a new Python process with two intra-op threads; it prints a JSON dict."""
-    code = "import json, torch\ntorch.set_num_threads(2)\nfrom relpos.denormals import *\n" + body
+    code = "import json, torch\ntorch.set_num_threads(2)\nfrom relpos.runtime import *\n" + body
     done = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
     )
@@ -61,14 +61,15 @@ def test_keeping_denormals_again():
 
 def test_the_command_line_flushes_before_running_a_command(monkeypatch, capsys):
     calls = []
-    monkeypatch.setattr(relpos.cli, "flush_denormals", lambda: calls.append("flush"))
-    assert relpos.cli.main(["eval", "--run-dir", "/nonexistent/run"]) == 2  # fails after it
+    monkeypatch.setattr(relpos.cli.commands, "flush_denormals", lambda: calls.append("flush"))
+    # fails after it:
+    assert relpos.cli.commands.main(["eval", "--run-dir", "/nonexistent/run"]) == 2
     assert calls == ["flush"]
     assert "error" in capsys.readouterr().err
 
 
 def test_bench_header_names_the_cpu_the_denormal_mode_and_the_allocator_mode(tmp_path):
-    from relpos import bench
+    from relpos.cli import bench
 
     argv = ["--lengths", "32", "--schemes", "alibi", "--impls", "chunked", "--repeats", "5"]
     argv += ["--warmup", "1", "--no-memory", "--no-plot", "--keep-denormals", "--default-malloc"]

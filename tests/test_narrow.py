@@ -1,4 +1,4 @@
-"""The distance-coordinate band engine (``relpos.attention.narrow``).
+"""The distance-coordinate band engine (``relpos.attention.chunked.narrow``).
 
 Its strided views against loops, its chunking, and the region path through it against ``eager``
 (outputs and every gradient) on random shapes, chunk sizes and schemes. ``tests/test_band.py``
@@ -14,22 +14,22 @@ from hypothesis import strategies as st
 
 import relpos
 from relpos import Positions
-from relpos.attention import band as band_mod
-from relpos.attention import narrow as narrow_mod
-from relpos.attention.band import Band
 from relpos.attention.chunked import chunked_attention
+from relpos.attention.chunked import geometry as geometry_mod
+from relpos.attention.chunked import narrow as narrow_mod
+from relpos.attention.chunked.band import Band
 from relpos.attention.eager import eager_attention
 from tests.test_backends import assert_same
 
 
 def test_diagonal_view_matches_a_loop():
     tile = torch.randn(3, 5, 9)
-    view = band_mod.diagonal_view(tile, 5)
+    view = geometry_mod.diagonal_view(tile, 5)
     for i in range(5):
         for t in range(5):
             assert view[:, i, t].equal(tile[:, i, i + t])
     with pytest.raises(ValueError, match="no 6 full diagonals"):
-        band_mod.diagonal_view(tile, 6)  # row 4 would need column 4 + 5 = 9
+        geometry_mod.diagonal_view(tile, 6)  # row 4 would need column 4 + 5 = 9
 
 
 def _band(n: int, lo: int, hi: int, block: int) -> Band:
@@ -138,7 +138,7 @@ def test_distance_engine_matches_eager(spec, causal, n, b, h, budget, block, see
         mp.setattr(narrow_mod, "NARROW_WIDTH", 1 << 30)
         mp.setattr(narrow_mod, "NARROW_RATIO", 0)
         mp.setattr(narrow_mod, "CHUNK_ELEMENTS", budget)
-        mp.setattr("relpos.attention.chunked.NARROW_BLOCK", block)
+        mp.setattr("relpos.attention.chunked.narrow.NARROW_BLOCK", block)
         results = []
         for fn in (eager_attention, chunked_attention):
             out = fn(q, k, v, scheme, pos, pos, causal=causal)
@@ -190,17 +190,17 @@ def _shaw_call(seed: int):
 
 
 def test_scratch_buffers_are_reused_and_nothing_returned_lives_in_them():
-    narrow_mod._SCRATCH.bufs.clear()  # this thread's
+    narrow_mod._SCRATCH.buffers.clear()  # this thread's
     first = _shaw_call(0)
     assert_same(first, atol=1e-9, rtol=1e-9)
-    kept = {name: buf.data_ptr() for name, buf in narrow_mod._SCRATCH.bufs.items()}
+    kept = {name: buf.data_ptr() for name, buf in narrow_mod._SCRATCH.buffers.items()}
     assert {"tile", "s", "dp_tile", "ds", "dwin"} <= {name for name, *_ in kept}
     second = _shaw_call(1)  # other inputs through the same buffers: no stale state
     assert_same(second, atol=1e-9, rtol=1e-9)
-    assert {name: buf.data_ptr() for name, buf in narrow_mod._SCRATCH.bufs.items()} == kept
+    assert {name: buf.data_ptr() for name, buf in narrow_mod._SCRATCH.buffers.items()} == kept
     spans = [
         (buf.data_ptr(), buf.data_ptr() + buf.numel() * buf.element_size())
-        for buf in narrow_mod._SCRATCH.bufs.values()
+        for _, buf in narrow_mod._SCRATCH.buffers.items()
     ]
     out, grads = second[1]
     for t in (out, *grads):
@@ -210,7 +210,7 @@ def test_scratch_buffers_are_reused_and_nothing_returned_lives_in_them():
 
 
 def test_scratch_keeps_nothing_past_its_budget(monkeypatch):
-    monkeypatch.setattr(narrow_mod, "SCRATCH_BYTES", 0)
-    narrow_mod._SCRATCH.bufs.clear()
+    monkeypatch.setattr(narrow_mod._SCRATCH.buffers, "budget", 0)
+    narrow_mod._SCRATCH.buffers.clear()
     assert_same(_shaw_call(2), atol=1e-9, rtol=1e-9)
-    assert narrow_mod._SCRATCH.bufs == {}
+    assert narrow_mod._SCRATCH.buffers.items() == []

@@ -4,7 +4,7 @@ Every scheme is a function of each token's own position inside its own sequence 
 :class:`Positions`), never of array indices.
 """
 
-from . import checks, denormals, functional, heap
+from . import checks, functional
 from .attention import BACKENDS, KVCache, MultiheadAttention, eager_attention
 from .embedding import TokenPositionEmbedding
 from .models import Transformer, TransformerConfig
@@ -15,10 +15,12 @@ from .schemes import (
     ALiBiConfig,
     LearnedAbsolute,
     LearnedAbsoluteConfig,
+    LinearBiasScheme,
     MusicConfig,
     MusicRelative,
     NoPE,
     NoPEConfig,
+    RelativeScheme,
     Rotary,
     RotaryConfig,
     Scheme,
@@ -45,12 +47,14 @@ __all__ = [
     "KVCache",
     "LearnedAbsolute",
     "LearnedAbsoluteConfig",
+    "LinearBiasScheme",
     "MultiheadAttention",
     "MusicConfig",
     "MusicRelative",
     "NoPE",
     "NoPEConfig",
     "Positions",
+    "RelativeScheme",
     "Rotary",
     "RotaryConfig",
     "Scheme",
@@ -67,11 +71,8 @@ __all__ = [
     "__version__",
     "checks",
     "config_from_dict",
-    "data",
-    "denormals",
     "eager_attention",
     "functional",
-    "heap",
     "make_scheme",
     "register",
     "resolve_positions",

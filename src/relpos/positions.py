@@ -300,10 +300,18 @@ def resolve_positions(
             "(e.g. cache.positions.continued(n)) or nothing to continue each row"
         )
     for name, mask in (("padding_mask", padding_mask), ("segment_ids", segment_ids)):
-        if mask is not None and (mask.ndim != 2 or tuple(mask.shape) != (batch, n)):
+        if mask is None:
+            continue
+        if not isinstance(mask, Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(mask).__name__}")
+        if mask.ndim != 2 or tuple(mask.shape) != (batch, n):
             raise ValueError(
                 f"{name} must have shape (b, n) = ({batch}, {n}), got {tuple(mask.shape)}"
             )
+    if padding_mask is not None and padding_mask.dtype != torch.bool:
+        raise TypeError(
+            f"padding_mask must be a bool tensor (True = token), got dtype {padding_mask.dtype}"
+        )
     if padding_mask is not None:
         positions = Positions.from_padding_mask(padding_mask)
     elif segment_ids is not None:

@@ -16,6 +16,14 @@ relative table.
   there without gradients (:func:`flex_supports` says so, ``auto`` never picks it for training).
   On CUDA it runs forward and backward (gradients of a learned table flow through the captured
   ``rel``), untested here for lack of a GPU.
+* On CPU, ``q`` and ``k`` of head dim 8 or 16 are zero-padded to 24 (``q·k`` is unchanged; ``v``
+  is not padded): Inductor's CPU kernel (torch 2.13, AVX2) computes ``q·kᵀ`` for ``d % 8 == 0``,
+  ``d < 24`` with a micro-GEMM that, for a key block of length ``≡ 8 (mod 16)`` (any ``j ≤ 128``
+  with ``j % 16 == 8``: 8, 24, 40, ..., 120), reads 8 keys past the block and writes 8 scores past
+  its end, over the running maxima (and, for fewer than 8 queries, sums) of the query block: rows
+  0-7 come out 0, NaN or wrong whenever the memory after the keys holds large values, silently.
+  At ``d = 24`` the kernel takes its other, bounds-checked path. ``tests/test_flex_cpu.py`` has a
+  canary that says when upstream is fixed.
 
 Reference: Dong et al. (2024), "Flex Attention: A Programming Model for Generating Optimized
 Attention Kernels"; the PyTorch ``flex_attention`` docs.
@@ -24,15 +32,15 @@ Attention Kernels"; the PyTorch ``flex_attention`` docs.
 from __future__ import annotations
 
 import math
-from collections import OrderedDict
 from collections.abc import Callable
 
 import torch
 from torch import Tensor
 
 from ..positions import PAD_SEGMENT, Positions
-from ..schemes.base import Scheme
-from .sdpa import validate_attention_inputs
+from ..schemes.base import LinearBiasScheme, RelativeScheme, Scheme
+from .contract import needs_grad, validate_attention_inputs
+from .memo import BoundedCache
 
 __all__ = ["flex_attention_backend", "flex_available", "flex_supports", "rows_with_keys"]
 
@@ -42,8 +50,12 @@ except ImportError:  # pragma: no cover - old torch
     create_block_mask = flex_attention = None
 
 _compiled: Callable[..., Tensor] | None = None
-_BLOCK_MASKS: OrderedDict[tuple, object] = OrderedDict()
-_CACHE_SIZE = 16
+#: Block masks of plain positions by (i, j, causal, device): the 16 most recently used.
+_BLOCK_MASKS = BoundedCache(16, cost=lambda _: 1)
+#: Head dim ``q`` and ``k`` are zero-padded to on CPU when ``d % 8 == 0`` and ``d < 24``: the
+#: smallest that avoids the CPU kernel's out-of-bounds ``q·kᵀ`` path (``K % VLEN == 0 and
+#: 24 * BLOCK_M > K``, ``BLOCK_M = 1``) for both AVX2 (``VLEN = 8``) and AVX-512 (``VLEN = 16``).
+_CPU_SAFE_HEAD_DIM = 24
 
 
 def flex_available() -> bool:
@@ -57,8 +69,8 @@ def flex_supports(
     """Whether :func:`flex_attention_backend` runs ``scheme`` on ``device``.
 
     Not with a value term (Shaw values), not with gradients on CPU (Inductor compiles
-    FlexAttention's CPU kernel for inference only), not for a bias scheme without a relative form
-    other than ALiBi.
+    FlexAttention's CPU kernel for inference only), and a bias only from a
+    :class:`~relpos.schemes.RelativeScheme` or a :class:`~relpos.schemes.LinearBiasScheme`.
     """
     if not flex_available() or "value_term" in scheme.hooks:
         return False
@@ -67,11 +79,7 @@ def flex_supports(
         return False
     if "score_bias" not in scheme.hooks:
         return True
-    from ..schemes.alibi import ALiBi
-
-    return isinstance(scheme, ALiBi) or all(
-        hasattr(scheme, a) for a in ("relative_logits", "relative_index")
-    )
+    return isinstance(scheme, LinearBiasScheme | RelativeScheme)
 
 
 def _compiled_flex() -> Callable[..., Tensor]:
@@ -101,27 +109,19 @@ def _block_mask(q_positions: Positions, k_positions: Positions, causal: bool, de
     """The ``BlockMask`` of the allowed pairs; cached per shape for plain positions."""
     plain = q_positions is k_positions and q_positions.contiguous
     b = max(q_positions.batch, k_positions.batch)
-    key = (len(q_positions), len(k_positions), causal, str(device))
-    if plain and key in _BLOCK_MASKS:
-        _BLOCK_MASKS.move_to_end(key)
-        return _BLOCK_MASKS[key]
-    if plain:  # the cached mask must not alias the caller's tensors (a recompile guard)
-        q_positions = k_positions = Positions(
-            q_positions.pos.clone(), q_positions.seg.clone(), contiguous=True
-        )
-    mask = create_block_mask(
-        _mask_mod(q_positions, k_positions, causal),
-        b,
-        None,
-        len(q_positions),
-        len(k_positions),
-        device=device,
-    )
-    if plain:
-        _BLOCK_MASKS[key] = mask
-        while len(_BLOCK_MASKS) > _CACHE_SIZE:
-            _BLOCK_MASKS.popitem(last=False)
-    return mask
+    i, j = len(q_positions), len(k_positions)
+
+    def build(qp: Positions, kp: Positions):
+        return create_block_mask(_mask_mod(qp, kp, causal), b, None, i, j, device=device)
+
+    if not plain:
+        return build(q_positions, k_positions)
+
+    def build_own():  # a cached mask must not alias the caller's tensors (a recompile guard)
+        own = Positions(q_positions.pos.clone(), q_positions.seg.clone(), contiguous=True)
+        return build(own, own)
+
+    return _BLOCK_MASKS.get_or_build((i, j, causal, str(device)), build_own)
 
 
 def _distance_lut(
@@ -144,9 +144,7 @@ def _score_mod(scheme: Scheme, q: Tensor, q_positions: Positions, k_positions: P
         return None
     qb, kb = q_positions.batch, k_positions.batch
     qpos, kpos = q_positions.pos, k_positions.pos
-    from ..schemes.alibi import ALiBi
-
-    if isinstance(scheme, ALiBi):
+    if isinstance(scheme, LinearBiasScheme):
         slopes = scheme.slopes.to(device=q.device, dtype=torch.float32)
         causal = scheme.causal
 
@@ -192,13 +190,11 @@ def flex_attention_backend(
     validate_attention_inputs(q, k, v, q_positions, k_positions)
     if not flex_available():
         raise ValueError("the flex backend needs torch.nn.attention.flex_attention (torch >= 2.5)")
-    needs_grad = torch.is_grad_enabled() and (
-        any(t.requires_grad for t in (q, k, v)) or any(p.requires_grad for p in scheme.parameters())
-    )
-    if not flex_supports(scheme, device=q.device, needs_grad=needs_grad):
+    grad = needs_grad(scheme, q, k, v)
+    if not flex_supports(scheme, device=q.device, needs_grad=grad):
         why = (
             "gradients (FlexAttention compiles for inference only on CPU; use backend='chunked')"
-            if needs_grad and q.device.type == "cpu"
+            if grad and q.device.type == "cpu"
             else f"scheme {type(scheme).__name__}"
         )
         raise ValueError(f"the flex backend does not support {why}")
@@ -207,16 +203,32 @@ def flex_attention_backend(
     dtype = q.dtype if q.dtype in (torch.float32, torch.float16, torch.bfloat16) else torch.float32
     qc, kc, vc = (t.to(dtype) for t in (q, k, v))
     mask = _block_mask(q_positions, k_positions, causal, q.device)
+    score_mod = _score_mod(scheme, qc, q_positions, k_positions)  # from the unpadded q
+    qc, kc = _pad_head_dim_on_cpu(qc, kc)
     out = _compiled_flex()(
         qc,
         kc,
         vc,
-        score_mod=_score_mod(scheme, qc, q_positions, k_positions),
+        score_mod=score_mod,
         block_mask=mask,
         scale=1.0 / math.sqrt(q.shape[-1]),
     )
     out = torch.where(rows_with_keys(q_positions, k_positions, causal)[:, None, :, None], out, 0.0)
     return out.to(q.dtype)
+
+
+def _pad_head_dim_on_cpu(q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
+    """``q``, ``k`` with zeros appended to a head dim of 8 or 16 on CPU (see the module docstring).
+
+    Shapes: q ``(b, h, i, d)``, k ``(b, h, j, d)`` -> ``(b, h, i, 24)``, ``(b, h, j, 24)``; other
+    head dims and devices unchanged. Zero columns add nothing to ``q·k``; the caller passes the
+    scale ``1/√d`` of the unpadded ``d``.
+    """
+    d = q.shape[-1]
+    if q.device.type != "cpu" or d % 8 or d >= _CPU_SAFE_HEAD_DIM:
+        return q, k
+    pad = _CPU_SAFE_HEAD_DIM - d
+    return torch.nn.functional.pad(q, (0, pad)), torch.nn.functional.pad(k, (0, pad))
 
 
 def rows_with_keys(q_positions: Positions, k_positions: Positions, causal: bool) -> Tensor:

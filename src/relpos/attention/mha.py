@@ -77,6 +77,8 @@ class MultiheadAttention(nn.Module):
         if not isinstance(x, Tensor) or x.ndim != 3 or x.shape[-1] != self.d_model:
             shape = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
             raise ValueError(f"x must have shape (b, n, d_model={self.d_model}), got {shape}")
+        if not x.dtype.is_floating_point:
+            raise TypeError(f"x must be a floating tensor, got dtype {x.dtype}")
         b, n, _ = x.shape
         positions = resolve_positions(
             b,

@@ -35,56 +35,11 @@ from torch import Tensor
 
 from ..positions import Positions
 from ..schemes.base import Scheme
+from .contract import validate_attention_inputs
 
-__all__ = [
-    "allowed_mask",
-    "is_plain",
-    "sdpa_attention",
-    "sdpa_supports",
-    "validate_attention_inputs",
-]
+__all__ = ["allowed_mask", "is_plain", "sdpa_attention", "sdpa_supports"]
 
 _HALF = (torch.float16, torch.bfloat16)
-
-
-def validate_attention_inputs(
-    q: Tensor, k: Tensor, v: Tensor, q_positions: Positions, k_positions: Positions
-) -> None:
-    """Raise a clear ``ValueError``/``TypeError`` unless the backend contract's shapes hold.
-
-    ``q (b, h, i, d)``, ``k (b, h, j, d)``, ``v (b, h, j, d)``, all of one floating dtype;
-    ``q_positions`` of shape ``(b|1, i)``, ``k_positions`` of shape ``(b|1, j)``.
-    """
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(t, Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-        if t.ndim != 4:
-            raise ValueError(f"{name} must have shape (b, h, n, d), got shape {tuple(t.shape)}")
-        if not t.dtype.is_floating_point:
-            raise TypeError(f"{name} must be a floating tensor, got dtype {t.dtype}")
-    if k.shape != v.shape:
-        raise ValueError(
-            f"k and v must have the same shape (b, h, j, d), got {tuple(k.shape)} and "
-            f"{tuple(v.shape)}"
-        )
-    if q.shape[:2] != k.shape[:2] or q.shape[-1] != k.shape[-1]:
-        raise ValueError(
-            f"q (b, h, i, d) and k (b, h, j, d) must agree on b, h and d, got {tuple(q.shape)} "
-            f"and {tuple(k.shape)}"
-        )
-    if not (q.dtype == k.dtype == v.dtype):
-        raise TypeError(f"q, k, v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
-    for name, p, n in (
-        ("q_positions", q_positions, q.shape[-2]),
-        ("k_positions", k_positions, k.shape[-2]),
-    ):
-        if not isinstance(p, Positions):
-            raise TypeError(f"{name} must be a Positions, got {type(p).__name__}")
-        if len(p) != n or p.batch not in (1, q.shape[0]):
-            raise ValueError(
-                f"{name} have shape (b, n) = {tuple(p.pos.shape)}; expected ({q.shape[0]}, {n}) "
-                f"or (1, {n}) for tensors of shape {tuple(q.shape)}, {tuple(k.shape)}"
-            )
 
 
 def is_plain(q_positions: Positions, k_positions: Positions, *, causal: bool) -> bool:

@@ -5,7 +5,7 @@ from .dtypes import compute_dtype
 from .relative import clipped_relative_index, relative_distance
 from .rope import apply_rope, rope_angles, rope_frequencies
 from .sinusoidal import sinusoid_frequencies, sinusoidal_table
-from .skew import gather_relative, skew
+from .skew import gather_relative, scatter_relative, skew
 from .t5 import t5_buckets
 
 __all__ = [
@@ -18,6 +18,7 @@ __all__ = [
     "relative_distance",
     "rope_angles",
     "rope_frequencies",
+    "scatter_relative",
     "sinusoid_frequencies",
     "sinusoidal_table",
     "skew",

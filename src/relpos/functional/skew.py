@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = ["gather_relative", "skew"]
+__all__ = ["gather_relative", "scatter_relative", "skew"]
 
 
 def skew(rel_logits: Tensor, *, causal: bool) -> Tensor:
@@ -54,10 +54,23 @@ def gather_relative(rel_logits: Tensor, index: Tensor) -> Tensor:
     """Pick each pair's relative logit: ``out[..., i, j] = rel[..., i, index[i, j]]``.
 
     Shapes:
-        rel_logits: ``(b, h, i, R)``; index: ``(b|1, i, j)`` int64 in ``[0, R)``.
-        Returns ``(b, h, i, j)``.
+        rel_logits: ``(b|1, h, i|1, R)`` (a query-independent term broadcasts over ``i``);
+        index: ``(b|1, i, j)`` int64 in ``[0, R)``. Returns ``(max b, h, i, j)``.
     """
     b = max(rel_logits.shape[0], index.shape[0])
-    h = rel_logits.shape[1]
-    idx = index.unsqueeze(1).expand(b, h, *index.shape[-2:])
-    return torch.gather(rel_logits.expand(b, *rel_logits.shape[1:]), -1, idx)
+    h, i = rel_logits.shape[1], index.shape[-2]
+    idx = index.unsqueeze(1).expand(b, h, i, index.shape[-1])
+    return torch.gather(rel_logits.expand(b, h, i, rel_logits.shape[-1]), -1, idx)
+
+
+def scatter_relative(out: Tensor, index: Tensor, src: Tensor) -> Tensor:
+    """The adjoint of :func:`gather_relative`, in place:
+    ``out[.., i, index[.., i, j]] += src[.., i, j]``.
+
+    With ``src`` the attention probabilities this is the attention mass per relative row (Shaw's
+    value term); with ``src = dS`` the gradient of the relative logits.
+
+    Shapes:
+        out: ``(b, h, i, R)``; index: ``(b|1, i, j)``; src: ``(b, h, i, j)``. Returns ``out``.
+    """
+    return out.scatter_add_(-1, index.unsqueeze(1).expand(src.shape), src)

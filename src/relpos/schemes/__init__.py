@@ -2,7 +2,16 @@
 
 from .absolute import LearnedAbsolute, LearnedAbsoluteConfig, Sinusoidal, SinusoidalConfig
 from .alibi import ALiBi, ALiBiConfig
-from .base import SCHEMES, Scheme, SchemeConfig, config_from_dict, make_scheme, register
+from .base import (
+    SCHEMES,
+    LinearBiasScheme,
+    RelativeScheme,
+    Scheme,
+    SchemeConfig,
+    config_from_dict,
+    make_scheme,
+    register,
+)
 from .music import MusicConfig, MusicRelative
 from .nope import NoPE, NoPEConfig
 from .rope import Rotary, RotaryConfig
@@ -15,10 +24,12 @@ __all__ = [
     "ALiBiConfig",
     "LearnedAbsolute",
     "LearnedAbsoluteConfig",
+    "LinearBiasScheme",
     "MusicConfig",
     "MusicRelative",
     "NoPE",
     "NoPEConfig",
+    "RelativeScheme",
     "Rotary",
     "RotaryConfig",
     "Scheme",

@@ -4,11 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from torch import Tensor
-
-from ..functional.alibi import alibi_bias, alibi_slopes
-from ..positions import Positions
-from .base import Scheme, SchemeConfig, register
+from ..functional.alibi import alibi_slopes
+from .base import LinearBiasScheme, SchemeConfig, register
 
 __all__ = ["ALiBi", "ALiBiConfig"]
 
@@ -19,18 +16,14 @@ class ALiBiConfig(SchemeConfig):
 
 
 @register
-class ALiBi(Scheme):
+class ALiBi(LinearBiasScheme):
     """A fixed per-head linear penalty on distance, ``slope_h · (p_j - p_i)`` for causal attention
     and ``-slope_h · |p_j - p_i|`` (symmetric) for bidirectional attention. No parameters;
     extrapolates to any length.
     """
 
     config_class = ALiBiConfig
-    hooks = frozenset({"score_bias"})
 
     def __init__(self, config: ALiBiConfig | None = None, **dims) -> None:
         super().__init__(config, **dims)
         self.register_buffer("slopes", alibi_slopes(self.num_heads), persistent=False)
-
-    def score_bias(self, q: Tensor, q_positions: Positions, k_positions: Positions) -> Tensor:
-        return alibi_bias(self.slopes, q_positions.distance(k_positions), causal=self.causal)

@@ -14,20 +14,36 @@ hook                      contract
 Shape legend: ``b`` batch, ``h`` heads, ``i`` queries, ``j`` keys, ``d`` head dim, ``n`` tokens.
 ``qp``/``kp`` are the :class:`~relpos.Positions` of queries and keys; every hook reads positions
 from them and never from array indices.
+
+Two declared refinements tell the fast backends what else a scheme offers:
+
+* :class:`RelativeScheme` — the logit and value terms are functions of a *relative row* per pair
+  (a clipped distance or a bucket): ``num_relative``, ``relative_index``, ``relative_logits``,
+  ``relative_keys``, ``relative_value`` and the class flag ``query_independent``. ``chunked`` and
+  ``flex`` gather those rows themselves and never build ``(i, j)``.
+* :class:`LinearBiasScheme` — the logit term is ``slope_h·(p_j - p_i)`` (causal) or
+  ``-slope_h·|p_j - p_i|`` (bidirectional) with fixed per-head ``slopes``: ALiBi.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from abc import abstractmethod
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+import torch
 from torch import Tensor, nn
 
+from ..functional.alibi import alibi_bias
+from ..functional.dtypes import compute_dtype
+from ..functional.skew import gather_relative, scatter_relative
 from ..positions import Positions
 
 __all__ = [
     "SCHEMES",
+    "LinearBiasScheme",
+    "RelativeScheme",
     "Scheme",
     "SchemeConfig",
     "config_from_dict",
@@ -104,6 +120,16 @@ class Scheme(nn.Module):
                 f"got {type(config).__name__}"
             )
         check_heads(d_model, num_heads)
+        # nn.Module is no ABC, so the contract's abstract members are enforced here.
+        missing = sorted(
+            name
+            for name in dir(type(self))
+            if getattr(getattr(type(self), name, None), "__isabstractmethod__", False)
+        )
+        if missing:
+            raise TypeError(
+                f"{type(self).__name__} does not implement the abstract member(s) {missing}"
+            )
         self.config = config
         self.d_model = d_model
         self.num_heads = num_heads
@@ -142,6 +168,93 @@ class Scheme(nn.Module):
         return (
             f"{fields}, num_heads={self.num_heads}, head_dim={self.head_dim}, causal={self.causal}"
         )
+
+
+class RelativeScheme(Scheme):
+    """A scheme whose terms depend on each pair only through its *relative row* ``r`` in
+    ``[0, R)`` (a clipped distance, a bucket): the contract of the fast backends.
+
+    Subclasses implement :attr:`num_relative` and :meth:`relative_index`, and the forms their
+    terms take: :meth:`relative_logits` for a logit term, :meth:`relative_keys` when that term is
+    ``q·Eᵀ``, :meth:`relative_value` for a value term. Defaults: no such term (``None``). The
+    hooks follow from them (a scheme may override them with a faster equal form):
+
+    * ``score_bias = gather_relative(relative_logits(q), relative_index(qp, kp))``;
+    * ``value_term = relative_value(mass)``, ``mass[b, h, i, r] = Σ_j p[b, h, i, j]·[index = r]``
+      (:func:`~relpos.functional.scatter_relative`).
+
+    ``relative_index`` must depend on the positions, the config and ``causal`` only (backends
+    cache geometry derived from it per config).
+    """
+
+    #: Whether :meth:`relative_logits` is the same for every query, shape ``(1|b, h, 1, R)``
+    #: (T5); declared per class so backends never probe it at call time.
+    query_independent: ClassVar[bool] = False
+
+    @property
+    @abstractmethod
+    def num_relative(self) -> int:
+        """``R``, the number of relative rows."""
+
+    @abstractmethod
+    def relative_index(self, q_positions: Positions, k_positions: Positions) -> Tensor:
+        """Relative row of every pair, ``(b|1, i, j)`` int64 in ``[0, R)``."""
+
+    def relative_logits(self, q: Tensor) -> Tensor | None:
+        """Logit term per query and row, float32 ``(b, h, i, R)`` (``(1|b, h, 1, R)`` when
+        :attr:`query_independent`), or None without a logit term."""
+        keys = self.relative_keys(q.dtype)
+        if keys is None:
+            return None
+        return torch.matmul(q.to(keys.dtype), keys.transpose(-1, -2))
+
+    def relative_keys(self, dtype: torch.dtype = torch.float32) -> Tensor | None:
+        """``E`` of shape ``(h|1, R, d)`` in ``dtype``'s compute dtype, already scaled, with
+        ``relative_logits(q) = q·Eᵀ``; None when the logit term is not of that form."""
+        return None
+
+    def relative_value(self, mass: Tensor) -> Tensor | None:
+        """Value term ``(b, h, i, d)`` from the attention mass per row ``(b, h, i, R)``, or None."""
+        return None
+
+    @property
+    def has_relative_keys(self) -> bool:
+        """Whether the logit term is ``q·relative_keys()ᵀ``."""
+        return self.relative_keys() is not None
+
+    def score_bias(
+        self, q: Tensor, q_positions: Positions, k_positions: Positions
+    ) -> Tensor | None:
+        rel = self.relative_logits(q)
+        if rel is None:
+            return None
+        return gather_relative(rel, self.relative_index(q_positions, k_positions))
+
+    def value_term(
+        self, probs: Tensor, q_positions: Positions, k_positions: Positions
+    ) -> Tensor | None:
+        if "value_term" not in self.hooks:
+            return None
+        dtype = compute_dtype(probs.dtype)
+        index = self.relative_index(q_positions, k_positions)
+        mass = probs.new_zeros(*probs.shape[:-1], self.num_relative, dtype=dtype)
+        scatter_relative(mass, index, probs.to(dtype))
+        return self.relative_value(mass)
+
+
+class LinearBiasScheme(Scheme):
+    """A fixed linear bias on distance per head (ALiBi, Press et al., 2022):
+    ``slope_h·(p_j - p_i)`` when causal, ``-slope_h·|p_j - p_i|`` when bidirectional.
+
+    Subclasses provide ``slopes``, a float32 ``(h,)`` tensor without gradient; ``chunked`` splits
+    such a bias into per-key rows plus per-query constants and runs the stock fused kernel.
+    """
+
+    slopes: Tensor
+    hooks: ClassVar[frozenset[str]] = frozenset({"score_bias"})
+
+    def score_bias(self, q: Tensor, q_positions: Positions, k_positions: Positions) -> Tensor:
+        return alibi_bias(self.slopes, q_positions.distance(k_positions), causal=self.causal)
 
 
 def register(cls: type[Scheme]) -> type[Scheme]:

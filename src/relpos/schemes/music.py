@@ -12,7 +12,7 @@ from torch import Tensor, nn
 from ..functional.dtypes import compute_dtype
 from ..functional.skew import gather_relative, skew
 from ..positions import Positions
-from .base import Scheme, SchemeConfig, check_int, register
+from .base import RelativeScheme, SchemeConfig, check_int, register
 
 __all__ = ["MusicConfig", "MusicRelative"]
 
@@ -32,7 +32,7 @@ class MusicConfig(SchemeConfig):
 
 
 @register
-class MusicRelative(Scheme):
+class MusicRelative(RelativeScheme):
     """Relative logits ``S_rel[i, j] = q_i · Er[clip(p_j - p_i)] / √d`` with a learned per-head
     table ``Er`` (``max_distance+1`` rows when causal: distances ``-M..0``; ``2M+1`` when
     bidirectional: ``-M..M``). The logits are ``(Q·Kᵀ + S_rel)/√d``.
@@ -63,7 +63,7 @@ class MusicRelative(Scheme):
         keys = self.relative_keys(q.dtype)  # (h, R, d), scaled by 1/√d
         qf = q.to(keys.dtype)
         n = q.shape[-2]
-        if q_positions is k_positions and q_positions.contiguous:
+        if q_positions is k_positions and q_positions.contiguous and n > 0:
             # Self-attention over contiguous positions: distances -(n-1)..(0 or n-1), one table
             # row each (clipped rows repeat), then the skew puts every row into place.
             hi = 0 if self.causal else n - 1
@@ -96,12 +96,6 @@ class MusicRelative(Scheme):
         ``q·relative_keys()ᵀ``. Backends multiply ``q`` by the rows they need only."""
         return self.table.to(compute_dtype(dtype)) / math.sqrt(self.head_dim)
 
-    def relative_logits(self, q: Tensor) -> Tensor:
-        """``Q·Erᵀ/√d`` for every query and table row: ``(b, h, i, R)``.
-
-        ``score_bias(q, qp, kp) == gather_relative(relative_logits(q), relative_index(qp, kp))``;
-        backends that tile the logits call it per query block and gather per tile, so they hold
-        ``O(block·R)``, never ``(i, j)``.
-        """
-        keys = self.relative_keys(q.dtype)
-        return torch.matmul(q.to(keys.dtype), keys.transpose(-1, -2))
+    @property
+    def has_relative_keys(self) -> bool:
+        return True

@@ -10,7 +10,7 @@ from torch import Tensor, nn
 from ..functional.dtypes import compute_dtype
 from ..functional.t5 import t5_buckets
 from ..positions import Positions
-from .base import Scheme, SchemeConfig, check_int, register
+from .base import RelativeScheme, SchemeConfig, check_int, register
 
 __all__ = ["T5Bias", "T5Config"]
 
@@ -32,7 +32,7 @@ class T5Config(SchemeConfig):
 
 
 @register
-class T5Bias(Scheme):
+class T5Bias(RelativeScheme):
     """A learned scalar per (bucket, head) added to the logits. Bucketing is bidirectional unless
     the attention is causal; beyond ``max_distance`` every distance shares the last bucket, so any
     length runs.
@@ -43,6 +43,7 @@ class T5Bias(Scheme):
 
     config_class = T5Config
     hooks = frozenset({"score_bias"})
+    query_independent = True
 
     def __init__(self, config: T5Config | None = None, **dims) -> None:
         super().__init__(config, **dims)
@@ -60,18 +61,9 @@ class T5Bias(Scheme):
             )
         self.table = nn.Parameter(torch.randn(c.num_buckets, self.num_heads) * 0.02)
 
-    def buckets(self, q_positions: Positions, k_positions: Positions) -> Tensor:
-        c = self.config
-        return t5_buckets(
-            q_positions.distance(k_positions),
-            bidirectional=not self.causal,
-            num_buckets=c.num_buckets,
-            max_distance=c.max_distance,
-        )
-
     def score_bias(self, q: Tensor, q_positions: Positions, k_positions: Positions) -> Tensor:
         table = self.table.to(compute_dtype(self.table.dtype))
-        values = table[self.buckets(q_positions, k_positions)]  # (b, i, j, h)
+        values = table[self.relative_index(q_positions, k_positions)]  # (b, i, j, h)
         return values.permute(0, 3, 1, 2)
 
     # ------------------------------------------------------------ relative form (fused backends)
@@ -81,8 +73,14 @@ class T5Bias(Scheme):
         return self.config.num_buckets
 
     def relative_index(self, q_positions: Positions, k_positions: Positions) -> Tensor:
-        """Bucket of every pair, ``(b|1, i, j)`` int64 in ``[0, R)`` (same as :meth:`buckets`)."""
-        return self.buckets(q_positions, k_positions)
+        """Bucket of every pair, ``(b|1, i, j)`` int64 in ``[0, R)``."""
+        c = self.config
+        return t5_buckets(
+            q_positions.distance(k_positions),
+            bidirectional=not self.causal,
+            num_buckets=c.num_buckets,
+            max_distance=c.max_distance,
+        )
 
     def relative_logits(self, q: Tensor | None = None) -> Tensor:
         """Each bucket's bias per head, ``(1, h, 1, R)`` (the same for every query; ``q`` unused).

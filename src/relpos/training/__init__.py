@@ -1,21 +1,27 @@
-"""Training, evaluation and generation for the reference transformer on chorales."""
+"""A generic trainer for the reference transformer on any :class:`TokenDataset`.
+
+Windows (:mod:`.windows`), the loop with checkpoints and resume (:mod:`.loop`), note-wise NLL
+(:mod:`.evaluate`). The chorale data that ``relpos train`` uses by default is :mod:`relpos.music`.
+"""
 
 from .checkpoint import load_checkpoint, save_checkpoint
 from .config import TrainConfig
-from .data import TokenData, load_token_data
+from .dataset import TokenDataset
 from .evaluate import evaluate_nll, window_loss
-from .generate import sample_chorale
 from .loop import RunPaths, lr_at, train
+from .windows import WindowGrid, Windows, eval_windows, random_windows
 
 __all__ = [
     "RunPaths",
-    "TokenData",
+    "TokenDataset",
     "TrainConfig",
+    "WindowGrid",
+    "Windows",
+    "eval_windows",
     "evaluate_nll",
     "load_checkpoint",
-    "load_token_data",
     "lr_at",
-    "sample_chorale",
+    "random_windows",
     "save_checkpoint",
     "train",
     "window_loss",

@@ -6,8 +6,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..data import eval_windows
 from ..models.transformer import Transformer
+from .windows import EVERY_TOKEN, WindowGrid, eval_windows
 
 __all__ = ["evaluate_nll", "window_loss"]
 
@@ -34,11 +34,13 @@ def evaluate_nll(
     context: int,
     batch_size: int = 32,
     device: torch.device | str = "cpu",
+    grid: WindowGrid = EVERY_TOKEN,
 ) -> float:
-    """Mean NLL (nats per token) of ``seqs``, in windows of ``context`` tokens (step-aligned)."""
+    """Mean NLL (nats per token) of ``seqs``, in windows of ``context`` tokens starting on
+    ``grid``'s boundaries."""
     was_training = model.training
     model.eval()
-    windows = eval_windows(seqs, context)
+    windows = eval_windows(seqs, context, grid=grid)
     total, count = 0.0, 0
     for batch in windows.batches(batch_size):
         tokens = torch.from_numpy(batch.tokens).to(device)

@@ -33,13 +33,13 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from ..atomic import atomic_path
-from ..data import random_windows
 from ..models.transformer import Transformer
 from .checkpoint import load_checkpoint, save_checkpoint
 from .config import TrainConfig
-from .data import TokenData, load_token_data
+from .dataset import TokenDataset
 from .evaluate import evaluate_nll, window_loss
 from .plots import plot_learning_curve
+from .windows import random_windows
 
 __all__ = ["RunPaths", "lr_at", "train"]
 
@@ -146,9 +146,10 @@ class _Metrics:
 
 
 @contextmanager
-def _graceful_interrupt() -> Iterator[dict[str, bool]]:
+def _graceful_interrupt() -> Iterator[dict[str, Any]]:
     """First Ctrl-C sets a flag the loop checks after each step; a second one aborts at once."""
-    flag = {"stop": False}
+    # Test hook: $RELPOS_TEST_SIGNAL_AT_STEP=N makes the loop send itself SIGINT after step N.
+    flag = {"stop": False, "signal_at": int(os.environ.get("RELPOS_TEST_SIGNAL_AT_STEP") or 0)}
     if sys.platform == "win32" or signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
         yield flag
         return
@@ -191,7 +192,7 @@ def train(
     resume: bool = False,
     progress: bool = True,
     device: str | torch.device | None = None,
-    data: TokenData | None = None,
+    data: TokenDataset | None = None,
     stop_after: int | None = None,
 ) -> dict[str, Any]:
     """Train (or resume) a run in ``run_dir``; returns a summary dict.
@@ -200,7 +201,8 @@ def train(
         cfg: the run's config; ``None`` with ``resume=True`` reads it from the checkpoint.
         resume: continue from ``run_dir/last.pt`` (its saved config wins over ``cfg``).
         progress: show a progress bar (rank 0 only).
-        data: pre-loaded token data (tests); default: load ``cfg.data``.
+        data: the token dataset; default: the chorales named by ``cfg.data``
+            (:func:`relpos.music.load_token_data`).
         stop_after: stop (as if interrupted) after this many steps of this session.
     """
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -227,6 +229,8 @@ def train(
     torch.manual_seed(cfg.seed + ctx.rank)
     rng = np.random.default_rng([cfg.seed, ctx.rank])
     if data is None:
+        from ..music import load_token_data  # the command line's default dataset
+
         data = load_token_data(cfg.data, max_shift=cfg.max_shift, progress=progress and ctx.main)
     model = Transformer(cfg.model).to(device)
     decay = [p for p in model.parameters() if p.ndim >= 2]
@@ -283,7 +287,7 @@ def train(
     def validate() -> float:
         nonlocal best
         result = [
-            evaluate_nll(model, data.valid, context=cfg.context, device=device)
+            evaluate_nll(model, data.valid, context=cfg.context, device=device, grid=data.grid)
             if ctx.main
             else None
         ]
@@ -307,7 +311,7 @@ def train(
         while step < cfg.steps:
             for group in opt.param_groups:
                 group["lr"] = lr_at(step, cfg)
-            w = random_windows(data.train, local_batch, cfg.context, rng)
+            w = random_windows(data.train, local_batch, cfg.context, rng, grid=data.grid)
             tokens = torch.from_numpy(w.tokens).to(device)
             mask = torch.from_numpy(w.mask).to(device)
             loss_sum, n = window_loss(net, tokens, mask)
@@ -333,6 +337,8 @@ def train(
                     bar.set_postfix(loss=f"{loss.item():.3f}", tok_s=f"{rate:,.0f}")
             if bar is not None:
                 bar.update(1)
+            if step == flag["signal_at"]:  # the test hook above; returns after the handler ran
+                signal.raise_signal(signal.SIGINT)
             stop = flag["stop"] or (stop_after is not None and step - session_start >= stop_after)
             if ctx.world > 1:  # every rank stops together
                 stop_t = torch.tensor([float(stop)], device=device)

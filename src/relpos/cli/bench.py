@@ -1,4 +1,6 @@
-"""Attention speed and memory per scheme × backend: ``relpos bench`` / ``python -m relpos.bench``.
+"""Attention speed and memory per scheme × backend: ``relpos bench``.
+
+``python -m relpos.cli.bench`` is the same.
 
 For every configuration (scheme, implementation, length ``L``, batch ``B``, causal or not) it
 measures, on inputs ``q, k, v`` of shape ``(B, H, L, d)`` (``H=8``, ``d=64`` by default):
@@ -43,19 +45,22 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .atomic import atomic_path
-from .denormals import cpu_name, flush_denormals
-from .heap import retain_freed_memory
+from ..atomic import atomic_path
+from ..runtime import cpu_name, flush_denormals, retain_freed_memory
 
 __all__ = [
     "IMPLEMENTATIONS",
     "Config",
     "Result",
+    "Setup",
+    "backend_call",
     "main",
+    "make_setup",
     "measure_memory",
     "measure_time",
     "render_markdown",
     "run",
+    "sdpa_plain",
 ]
 
 SCHEMES = ["rope", "alibi", "t5", "shaw", "music"]
@@ -76,9 +81,11 @@ class Setup:
     causal: bool
 
 
-def _backend(name: str) -> Callable[[Setup], Tensor]:
+def backend_call(name: str) -> Callable[[Setup], Tensor]:
+    """The registered backend ``name`` as a function of a :class:`Setup` (rotating ``q, k``)."""
+
     def fn(s: Setup) -> Tensor:
-        from .attention.backends import BACKENDS
+        from ..attention.backends import BACKENDS
 
         q, k = s.scheme.rotate(s.q, s.k, s.positions, s.positions)
         return BACKENDS[name](q, k, s.v, s.scheme, s.positions, s.positions, causal=s.causal)
@@ -86,7 +93,8 @@ def _backend(name: str) -> Callable[[Setup], Tensor]:
     return fn
 
 
-def _sdpa_plain(s: Setup) -> Tensor:
+def sdpa_plain(s: Setup) -> Tensor:
+    """Plain SDPA with no bias (NoPE, ``is_causal``): the baseline every ratio divides by."""
     return F.scaled_dot_product_attention(s.q, s.k, s.v, is_causal=s.causal)
 
 
@@ -103,7 +111,7 @@ def _naive_shaw(s: Setup) -> Tensor:
     """Shaw et al. (2018) eqs. 3-5 as written: ``a^K_ij, a^V_ij`` materialised ``(L, L, d)``."""
     sc = s.scheme
     n, d = s.q.shape[-2], s.q.shape[-1]
-    index = sc.index(s.positions, s.positions)[0]  # (L, L)
+    index = sc.relative_index(s.positions, s.positions)[0]  # (L, L)
     a_k, a_v = sc.key_table[index], sc.value_table[index]  # (L, L, d) each
     logits = (s.q @ s.k.transpose(-1, -2) + torch.einsum("bhid,ijd->bhij", s.q, a_k)) / math.sqrt(d)
     if s.causal:
@@ -137,12 +145,12 @@ def _sdpa_memory(scheme: str, b: int, h: int, n: int, d: int) -> float:
 
 
 IMPLEMENTATIONS: dict[str, Impl] = {
-    "sdpa-plain": Impl(
-        "sdpa-plain", _sdpa_plain, lambda s, b, h, n, d: 8.0 * b * h * n * d * 4, ()
+    "sdpa-plain": Impl("sdpa-plain", sdpa_plain, lambda s, b, h, n, d: 8.0 * b * h * n * d * 4, ()),
+    "eager": Impl("eager", backend_call("eager"), lambda s, b, h, n, d: 7.0 * b * h * n * n * 4),
+    "sdpa": Impl("sdpa", backend_call("sdpa"), _sdpa_memory),
+    "chunked": Impl(
+        "chunked", backend_call("chunked"), lambda s, b, h, n, d: 40.0 * b * h * n * d * 4
     ),
-    "eager": Impl("eager", _backend("eager"), lambda s, b, h, n, d: 7.0 * b * h * n * n * 4),
-    "sdpa": Impl("sdpa", _backend("sdpa"), _sdpa_memory),
-    "chunked": Impl("chunked", _backend("chunked"), lambda s, b, h, n, d: 40.0 * b * h * n * d * 4),
     "sdpa-bias": Impl(
         "sdpa-bias",
         _sdpa_bias,
@@ -323,7 +331,7 @@ def _memory_child(spec: dict[str, Any]) -> dict[str, Any]:
 
 def measure_memory(spec: dict[str, Any], timeout: float) -> tuple[float | None, str]:
     """Peak bytes of one configuration in a fresh subprocess, or ``(None, reason)``."""
-    cmd = [sys.executable, "-m", "relpos.bench", "--child", json.dumps(spec)]
+    cmd = [sys.executable, "-m", "relpos.cli.bench", "--child", json.dumps(spec)]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
     except subprocess.TimeoutExpired:
@@ -373,7 +381,7 @@ def _available_bytes() -> float:
 
 
 def _auto_pick(s: Setup) -> str:
-    from .attention.backends import choose_backend
+    from ..attention.auto import choose_backend
 
     return choose_backend(s.scheme, s.q, s.positions, s.positions, needs_grad=True)
 
@@ -606,7 +614,7 @@ def _names(valid: list[str]) -> Callable[[str], list[str]]:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="relpos bench",
-        description="Attention speed and memory per scheme and backend (see relpos.bench).",
+        description="Attention speed and memory per scheme and backend (see relpos.cli.bench).",
     )
     p.add_argument(
         "--lengths",
@@ -641,13 +649,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--keep-denormals",
         dest="flush_denormals",
         action="store_false",
-        help="measure without flush-to-zero (see relpos.denormals; slow on many x86 CPUs)",
+        help="measure without flush-to-zero (see relpos.runtime; slow on many x86 CPUs)",
     )
     p.add_argument(
         "--default-malloc",
         dest="retain_heap",
         action="store_false",
-        help="measure with the C library's default allocator settings (see relpos.heap)",
+        help="measure with the C library's default allocator settings (see relpos.runtime)",
     )
     p.add_argument(
         "--no-memory",
@@ -686,7 +694,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--warmup must be >= 1, got {args.warmup}")
     if args.threads is not None:
         torch.set_num_threads(args.threads)
-    # Before any parallel op, so that the intra-op threads inherit it (relpos.denormals).
+    # Before any parallel op, so that the intra-op threads inherit it (relpos.runtime).
     flushed = flush_denormals(args.flush_denormals) and args.flush_denormals
     if args.flush_denormals and not flushed:
         print("relpos bench: flush-to-zero did not take effect; denormals are kept", flush=True)

@@ -26,9 +26,9 @@ def load_chorales(
 
     Args:
         source: ``None`` or ``"music21"``: the Bach chorales of the music21 corpus, parsed once
-            and cached (:func:`relpos.data.chorales.load_music21_chorales`). Any other string or
+            and cached (:func:`relpos.music.chorales.load_music21_chorales`). Any other string or
             path: a JSB JSON file ``{"train", "valid", "test"}``
-            (:func:`relpos.data.jsb.load_jsb_json`). (A file literally named ``music21`` must be
+            (:func:`relpos.music.jsb.load_jsb_json`). (A file literally named ``music21`` must be
             given as a ``Path`` or as ``"./music21"``.)
         cache_dir: cache directory for the corpus (default ``$RELPOS_CACHE`` or
             ``~/.cache/relpos``); unused for a JSON file.

@@ -1,4 +1,4 @@
-"""Chorales as token sequences for training and evaluation."""
+"""Chorales as a :class:`~relpos.training.TokenDataset` for training and evaluation."""
 
 from __future__ import annotations
 
@@ -6,25 +6,25 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..data import ChoraleSplits, allowed_shifts, encode, load_chorales, transpose
+from ..training.dataset import TokenDataset
+from ..training.windows import WindowGrid
+from .augment import allowed_shifts, transpose
+from .load import load_chorales
+from .splits import NUM_VOICES, ChoraleSplits
+from .tokens import PAD, encode
 
-__all__ = ["TokenData", "load_token_data"]
+__all__ = ["CHORALE_GRID", "TokenData", "load_token_data"]
+
+#: Windows of an encoded chorale start at BOS or at a soprano token (a whole time step).
+CHORALE_GRID = WindowGrid(step=NUM_VOICES, head=1, pad=PAD)
 
 
 @dataclass(frozen=True)
-class TokenData:
+class TokenData(TokenDataset):
     """Encoded chorales. ``train`` holds every allowed transposition of every training chorale
     (augmentation, training only); ``valid`` and ``test`` hold the chorales as written."""
 
-    train: list[np.ndarray]
-    valid: list[np.ndarray]
-    test: list[np.ndarray]
-    splits: ChoraleSplits
-
-    def split(self, name: str) -> list[np.ndarray]:
-        if name not in ("train", "valid", "test"):
-            raise ValueError(f"split must be 'train', 'valid' or 'test', got {name!r}")
-        return getattr(self, name)
+    splits: ChoraleSplits | None = None
 
 
 def load_token_data(source: str, *, max_shift: int, progress: bool = True) -> TokenData:
@@ -38,5 +38,6 @@ def load_token_data(source: str, *, max_shift: int, progress: bool = True) -> To
         train=train,
         valid=[encode(c) for c in splits.valid],
         test=[encode(c) for c in splits.test],
+        grid=CHORALE_GRID,
         splits=splits,
     )

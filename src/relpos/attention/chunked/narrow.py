@@ -4,7 +4,7 @@ Shape legend: ``b`` batch, ``h`` heads, ``i`` queries, ``d`` head dim, ``R`` row
 table; ``D`` distances in the band, ``B`` queries in one block, ``J = B + D - 1`` keys of its
 window, ``N`` the blocks of a chunk of (batch, head) rows (one batched GEMM).
 
-:mod:`relpos.attention.band` runs each block's softmax on its whole ``(B, J)`` window tile. For a
+:mod:`.band` runs each block's softmax on its whole ``(B, J)`` window tile. For a
 narrow band — Shaw's ``2k + 1`` distances, T5's exact buckets — most of that tile lies outside the
 band (with ``B = 64`` and ``D = 16``, 80 % of it), and the per-group copies of queries, windows
 and outputs cost more than the band's own products. This engine keeps the tile only for the
@@ -31,83 +31,51 @@ overlap; chunks at one offset do not).
 
 Memory: ``O(rows·n·J)`` per chunk, with rows chosen to keep that under :data:`CHUNK_ELEMENTS`,
 plus the chunk's padded copies of ``q``, ``k``, ``v`` (and ``dO`` and the gradients backward),
-all in per-thread scratch buffers kept between calls (:class:`_Scratch`). Nothing of size
+all in per-thread scratch buffers kept between calls (:class:`.memo.Scratch`). Nothing of size
 ``(i, j)``.
 """
 
 from __future__ import annotations
 
 import math
-import threading
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..schemes.base import Scheme
-from .band import _MASKS, Band, RelativeTerm, diagonal_view, finish_relative_grads
-from .grads import GradSink
+from ..memo import Scratch
+from .geometry import BAND_MASKS, Band, diagonal_view
+from .job import BandBackward, Job
+from .kernels import flush_exp_
+from .relative import RelativeTerm, finish_relative_grads
 
 __all__ = [
     "CHUNK_ELEMENTS",
     "NARROW_BLOCK",
     "NARROW_RATIO",
     "NARROW_WIDTH",
+    "backward",
+    "forward",
     "is_narrow",
-    "narrow_backward",
-    "narrow_forward",
 ]
 
-#: Bands of at most this many distances take this engine, both passes. The tile engine is faster
-#: from 512 distances on (a Music Transformer at L=2048, forward + backward: 1.54× against 1.90×
-#: plain SDPA at ``M = 256``, 1.97× against 1.86× at ``M = 512``); T5's forward pass (the fused
-#: kernel on tiles) is the same on both (``benchmarks/band_engines.py``; ``docs/performance.md``,
-#: round 7).
+#: Bands of at most this many distances take this engine, both passes; the tile engine wins on
+#: wider ones (the crossover is measured in ``docs/performance.md``).
 NARROW_WIDTH = 256
 #: ... and the sequence at least this many times longer than the band: in a shorter one, the
-#: first blocks' windows reach far before position 0, work the tile engine trims (a Music
-#: Transformer with ``M = 256``, B=4, forward: 2.12× against 1.87× plain SDPA at L=512, 1.79×
-#: against 1.80× at L=1024; the same benchmark).
+#: first blocks' windows reach far before position 0, work the tile engine trims.
 NARROW_RATIO = 4
-#: Queries per block: a block's GEMM computes ``B + D - 1`` keys for ``D`` useful ones; 32 was
-#: as fast as 16 for Shaw (``D = 16``) and faster for T5 and the Music Transformer (same
-#: benchmark).
+#: Queries per block: a block's GEMM computes ``B + D - 1`` keys for ``D`` useful ones.
 NARROW_BLOCK = 32
 #: Elements of one chunk's ``(N, B, J)`` tile (4 MiB in float32).
 CHUNK_ELEMENTS = 1 << 20
-#: Bytes of temporaries each thread keeps between calls (:class:`_Scratch`).
+#: Bytes of temporaries each thread keeps between calls.
 SCRATCH_BYTES = 64 << 20
 
 
-class _Scratch(threading.local):
-    """Per-thread buffers for the engine's temporaries, kept from call to call.
-
-    With glibc's default allocator, a temporary of a few MiB is a fresh ``mmap`` on every call
-    and faults its pages in again, at microseconds a page on a virtual machine (``relpos.heap``
-    fixes that for a whole process; a library cannot assume it). Nothing taken from here outlives
-    the call that takes it — no returned or saved tensor is a view of one — and a name is taken
-    once per chunk, so one buffer per name and thread is enough. At most :data:`SCRATCH_BYTES`
-    per thread are kept; a request past that gets a fresh tensor.
-    """
-
-    def __init__(self) -> None:
-        self.bufs: dict[tuple, Tensor] = {}
-
-    def take(self, name: str, shape: tuple[int, ...], like: Tensor) -> Tensor:
-        """An uninitialised ``shape`` tensor of ``like``'s dtype and device."""
-        numel = math.prod(shape)
-        key = (name, like.dtype, like.device)
-        buf = self.bufs.get(key)
-        if buf is None or buf.numel() < numel:
-            with torch.inference_mode(False):  # usable by later calls outside inference mode
-                buf = torch.empty(numel, dtype=like.dtype, device=like.device)
-            kept = sum(b.numel() * b.element_size() for k, b in self.bufs.items() if k != key)
-            if kept + buf.numel() * buf.element_size() <= SCRATCH_BYTES:
-                self.bufs[key] = buf
-        return buf[:numel].view(shape)
-
-
-_SCRATCH = _Scratch()
+#: Per-thread buffers for the engine's temporaries (a library cannot assume
+#: :func:`relpos.runtime.retain_freed_memory`).
+_SCRATCH = Scratch(SCRATCH_BYTES)
 
 
 def is_narrow(width: int, n: int) -> bool:
@@ -191,7 +159,7 @@ def _edge_rows(band: Band) -> tuple[int, int]:
 
 def _edge_masks(band: Band, device: torch.device) -> tuple[Tensor, Tensor]:
     """``(head blocked (head, D), tail blocked (n - tail, D))``: the pairs of those rows whose key
-    lies outside ``[0, n)``. Kept in the band masks' cache (:class:`band._MaskCache`): they
+    lies outside ``[0, n)``. Kept in the band masks' cache (:data:`.band.BAND_MASKS`): they
     depend on geometry only."""
 
     def build() -> tuple[Tensor, Tensor]:
@@ -201,7 +169,7 @@ def _edge_masks(band: Band, device: torch.device) -> tuple[Tensor, Tensor]:
         blocked = (keys < 0) | (keys >= band.n)
         return blocked[:head].clone(), blocked[tail:].clone()
 
-    return _MASKS.get_or_build(("distance edges", band.n, band.lo, band.hi, str(device)), build)
+    return BAND_MASKS.get_or_build(("distance edges", band.n, band.lo, band.hi, str(device)), build)
 
 
 def _mask_edges(band: Band, x: Tensor, value: float) -> None:
@@ -246,7 +214,7 @@ def _tile_from(tile: Tensor, lin: Tensor, band: Band) -> Tensor:
 def _exp(s: Tensor, band: Band) -> Tensor:
     """``exp(s)`` in place for ``s <= 0``: flushed at -87 (CPU ``exp`` is slow on very negative
     inputs), then exactly 0 at the masked edge pairs."""
-    p = s.clamp_min_(-87.0).exp_()
+    p = flush_exp_(s)
     _mask_edges(band, p, 0.0)
     return p
 
@@ -278,31 +246,15 @@ def _unfold(band: Band, dwin: Tensor, like: Tensor, name: str, alpha: float = 1.
 
 
 # ------------------------------------------------------------------------------------ forward
-def narrow_forward(
-    scheme: Scheme,
-    band: Band,
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    *,
-    scale: float,
-    has_bias: bool,
-    has_value: bool,
-    num_rel: int,
-    far_rows: list[int],
-) -> dict[str, Tensor]:
-    """Attention restricted to the band, in distance coordinates; the same contract as
-    :func:`~relpos.attention.band.band_forward`.
-
-    Returns ``lse (b, h, i)``, ``out (b, h, i, d)`` (normalised over the band), with a value term
-    ``mass (b, h, i, R)``, and for ``far_rows`` ``cols (1|b, h, i, len(far_rows))``.
-    """
+def forward(job: Job, q: Tensor, k: Tensor, v: Tensor) -> dict[str, Tensor]:
+    """The band's attention in distance coordinates (:meth:`.job.BandEngine.forward`)."""
+    band, scale = job.band, job.scale
     b, h, n, d = q.shape
     n_pad, bl = band.num_blocks * band.block, band.block
-    setup = RelativeTerm(scheme, band, q, has_bias=has_bias, far_rows=far_rows, grads=False)
+    setup = RelativeTerm(job, q, grads=False)
     lse = q.new_empty(b, h, n_pad)
     out = q.new_empty(b, h, n_pad, d)
-    mass = q.new_zeros(b, h, n_pad, num_rel) if has_value else None
+    mass = q.new_zeros(b, h, n_pad, job.num_rel) if job.rel_value else None
     for b0, b1, h0, h1 in _chunks(band, b, h):
         rows = (slice(b0, b1), slice(h0, h1))  # contiguous in every (b, h, ..) tensor
         qc = _rows(q[rows], n_pad, "q")
@@ -327,33 +279,15 @@ def narrow_forward(
 
 
 # ------------------------------------------------------------------------------------ backward
-def narrow_backward(
-    scheme: Scheme,
-    band: Band,
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    do: Tensor,
-    lse: Tensor,
-    delta: Tensor,
-    *,
-    scale: float,
-    has_bias: bool,
-    num_rel: int,
-    dmass: Tensor | None,
-    far_rows: list[int],
-    far_grads: Tensor | None,
-    needs_q: bool,
-    sink: GradSink,
-    grads: tuple[Tensor, Tensor, Tensor],
-) -> None:
-    """Gradients of the band, recomputed in distance coordinates from the final ``lse``; the same
-    contract as :func:`~relpos.attention.band.band_backward` (adds into ``grads = (dq, dk, dv)``,
-    parameter gradients into ``sink``)."""
-    dq, dk, dv = grads
+def backward(job: Job, q: Tensor, k: Tensor, v: Tensor, grad: BandBackward) -> None:
+    """The band's gradients, recomputed in distance coordinates from the final log-sum-exp
+    (:meth:`.job.BandEngine.backward`)."""
+    band, scale, needs_q = job.band, job.scale, grad.needs_q
+    do, lse, delta, dmass = grad.do, grad.lse, grad.delta, grad.dmass
+    dq, dk, dv = grad.grads
     b, h, n, d = q.shape
     n_pad, bl, dd = band.num_blocks * band.block, band.block, band.width
-    setup = RelativeTerm(scheme, band, q, has_bias=has_bias, far_rows=far_rows, grads=True)
+    setup = RelativeTerm(job, q, grads=True)
     lse_p = F.pad(lse, (0, n_pad - n), value=math.inf).unsqueeze(-1)
     delta_p = F.pad(delta, (0, n_pad - n)).unsqueeze(-1)
     dmass_lin = None if dmass is None else band.to_distance(dmass)  # (b, h, n, D)
@@ -391,4 +325,4 @@ def narrow_backward(
             dq[rows] += dqc[:, :, :n]
         torch.bmm(ds_tile.transpose(1, 2), qb, out=dwin)
         dk[rows] += _unfold(band, dwin, k[rows], "dk", alpha=scale)
-    finish_relative_grads(setup, band, q, dq, num_rel, far_rows, far_grads, needs_q, sink)
+    finish_relative_grads(setup, job, q, grad)

@@ -5,7 +5,7 @@ sequence alone and running it (a) left-padded, (b) right-padded, (c) packed with
 (d) decoded token by token with a KV cache, (e) decoded in chunks of 3, (f) generated in a batch of
 left-padded prompts. A scheme passes a check when that difference is below 1e-5.
 
-    relpos tour        (or: python examples/schemes_tour.py)
+    relpos tour
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ import time
 
 import torch
 
-from . import checks
-from .models import Transformer, TransformerConfig
-from .schemes import SCHEMES
+from .. import checks
+from ..models import Transformer, TransformerConfig
+from ..schemes import SCHEMES
 
 __all__ = ["main"]
 

@@ -2,9 +2,9 @@
 
 Every subcommand reports bad input as one clear line on stderr and exit status 2, not a traceback.
 Every subcommand first turns on flush-to-zero for float32 denormals, before PyTorch's thread pool
-starts (:mod:`relpos.denormals`: attention's backward pass runs many times slower on denormals on
+starts (:mod:`relpos.runtime`: attention's backward pass runs many times slower on denormals on
 many x86 CPUs); ``relpos bench --keep-denormals`` measures without it. It also makes glibc keep
-freed memory for reuse (:mod:`relpos.heap`: the ``chunked`` backend's temporaries otherwise fault
+freed memory for reuse (:mod:`relpos.runtime`: the ``chunked`` backend's temporaries otherwise fault
 their pages in anew on every call); ``relpos bench --default-malloc`` measures without it.
 """
 
@@ -17,8 +17,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from .denormals import flush_denormals
-from .heap import retain_freed_memory
+from ..runtime import flush_denormals, retain_freed_memory
 
 __all__ = ["main"]
 
@@ -97,9 +96,9 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
 
 
 def _train_config(args: argparse.Namespace):
-    from .data import VOCAB_SIZE
-    from .models import TransformerConfig
-    from .training import TrainConfig
+    from ..models import TransformerConfig
+    from ..music import VOCAB_SIZE
+    from ..training import TrainConfig
 
     if args.config:
         return TrainConfig.load(args.config)
@@ -128,8 +127,8 @@ def _train_config(args: argparse.Namespace):
 
 def _load_model(run_dir: Path, which: str):
     """The model of a run folder, from ``best``/``last`` checkpoint or a checkpoint path."""
-    from .models import Transformer
-    from .training import TrainConfig, load_checkpoint
+    from ..models import Transformer
+    from ..training import TrainConfig, load_checkpoint
 
     path = Path(which) if which not in ("best", "last") else run_dir / f"{which}.pt"
     state = load_checkpoint(path)
@@ -143,7 +142,7 @@ def _load_model(run_dir: Path, which: str):
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from .training import train
+    from ..training import train
 
     cfg = None if args.resume else _train_config(args)
     summary = train(
@@ -165,8 +164,9 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from .atomic import atomic_path
-    from .training import evaluate_nll, load_token_data
+    from ..atomic import atomic_path
+    from ..music import load_token_data
+    from ..training import evaluate_nll
 
     run_dir = Path(args.run_dir)
     model, cfg, state, path = _load_model(run_dir, args.checkpoint)
@@ -178,7 +178,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         "scheme": cfg.model.scheme,
     }
     for split in args.splits.split(","):
-        nll = evaluate_nll(model, data.split(split), context=cfg.context)
+        nll = evaluate_nll(model, data.split(split), context=cfg.context, grid=data.grid)
         result[f"{split}_nll"] = nll
         print(f"{split:>5}: {nll:.4f} nats/token")
     out = run_dir / "eval.json"
@@ -189,8 +189,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    from .data import load_chorales, write_midi, write_musicxml
-    from .training import sample_chorale
+    from ..music import load_chorales, sample_chorale, write_midi, write_musicxml
 
     run_dir = Path(args.run_dir)
     model, cfg, _, _ = _load_model(run_dir, args.checkpoint)
@@ -341,12 +340,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    if argv[:1] == ["bench"]:  # forward every option, leading ones included, to relpos.bench
+    if argv[:1] == ["bench"]:  # forward every option, leading ones included, to relpos.cli.bench
         from . import bench  # which sets both itself (--keep-denormals, --default-malloc)
 
         return bench.main(argv[1:])
     args = build_parser().parse_args(argv)
-    # Before any parallel op: the intra-op threads inherit it (relpos.denormals explains why).
+    # Before any parallel op: the intra-op threads inherit it (relpos.runtime explains why).
     flush_denormals()
     retain_freed_memory()
     try:

@@ -1,4 +1,4 @@
-"""ALiBi's fused-kernel parts (``relpos.attention.alibi_parts``): left/diagonal/right parts and
+"""ALiBi's fused-kernel parts (``relpos.attention.chunked.alibi``): left/diagonal/right parts and
 the keys they skip, against eager attention and against the bound's own claim."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from hypothesis import strategies as st
 
 import relpos
 from relpos import Positions
-from relpos.attention import alibi_parts
 from relpos.attention.backends import BACKENDS
+from relpos.attention.chunked import alibi as alibi_parts
 from relpos.attention.chunked import chunked_path
 from tests.test_backends import assert_same, run_case
 
@@ -52,13 +52,13 @@ def test_skipped_keys_change_nothing(dtype, causal, monkeypatch):
     assert all(0 <= r[0] < 100 for r in reach)  # the steepest head: a short window
     assert all(r[3] == -1 for r in reach)  # slope 0: no bound
     calls = []  # (heads × keys) of each forward kernel call
-    real = alibi_parts._flash
+    real = alibi_parts.flash
 
     def counting(q_, k_, *args, **kwargs):
         calls.append(k_.shape[1] * k_.shape[2])
         return real(q_, k_, *args, **kwargs)
 
-    monkeypatch.setattr(alibi_parts, "_flash", counting)
+    monkeypatch.setattr(alibi_parts, "flash", counting)
     grad_out = torch.randn_like(q)
     results = []
     for name in ("eager", "chunked"):

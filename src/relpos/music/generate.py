@@ -5,8 +5,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..data import BOS, EOS, NUM_VOICES, PAD, decode, encode
 from ..models.transformer import Transformer
+from .splits import NUM_VOICES
+from .tokens import BOS, EOS, PAD, decode, encode
 
 __all__ = ["sample_chorale"]
 
@@ -26,7 +27,7 @@ def sample_chorale(
 
     Only music tokens (pitches and rests) are ever sampled — PAD, BOS and EOS are masked out — and
     every step has exactly four voices, so the S-A-T-B order holds by construction; the result is
-    still passed through :func:`relpos.data.decode`, which drops anything malformed.
+    still passed through :func:`relpos.music.decode`, which drops anything malformed.
 
     Returns:
         ``(len(prime) + num_steps, 4)`` int16 array, ``-1`` = silent.

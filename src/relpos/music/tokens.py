@@ -16,7 +16,7 @@ Vocabulary (:data:`VOCAB_SIZE` = 77 ids)::
 
 The pitch range 24..96 holds every pitch of both data sets (the JSB file spans 36..81, the music21
 corpus 36..81) plus more than an octave either side, so any transposition that keeps the voices
-inside :data:`relpos.data.augment.VOICE_RANGES` stays in the vocabulary.
+inside :data:`relpos.music.augment.VOICE_RANGES` stays in the vocabulary.
 
 An encoded chorale is ``[BOS, s0, a0, t0, b0, s1, a1, t1, b1, ..., EOS]`` (``4·T + 2`` ids), so the
 music token at position ``p ≥ 1`` belongs to voice ``(p - 1) % 4``.
@@ -192,7 +192,7 @@ def token_voices(tokens: Any) -> np.ndarray:
 
     Music tokens are counted from the start of the row and restart after every special token, so
     this is right for encoded chorales (``[BOS, s0, a0, ...]``), for windows that start with BOS
-    or at a step boundary (all windows from :mod:`relpos.data.batching` do), and for padded
+    or at a step boundary (all windows from :mod:`relpos.training.windows` do), and for padded
     batches. Works on 1-D sequences and 2-D ``(batch, length)`` arrays; returns ``int8`` of the
     same shape.
     """

@@ -5,18 +5,19 @@
 * :mod:`.tokens` — ``encode`` / ``decode`` between chorales and token ids (one token per voice
   per step, S, A, T, B), :data:`VOCAB_SIZE`.
 * :mod:`.augment` — transposition within voice ranges (training only).
-* :mod:`.batching` — random training windows and exhaustive evaluation windows (numpy).
+* :mod:`.dataset` — chorales as a :class:`~relpos.training.TokenDataset` (``load_token_data``).
+* :mod:`.generate` — sampling a chorale from a trained model (``sample_chorale``).
 * :mod:`.midi` — MIDI / MusicXML output.
 * :mod:`.cache` — the versioned, checksummed corpus cache.
 
-Nothing here imports torch; music21 and tqdm are imported only when the corpus is parsed or a
-score written.
+music21 and tqdm are imported only when the corpus is parsed or a score written.
 """
 
 from .augment import VOICE_RANGES, allowed_shifts, random_transpose, transpose, voice_ranges
-from .batching import Windows, eval_windows, random_windows, step_boundaries
 from .cache import CacheWarning, default_cache_dir
 from .chorales import load_music21_chorales, split_of
+from .dataset import CHORALE_GRID, TokenData, load_token_data
+from .generate import sample_chorale
 from .jsb import load_jsb_json
 from .load import MUSIC21, load_chorales
 from .midi import chorale_to_score, write_midi, write_musicxml
@@ -44,6 +45,7 @@ from .tokens import (
 
 __all__ = [
     "BOS",
+    "CHORALE_GRID",
     "EOS",
     "MAX_PITCH",
     "MIN_PITCH",
@@ -59,21 +61,20 @@ __all__ = [
     "CacheWarning",
     "ChoraleSplits",
     "SplitName",
-    "Windows",
+    "TokenData",
     "allowed_shifts",
     "check_chorale",
     "chorale_to_score",
     "decode",
     "default_cache_dir",
     "encode",
-    "eval_windows",
     "load_chorales",
     "load_jsb_json",
     "load_music21_chorales",
+    "load_token_data",
     "random_transpose",
-    "random_windows",
+    "sample_chorale",
     "split_of",
-    "step_boundaries",
     "token_voices",
     "transpose",
     "voice_ranges",

@@ -1,12 +1,11 @@
 """Windows of token sequences for next-token training and evaluation (numpy only).
 
 A window is ``length + 1`` token ids: the model reads ``tokens[:, :-1]`` and predicts
-``tokens[:, 1:]``. Every window starts at a *step boundary* of its sequence — position 0 (BOS) or
-a soprano token (position ``1 + 4k`` of an encoded chorale) — so
-:func:`relpos.data.tokens.token_voices` gives the right voice of every token of a window.
-Sequences that end inside a window are padded with PAD; ``mask`` is ``True`` on real tokens, so
-the targets to score are ``mask[:, 1:]`` (the input at a PAD position is PAD and its target is
-masked out).
+``tokens[:, 1:]``. Every window starts at a *step boundary* of its sequence, given by a
+:class:`WindowGrid`: position 0, then ``head, head + step, head + 2·step, …`` (every token for the
+default grid; for an encoded chorale, BOS and each soprano token, so a window starts on a whole
+time step). Sequences that end inside a window are padded with the grid's ``pad`` id; ``mask`` is
+``True`` on real tokens, so the targets to score are ``mask[:, 1:]``.
 
 Everything here returns numpy arrays; the caller makes tensors
 (``torch.from_numpy(w.tokens)``, ``torch.from_numpy(w.mask)``).
@@ -20,10 +19,43 @@ from typing import Any
 
 import numpy as np
 
-from .splits import NUM_VOICES
-from .tokens import PAD
+__all__ = ["EVERY_TOKEN", "WindowGrid", "Windows", "eval_windows", "random_windows"]
 
-__all__ = ["Windows", "eval_windows", "random_windows", "step_boundaries"]
+
+def _check_positive_int(name: str, value: Any) -> None:
+    if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"{name}: expected a positive int, got {value!r}")
+
+
+@dataclass(frozen=True)
+class WindowGrid:
+    """Where windows may start, and the id that pads them.
+
+    Attributes:
+        step: tokens between two boundaries after the head (a chorale: 4 voices per step).
+        head: first boundary after position 0 (a chorale: 1, after BOS); 0 means none extra.
+        pad: token id after the end of a sequence (masked out).
+    """
+
+    step: int = 1
+    head: int = 0
+    pad: int = 0
+
+    def __post_init__(self) -> None:
+        _check_positive_int("step", self.step)
+        if isinstance(self.head, bool) or not isinstance(self.head, int) or self.head < 0:
+            raise ValueError(f"head: expected a non-negative int, got {self.head!r}")
+
+    def boundaries(self, seq_len: int) -> np.ndarray:
+        """Window start positions allowed in a sequence of ``seq_len`` tokens, ascending."""
+        if seq_len <= 0:
+            return np.zeros(0, dtype=np.int64)
+        rest = np.arange(self.head or self.step, seq_len, self.step)
+        return np.concatenate([[0], rest]).astype(np.int64)
+
+
+#: The default grid: a window may start at any token; padding id 0.
+EVERY_TOKEN = WindowGrid()
 
 
 @dataclass(frozen=True, eq=False)  # arrays inside: compare contents explicitly
@@ -31,7 +63,7 @@ class Windows:
     """A batch of windows.
 
     Attributes:
-        tokens: ``int64 (n, length + 1)`` token ids, PAD after the end of a sequence.
+        tokens: ``int64 (n, length + 1)`` token ids, the grid's pad id after the end of a sequence.
         mask: ``bool (n, length + 1)``, ``True`` on real tokens.
         seq_index: ``int64 (n,)``, which input sequence each window comes from.
         start: ``int64 (n,)``, position in that sequence of the window's first token.
@@ -58,11 +90,6 @@ class Windows:
             yield Windows(self.tokens[sl], self.mask[sl], self.seq_index[sl], self.start[sl])
 
 
-def _check_positive_int(name: str, value: Any) -> None:
-    if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
-        raise ValueError(f"{name}: expected a positive int, got {value!r}")
-
-
 def _check_seqs(token_seqs: Sequence[Any]) -> list[np.ndarray]:
     if isinstance(token_seqs, np.ndarray) or not isinstance(token_seqs, Sequence):
         raise TypeError(
@@ -80,17 +107,9 @@ def _check_seqs(token_seqs: Sequence[Any]) -> list[np.ndarray]:
     return out
 
 
-def step_boundaries(seq_len: int) -> np.ndarray:
-    """Window start positions allowed in an encoded chorale of ``seq_len`` tokens:
-    0 (BOS) and ``1, 5, 9, ...`` (sopranos), all ``< seq_len``."""
-    if seq_len <= 0:
-        return np.zeros(0, dtype=np.int64)
-    return np.concatenate([[0], np.arange(1, seq_len, NUM_VOICES)]).astype(np.int64)
-
-
-def _window(seq: np.ndarray, start: int, size: int) -> tuple[np.ndarray, np.ndarray]:
+def _window(seq: np.ndarray, start: int, size: int, pad: int) -> tuple[np.ndarray, np.ndarray]:
     chunk = seq[start : start + size]
-    tokens = np.full(size, PAD, dtype=np.int64)
+    tokens = np.full(size, pad, dtype=np.int64)
     tokens[: len(chunk)] = chunk
     mask = np.zeros(size, dtype=bool)
     mask[: len(chunk)] = True
@@ -103,22 +122,23 @@ def random_windows(
     length: int,
     rng: np.random.Generator,
     *,
+    grid: WindowGrid = EVERY_TOKEN,
     weighted: bool = True,
 ) -> Windows:
     """``batch_size`` random training windows of ``length + 1`` tokens.
 
     Each window picks a sequence (with probability proportional to its number of tokens when
     ``weighted``, so every token is about equally likely to be seen; uniformly otherwise), then a
-    start uniformly among its step boundaries ``s`` with ``s + length + 1 ≤ len`` — plus the
-    first boundary past that limit, so the last tokens (EOS) can be drawn even when ``length`` is
-    not a multiple of 4. A sequence of at most ``length + 1`` tokens is taken whole, padded.
+    start uniformly among its boundaries ``s`` with ``s + length + 1 ≤ len`` — plus the first
+    boundary past that limit, so the last tokens (EOS) can be drawn even when ``length`` is not a
+    multiple of the grid's step. A sequence of at most ``length + 1`` tokens is taken whole, padded.
 
     Args:
-        token_seqs: encoded chorales (1-D int arrays, e.g. from :func:`relpos.data.tokens.encode`;
-            re-encode transposed copies each epoch for augmentation).
+        token_seqs: 1-D int arrays of token ids.
         batch_size: number of windows.
         length: model context; windows hold ``length + 1`` tokens.
         rng: ``numpy.random.Generator``.
+        grid: where windows may start, and the padding id.
         weighted: sample sequences by length (default) or uniformly.
     """
     seqs = _check_seqs(token_seqs)
@@ -139,7 +159,7 @@ def random_windows(
     starts = np.empty(batch_size, dtype=np.int64)
     for b, i in enumerate(which):
         seq = seqs[i]
-        bounds = step_boundaries(len(seq))
+        bounds = grid.boundaries(len(seq))
         last = len(seq) - size  # largest start that fills the window
         if last <= 0:
             start = 0
@@ -148,27 +168,29 @@ def random_windows(
             # Boundaries <= last, plus the next one if `last` itself isn't a boundary.
             n = n_ok + (1 if n_ok < len(bounds) and bounds[n_ok - 1] != last else 0)
             start = int(bounds[rng.integers(n)])
-        tokens[b], mask[b] = _window(seq, start, size)
+        tokens[b], mask[b] = _window(seq, start, size, grid.pad)
         starts[b] = start
     return Windows(tokens, mask, which.astype(np.int64), starts)
 
 
-def eval_windows(token_seqs: Sequence[Any], length: int) -> Windows:
+def eval_windows(
+    token_seqs: Sequence[Any], length: int, *, grid: WindowGrid = EVERY_TOKEN
+) -> Windows:
     """Deterministic windows that score every token of every sequence exactly once.
 
     For each sequence (in order), windows are cut at step boundaries ``0 = s_0 < s_1 < ...``
     where ``s_{j+1}`` is the last boundary ``≤ s_j + length``; window ``j`` holds tokens
     ``[s_j, s_{j+1}]`` (its inputs ``[s_j, s_{j+1})`` and targets ``(s_j, s_{j+1}]``), padded to
     ``length + 1``; the last window runs to the end of the sequence. So the targets of a sequence
-    of ``n`` tokens are positions ``1..n-1`` (BOS is never a target), each exactly once, and
-    ``Windows.num_targets == sum(n - 1)``: summing NLL over ``mask[:, 1:]`` and dividing by
+    of ``n`` tokens are positions ``1..n-1`` (the first is never a target), each exactly once,
+    and ``Windows.num_targets == sum(n - 1)``: summing NLL over ``mask[:, 1:]`` and dividing by
     ``num_targets`` gives the per-token NLL. Each window's context restarts at its first token.
-    Requires ``length ≥ 4`` so that a window always advances by at least one step.
+    Requires ``length >= grid.step`` so that a window always advances by at least one step.
     """
     seqs = _check_seqs(token_seqs)
     _check_positive_int("length", length)
-    if length < NUM_VOICES:
-        raise ValueError(f"length: expected at least {NUM_VOICES} (one step), got {length}")
+    if length < grid.step:
+        raise ValueError(f"length: expected at least {grid.step} (one step), got {length}")
     size = length + 1
     rows: list[np.ndarray] = []
     masks: list[np.ndarray] = []
@@ -178,14 +200,14 @@ def eval_windows(token_seqs: Sequence[Any], length: int) -> Windows:
         n = len(seq)
         if n < 2:  # nothing to predict
             continue
-        bounds = step_boundaries(n)
+        bounds = grid.boundaries(n)
         start = 0
         while True:
             if start + length >= n - 1:  # the rest fits: targets up to n - 1
                 stop = n - 1
             else:
                 stop = int(bounds[np.searchsorted(bounds, start + length, side="right") - 1])
-            row, m = _window(seq[: stop + 1], start, size)
+            row, m = _window(seq[: stop + 1], start, size, grid.pad)
             rows.append(row)
             masks.append(m)
             index.append(i)

@@ -29,16 +29,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
-from ..functional.dtypes import compute_dtype
-from .chunked import _bounds, _flash, _flash_bwd
-
-if TYPE_CHECKING:
-    from .chunked import _Job
+from ...functional.dtypes import compute_dtype
+from .job import Job
+from .kernels import block_bounds, flash, flash_backward
 
 __all__ = ["ALIBI_BLOCK", "AlibiAttention", "alibi_reach"]
 
@@ -126,7 +123,7 @@ class _Geometry:
     const_right: Tensor  # (1, h, B)
 
     @classmethod
-    def build(cls, job: _Job, q: Tensor, n: int, block: int) -> _Geometry:
+    def build(cls, job: Job, q: Tensor, n: int, block: int) -> _Geometry:
         slopes = job.scheme.slopes.to(q.device, q.dtype).view(1, -1, 1)  # (1, h, 1)
         ar = torch.arange(max(n, block) + 1, device=q.device, dtype=q.dtype)
         bl = min(block, n)
@@ -170,7 +167,7 @@ def _attend_part(part: _Part, q: Tensor, k: Tensor, v: Tensor, rows: slice, scal
     """``(out (b, h, bi, d), lse (b, h, bi))`` of one part (``lse = -inf``: heads without keys)."""
     if len(part.spans) == 1 and part.spans[0].j1 > part.spans[0].j0:
         s = part.spans[0]  # every head the same keys: one call, no copy
-        return _flash(
+        return flash(
             q[:, :, rows], k[:, :, s.j0 : s.j1], v[:, :, s.j0 : s.j1], 0.0, part.causal,
             attn_mask=part.call_mask(s), scale=scale,
         )  # fmt: skip
@@ -180,7 +177,7 @@ def _attend_part(part: _Part, q: Tensor, k: Tensor, v: Tensor, rows: slice, scal
     for s in part.spans:
         if s.j1 > s.j0:
             hs, js = slice(s.h0, s.h1), slice(s.j0, s.j1)
-            o[:, hs], lse[:, hs] = _flash(
+            o[:, hs], lse[:, hs] = flash(
                 q[:, hs, rows], k[:, hs, js], v[:, hs, js], 0.0, part.causal,
                 attn_mask=part.call_mask(s), scale=scale,
             )  # fmt: skip
@@ -193,7 +190,7 @@ class AlibiAttention(torch.autograd.Function):
     final log-sum-exp. ALiBi has no parameters, so there is no bias gradient."""
 
     @staticmethod
-    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, job: _Job) -> Tensor:
+    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, job: Job) -> Tensor:
         dtype = compute_dtype(q.dtype)
         qf, kf, vf = (t.to(dtype) for t in (q, k, v))
         b, h, n, _ = qf.shape
@@ -201,7 +198,7 @@ class AlibiAttention(torch.autograd.Function):
         geom = _Geometry.build(job, qf, n, ALIBI_BLOCK)
         out = torch.empty_like(qf)
         lse = qf.new_empty(b, h, n)
-        for c, (i0, i1) in enumerate(_bounds(0, n, ALIBI_BLOCK)):
+        for c, (i0, i1) in enumerate(block_bounds(0, n, ALIBI_BLOCK)):
             diag, *rest = _parts(geom, job.causal, h, i0, i1, n, reach[c])
             # Merge by log-sum-exp, starting from the diagonal part (its lse is finite): with the
             # running (o, l), a part (o_p, l_p) weighs w = exp(l_p - logaddexp(l, l_p)),
@@ -222,12 +219,12 @@ class AlibiAttention(torch.autograd.Function):
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_out: Tensor):
-        job: _Job = ctx.job
+        job: Job = ctx.job
         qf, kf, vf, out, lse = ctx.saved_tensors
         h, n = qf.shape[1], qf.shape[2]
         do = grad_out.to(qf.dtype)
         dq, dk, dv = torch.zeros_like(qf), torch.zeros_like(kf), torch.zeros_like(vf)
-        for c, (i0, i1) in enumerate(_bounds(0, n, ALIBI_BLOCK)):
+        for c, (i0, i1) in enumerate(block_bounds(0, n, ALIBI_BLOCK)):
             dob, ob = do[:, :, i0:i1].contiguous(), out[:, :, i0:i1].contiguous()
             for part in _parts(ctx.geom, job.causal, h, i0, i1, n, ctx.reach[c]):
                 lse_p = lse[:, :, i0:i1] if part.const is None else lse[:, :, i0:i1] - part.const
@@ -236,7 +233,7 @@ class AlibiAttention(torch.autograd.Function):
                     if s.j1 == s.j0:  # every key of this part is out of reach for these heads
                         continue
                     hs, js = slice(s.h0, s.h1), slice(s.j0, s.j1)
-                    gq, gk, gv = _flash_bwd(
+                    gq, gk, gv = flash_backward(
                         dob[:, hs], qf[:, hs, i0:i1], kf[:, hs, js], vf[:, hs, js], ob[:, hs],
                         lse_p[:, hs], 0.0, part.causal, attn_mask=part.call_mask(s),
                         scale=job.scale,

@@ -261,10 +261,10 @@ def load_music21_chorales(
     """The corpus chorales, from the cache when it is valid, else parsed and cached.
 
     The cache file is ``<cache_dir>/music21-bach-chorales[-limit<N>].npz`` (format:
-    :mod:`relpos.data.cache`), keyed by the music21 version and the parsing parameters.
+    :mod:`relpos.music.cache`), keyed by the music21 version and the parsing parameters.
 
     Args:
-        cache_dir: cache directory (default :func:`relpos.data.cache.default_cache_dir`:
+        cache_dir: cache directory (default :func:`relpos.music.cache.default_cache_dir`:
             ``$RELPOS_CACHE`` or ``~/.cache/relpos``).
         progress: progress bar while parsing.
         limit: parse only until this many chorales were kept (see :func:`parse_music21_chorales`).

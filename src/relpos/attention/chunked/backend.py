@@ -1,0 +1,120 @@
+"""The ``chunked`` backend: attention for every scheme without an ``(i, j)`` tensor.
+
+Shape legend: ``b`` batch, ``h`` heads, ``i`` queries, ``j`` keys, ``d`` head dim.
+
+:func:`chunked_path` picks one of four paths per call:
+
+==========  ==============================================================================
+path        when, and how
+==========  ==============================================================================
+``tiles``   any positions, any scheme, dropout: query × key tiles with a streaming softmax
+            (:mod:`.tiles`, planned by :mod:`.plan`)
+``region``  CPU, self-attention over contiguous positions, a :class:`RelativeScheme` whose
+            band the engines compute: far parts by the fused kernel, the band by
+            :mod:`.narrow` or :mod:`.band` (:mod:`.region`)
+``alibi``   the same geometry with a :class:`LinearBiasScheme`: left / diagonal / right parts
+            by the fused kernel (:mod:`.alibi`)
+``fused``   the same geometry with no bias and no value term: the stock kernel
+==========  ==============================================================================
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch.nn.functional as F
+from torch import Tensor
+
+from ...positions import Positions
+from ...schemes.base import LinearBiasScheme, RelativeScheme, Scheme
+from ..contract import validate_attention_inputs
+from .alibi import AlibiAttention
+from .job import Job
+from .plan import plan_tiles
+from .region import region_attention, region_supports
+from .tiles import DEFAULT_BLOCK, TiledAttention
+
+__all__ = ["chunked_attention", "chunked_path"]
+
+
+def chunked_path(
+    scheme: Scheme,
+    q: Tensor,
+    q_positions: Positions,
+    k_positions: Positions,
+    *,
+    dropout_p: float = 0.0,
+    training: bool = False,
+) -> str:
+    """Which path :func:`chunked_attention` takes: ``"fused"`` (no bias: the stock kernel),
+    ``"alibi"``, ``"region"`` or ``"tiles"`` (the general path)."""
+    plain = q_positions is k_positions and q_positions.contiguous
+    if not plain or (dropout_p > 0 and training) or q.device.type != "cpu":
+        return "tiles"
+    hooks = scheme.hooks
+    if not hooks & {"score_bias", "value_term"}:
+        return "fused"
+    if isinstance(scheme, LinearBiasScheme) and "value_term" not in hooks:
+        return "alibi"
+    if isinstance(scheme, RelativeScheme) and region_supports(scheme):
+        return "region"
+    return "tiles"
+
+
+def chunked_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    scheme: Scheme,
+    q_positions: Positions,
+    k_positions: Positions,
+    *,
+    causal: bool,
+    dropout_p: float = 0.0,
+    training: bool = False,
+    q_block: int | None = None,
+    k_block: int | None = None,
+    path: str | None = None,
+) -> Tensor:
+    """Memory-lean attention for every scheme: ``O(bi·bj)`` per tile instead of ``O(i·j)``.
+
+    Same contract and results as :func:`~relpos.attention.eager.eager_attention` (float32 math,
+    padding queries get 0 forward and backward, gradients reach ``q``, ``k``, ``v`` and the
+    scheme's parameters).
+
+    Args:
+        q_block, k_block: tile sizes of the general path (default :data:`DEFAULT_BLOCK`).
+        path: force ``"tiles"`` (the general path) or leave None to pick with
+            :func:`chunked_path`.
+
+    Shapes:
+        q: ``(b, h, i, d)``; k, v: ``(b, h, j, d)`` (already rotated); returns ``(b, h, i, d)`` in
+        ``q``'s dtype.
+    """
+    validate_attention_inputs(q, k, v, q_positions, k_positions)
+    q_block = DEFAULT_BLOCK[0] if q_block is None else q_block
+    k_block = DEFAULT_BLOCK[1] if k_block is None else k_block
+    for name, value in (("q_block", q_block), ("k_block", k_block)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a positive int, got {value!r}")
+    if not 0.0 <= dropout_p < 1.0:
+        raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
+    if path not in (None, "tiles"):
+        raise ValueError(f"path must be None or 'tiles', got {path!r}")
+    chosen = path or chunked_path(
+        scheme, q, q_positions, k_positions, dropout_p=dropout_p, training=training
+    )
+    if 0 in (q.shape[-2], k.shape[-2]):  # nothing to attend: empty, or zeros (eager's result)
+        return (q @ k.transpose(-1, -2) @ v).to(q.dtype)
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    params = [p for p in scheme.parameters() if p.requires_grad]
+    if chosen == "fused":
+        return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    job = Job(scheme, q_positions, k_positions, causal, scale, params=params)
+    if chosen == "alibi":
+        return AlibiAttention.apply(q, k, v, job)
+    if chosen == "region":
+        return region_attention(q, k, v, job)
+    job.plan = plan_tiles(q_positions, k_positions, causal=causal, q_block=q_block, k_block=k_block)
+    job.dropout_p = dropout_p if training else 0.0
+    return TiledAttention.apply(q, k, v, job, *params)

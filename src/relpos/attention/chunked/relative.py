@@ -1,0 +1,121 @@
+"""A band's relative logit term and its gradients, shared by both band engines.
+
+Shape legend: ``b`` batch, ``h`` heads, ``i`` queries, ``d`` head dim, ``R`` rows of a relative
+table, ``D`` distances in the band.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from ...schemes.base import RelativeScheme
+from .geometry import Band
+from .grads import push_grad
+from .job import BandBackward, Job
+
+__all__ = ["RelativeTerm", "finish_relative_grads"]
+
+
+def _distance_keys(scheme: RelativeScheme, band: Band, dtype: torch.dtype, far_rows: list[int]):
+    """``(keys in distance coordinates (h|1, D, d), keys of far_rows (h|1, len, d) | None)``."""
+    keys = scheme.relative_keys(dtype)
+    if band.rows is not None:
+        near = keys[..., band.rows, :]
+    else:
+        near = keys.index_select(-2, band.lut)
+    return near, (keys[..., far_rows, :] if far_rows else None)
+
+
+class RelativeTerm:
+    """A band's logit term and its gradients, shared by the band engines (this module's and
+    :mod:`.narrow`'s).
+
+    Either query-independent (T5: ``rel (1|b, h, 1, R)``, in distance coordinates ``lin (1|b, h,
+    1, D)``) or ``q·Eᵀ`` (``keys (h|1, D, d)`` in distance coordinates), or absent. With
+    ``grads``, the term keeps its graph to the scheme's parameters and accumulates their
+    gradient in distance coordinates (``drel_lin`` or ``dkeys``) for :func:`finish_relative_grads`.
+
+    Attributes:
+        cols: the term at ``far_rows`` for every query, ``(1|b, h, i, len(far_rows))`` (forward).
+    """
+
+    def __init__(self, job: Job, q: Tensor, *, grads: bool) -> None:
+        _, h, n, d = q.shape
+        scheme, band, has_bias, far_rows = job.scheme, job.band, job.rel_bias, job.far_rows
+        self.const_rel = self.lin = self.keys = self.keys_g = self.cols = None
+        self.drel_lin = self.dkeys = None
+        if job.query_independent:  # T5
+            with torch.set_grad_enabled(grads):
+                self.const_rel = scheme.relative_logits(q[:, :, :1])  # (1|b, h, 1, R)
+            self.lin = band.to_distance(self.const_rel.detach())
+            if grads and self.const_rel.requires_grad:
+                self.drel_lin = q.new_zeros(1, h, 1, band.width)
+            if not grads and far_rows:
+                self.cols = self.const_rel[..., far_rows].expand(-1, -1, n, -1)
+        elif has_bias:  # q·Eᵀ
+            with torch.set_grad_enabled(grads):
+                self.keys_g = _distance_keys(scheme, band, q.dtype, far_rows)
+            self.keys = self.keys_g[0].detach()
+            if grads and self.keys_g[0].requires_grad:
+                self.dkeys = q.new_zeros(h, band.width, d)
+            if not grads and self.keys_g[1] is not None:
+                self.cols = torch.matmul(q, self.keys_g[1].transpose(-1, -2))
+
+    def _keys(self, h0: int, h1: int) -> Tensor:
+        return self.keys if self.keys.shape[0] == 1 else self.keys[h0:h1]
+
+    def term(
+        self, qc: Tensor, b0: int, b1: int, h0: int, h1: int, *, out: Tensor | None = None
+    ) -> Tensor | None:
+        """The term of rows ``[b0, b1) × [h0, h1)`` in distance coordinates: ``q·Eᵀ`` as a
+        ``(bc, hc, i, D)`` tensor (new, or written into ``out``), T5's ``(1|bc, hc, 1, D)`` view,
+        or None."""
+        if self.keys is not None:
+            return torch.matmul(qc, self._keys(h0, h1).transpose(-1, -2), out=out)
+        if self.lin is not None:
+            lin = self.lin if self.lin.shape[0] == 1 else self.lin[b0:b1]
+            return lin[:, h0:h1]
+        return None
+
+    def add_grads(
+        self, ds: Tensor, qc: Tensor, dqc: Tensor, h0: int, h1: int, needs_q: bool
+    ) -> None:
+        """Accumulate the term's gradient from ``ds (bc, hc, i, D)``, the score gradient in
+        distance coordinates of queries ``qc``; ``dq·E`` into ``dqc`` for a ``q·Eᵀ`` term."""
+        if self.keys is not None:
+            if needs_q:
+                dqc += torch.matmul(ds, self._keys(h0, h1))
+            if self.dkeys is not None:
+                self.dkeys[h0:h1] += torch.einsum("bhnt,bhnd->htd", ds, qc)
+        elif self.drel_lin is not None:
+            self.drel_lin[0, h0:h1, 0] += ds.sum((0, 2))
+
+
+def finish_relative_grads(term: RelativeTerm, job: Job, q: Tensor, grad: BandBackward) -> None:
+    """Push the accumulated gradient of the term (band distances plus ``grad.far_grads``, the far
+    rows' share) through the scheme once: into ``dq`` for ``q·Eᵀ``'s far rows and into
+    ``grad.sink`` for the parameters."""
+    band, far_rows, far_grads, needs_q = job.band, job.far_rows, grad.far_grads, grad.needs_q
+    dq, sink = grad.grads[0], grad.sink
+    if term.drel_lin is not None:  # (1, h, 1, D) → (1, h, 1, R)
+        drel = band.to_rows(term.drel_lin, job.num_rel)
+        if far_grads is not None:
+            drel[..., far_rows] += far_grads.sum((0, 2), keepdim=True)
+        push_grad(term.const_rel, drel, None, None, sink)
+    if term.keys_g is not None:
+        near, far = term.keys_g
+        outs, outs_grads = [near], [term.dkeys]
+        if far is not None and far_grads is not None:
+            if needs_q:
+                dq += torch.matmul(far_grads, far.detach())
+            outs.append(far)
+            outs_grads.append(torch.einsum("bhnr,bhnd->hrd", far_grads, q))
+        if term.dkeys is not None:  # one pass through relative_keys for both
+            grads_ = [_sum_heads(g, t) for g, t in zip(outs_grads, outs, strict=True)]
+            push_grad(outs, grads_, None, None, sink)
+
+
+def _sum_heads(grad: Tensor, like: Tensor) -> Tensor:
+    """A per-head gradient ``(h, .., ..)`` summed to a shared table's ``(1, .., ..)``."""
+    return grad.sum(0, keepdim=True) if like.shape[0] == 1 and grad.shape[0] != 1 else grad

@@ -1,0 +1,7 @@
+"""``python -m relpos.cli`` (what ``torchrun -m relpos.cli`` runs): the ``relpos`` command line."""
+
+import sys
+
+from .commands import main
+
+sys.exit(main())
