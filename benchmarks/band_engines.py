@@ -1,5 +1,5 @@
-"""The region path's two band engines against each other: tiles (``relpos.attention.band``) and
-distance coordinates (``relpos.attention.narrow``), per pass, for the bounds in ``narrow.py``.
+"""The region path's two band engines against each other: tiles (``relpos.attention.chunked.band``)
+and distance coordinates (``relpos.attention.chunked.narrow``), per pass, for its bounds.
 
 L=2048, B=1 (or ``--length``, ``--batch``), H=8, head dim 64, float32, two threads,
 flush-to-zero, heap retained (as ``relpos bench``). Every configuration of a case is timed in turn
@@ -20,10 +20,9 @@ import time
 import torch
 
 import relpos
-from relpos.attention import chunked, narrow
-from relpos.bench import _backend, _sdpa_plain, make_setup
-from relpos.denormals import cpu_name, flush_denormals
-from relpos.heap import retain_freed_memory
+from relpos.attention.chunked import narrow
+from relpos.cli.bench import backend_call, make_setup, sdpa_plain
+from relpos.runtime import cpu_name, flush_denormals, retain_freed_memory
 
 BIG = 1 << 30
 #: name: (NARROW_WIDTH, NARROW_RATIO, NARROW_BLOCK): which engine runs the band (forced: no
@@ -56,14 +55,14 @@ def measure(
     )  # fmt: skip
     s.scheme = relpos.make_scheme(spec, d_model=512, num_heads=8, causal=causal)
     s.scheme.requires_grad_(backward)
-    fast = _backend("chunked")
-    saved = (narrow.NARROW_WIDTH, narrow.NARROW_RATIO, chunked.NARROW_BLOCK)
+    fast = backend_call("chunked")
+    saved = (narrow.NARROW_WIDTH, narrow.NARROW_RATIO, narrow.NARROW_BLOCK)
 
     def run(name: str) -> float:
         if name != "plain":
-            narrow.NARROW_WIDTH, narrow.NARROW_RATIO, chunked.NARROW_BLOCK = ENGINES[name]
+            narrow.NARROW_WIDTH, narrow.NARROW_RATIO, narrow.NARROW_BLOCK = ENGINES[name]
         t0 = time.perf_counter()
-        out = (_sdpa_plain if name == "plain" else fast)(s)
+        out = (sdpa_plain if name == "plain" else fast)(s)
         if backward:
             out.sum().backward()
         return time.perf_counter() - t0
@@ -77,7 +76,7 @@ def measure(
             for name in names:
                 times[name].append(run(name))
     finally:
-        narrow.NARROW_WIDTH, narrow.NARROW_RATIO, chunked.NARROW_BLOCK = saved
+        narrow.NARROW_WIDTH, narrow.NARROW_RATIO, narrow.NARROW_BLOCK = saved
     return {name: statistics.median(ts) for name, ts in times.items()}
 
 

@@ -1,4 +1,4 @@
-"""How much do denormal probabilities slow PyTorch's fused CPU attention? (see relpos/denormals.py)
+"""How much do denormal probabilities slow PyTorch's fused CPU attention? (see relpos/runtime.py)
 
 One ``(1, 8, 256, 64)`` query block against 2048 keys, through
 ``aten._scaled_dot_product_flash_attention_for_cpu`` and its backward: the first 1024 keys get a
@@ -21,7 +21,7 @@ import time
 
 import torch
 
-from relpos.denormals import cpu_name, flush_denormals
+from relpos.runtime import cpu_name, flush_denormals
 
 GAPS = [-50.0, -90.0, -95.0, -100.0, -110.0, -1000.0, -math.inf]
 _flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu

@@ -1,5 +1,5 @@
 """Minor page faults and time per call of the ``chunked`` backend, glibc defaults against a retained
-heap (see relpos/heap.py).
+heap (see ``relpos.runtime.retain_freed_memory``).
 
 L=2048, causal, B=1, H=8, head dim 64, float32, two threads, flush-to-zero. Each (scheme, pass,
 allocator) runs in a fresh process, because allocator settings are process-wide: three warm-up
@@ -21,9 +21,8 @@ import time
 
 import torch
 
-from relpos.bench import _backend, _sdpa_plain, make_setup
-from relpos.denormals import cpu_name, flush_denormals
-from relpos.heap import retain_freed_memory
+from relpos.cli.bench import backend_call, make_setup, sdpa_plain
+from relpos.runtime import cpu_name, flush_denormals, retain_freed_memory
 
 SCHEMES = ["none", "t5", "shaw", "music", "alibi"]
 
@@ -38,7 +37,7 @@ def child(scheme: str, backward: bool, retain: bool, calls: int) -> dict:
         scheme, 2048, 1, causal=True, heads=8, head_dim=64, device="cpu",
         dtype=torch.float32, grad=backward,
     )  # fmt: skip
-    fn = _sdpa_plain if scheme == "none" else _backend("chunked")
+    fn = sdpa_plain if scheme == "none" else backend_call("chunked")
 
     def step() -> None:
         out = fn(s)
