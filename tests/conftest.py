@@ -1,7 +1,19 @@
-"""pytest configuration: hypothesis profile (deterministic, no deadline: oracles are slow)."""
+"""pytest configuration: hypothesis profile (deterministic, no deadline: oracles are slow), and
+no test leaks process-wide floating-point state into the next."""
 
+import pytest
+import torch
 from hypothesis import settings
 
 settings.register_profile("default", deadline=None, max_examples=15, derandomize=True)
 settings.register_profile("thorough", deadline=None, max_examples=200)
 settings.load_profile("default")
+
+
+@pytest.fixture(autouse=True)
+def _keep_denormals():
+    """``relpos bench`` run in-process turns on flush-to-zero (for the whole process when the
+    thread pool has one thread); switch it back off, or later tests see subnormals as 0 (and
+    hypothesis refuses to draw floats)."""
+    yield
+    torch.set_flush_denormal(False)

@@ -170,3 +170,13 @@ def test_flex_matches_eager_for_few_queries_over_120_keys():
     prefix = Positions.from_length(117)
     new = prefix.continued(3)
     check_against_eager(SCHEMES[2], new, prefix.cat(new), d=16, causal=True)
+
+
+@pytest.mark.parametrize("scheme", ["nope", "alibi", "t5"])
+def test_flex_at_length_zero_returns_an_empty_result(scheme):
+    """Issue 21 item 8: no kernel call (FlexAttention's block mask cannot be built for 0 tokens)."""
+    with torch.no_grad():
+        out = relpos.MultiheadAttention(16, 2, scheme, causal=True, backend="flex")(
+            torch.randn(2, 0, 16)
+        )
+    assert out.shape == (2, 0, 16)

@@ -16,7 +16,14 @@ from torch import Tensor
 from ..positions import Positions
 from ..schemes.base import Scheme
 
-__all__ = ["AttentionBackend", "needs_grad", "validate_attention_inputs"]
+__all__ = [
+    "AttentionBackend",
+    "empty_attention",
+    "is_empty",
+    "needs_grad",
+    "validate_attention_inputs",
+    "zero_padding_keys",
+]
 
 
 class AttentionBackend(Protocol):
@@ -46,6 +53,29 @@ class AttentionBackend(Protocol):
         dropout_p: float = 0.0,
         training: bool = False,
     ) -> Tensor: ...
+
+
+def zero_padding_keys(k: Tensor, v: Tensor, k_positions: Positions) -> tuple[Tensor, Tensor]:
+    """``k`` and ``v`` with padding keys set to 0, so that no value there — not even NaN or inf,
+    as ``0·NaN`` — can reach a real query. Plain positions have no padding: returned as they are.
+
+    Shapes: k, v ``(b, h, j, d)``; k_positions ``(b|1, j)``.
+    """
+    if k_positions.contiguous:
+        return k, v
+    keep = k_positions.valid[:, None, :, None]
+    return torch.where(keep, k, 0.0), torch.where(keep, v, 0.0)
+
+
+def is_empty(q: Tensor, k: Tensor) -> bool:
+    """Whether there are no queries or no keys: nothing for a kernel to do."""
+    return q.shape[-2] == 0 or k.shape[-2] == 0
+
+
+def empty_attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+    """The result when :func:`is_empty`: ``(b, h, 0, d)``, or zeros for queries with no keys —
+    ``eager``'s result, still connected to the graph."""
+    return (q @ k.transpose(-1, -2) @ v).to(q.dtype)
 
 
 def needs_grad(scheme: Scheme, *tensors: Tensor) -> bool:

@@ -11,6 +11,7 @@ from torch import Tensor
 from ..functional.dtypes import compute_dtype
 from ..positions import Positions
 from ..schemes.base import Scheme
+from .contract import validate_attention_inputs, zero_padding_keys
 
 __all__ = ["eager_attention"]
 
@@ -37,6 +38,8 @@ def eager_attention(
         q: ``(b, h, i, d)``; k, v: ``(b, h, j, d)`` (already rotated); returns ``(b, h, i, d)`` in
         ``q``'s dtype.
     """
+    validate_attention_inputs(q, k, v, q_positions, k_positions)
+    k, v = zero_padding_keys(k, v, k_positions)
     dtype = compute_dtype(q.dtype)
     logits = (q.to(dtype) @ k.to(dtype).transpose(-1, -2)) / math.sqrt(q.shape[-1])
     bias = scheme.score_bias(q, q_positions, k_positions)

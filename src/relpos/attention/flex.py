@@ -39,7 +39,13 @@ from torch import Tensor
 
 from ..positions import PAD_SEGMENT, Positions
 from ..schemes.base import LinearBiasScheme, RelativeScheme, Scheme
-from .contract import needs_grad, validate_attention_inputs
+from .contract import (
+    empty_attention,
+    is_empty,
+    needs_grad,
+    validate_attention_inputs,
+    zero_padding_keys,
+)
 from .memo import BoundedCache
 
 __all__ = ["flex_attention_backend", "flex_available", "flex_supports", "rows_with_keys"]
@@ -188,6 +194,7 @@ def flex_attention_backend(
         ValueError: unsupported scheme, gradients on CPU, or dropout in training.
     """
     validate_attention_inputs(q, k, v, q_positions, k_positions)
+    k, v = zero_padding_keys(k, v, k_positions)
     if not flex_available():
         raise ValueError("the flex backend needs torch.nn.attention.flex_attention (torch >= 2.5)")
     grad = needs_grad(scheme, q, k, v)
@@ -200,6 +207,8 @@ def flex_attention_backend(
         raise ValueError(f"the flex backend does not support {why}")
     if dropout_p > 0 and training:
         raise ValueError("the flex backend does not support attention dropout")
+    if is_empty(q, k):
+        return empty_attention(q, k, v)
     dtype = q.dtype if q.dtype in (torch.float32, torch.float16, torch.bfloat16) else torch.float32
     qc, kc, vc = (t.to(dtype) for t in (q, k, v))
     mask = _block_mask(q_positions, k_positions, causal, q.device)

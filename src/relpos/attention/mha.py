@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
 from torch import Tensor, nn
 
 from ..positions import Positions, resolve_positions
@@ -107,7 +108,7 @@ class MultiheadAttention(nn.Module):
         )
         y = self.out(y.transpose(1, 2).reshape(b, n, self.d_model))
         # Padding tokens attend nowhere: their output is exactly zero (not the projection's bias).
-        return y * positions.valid.unsqueeze(-1).to(y.dtype)
+        return torch.where(positions.valid.unsqueeze(-1), y, 0.0)
 
     def extra_repr(self) -> str:
         return (

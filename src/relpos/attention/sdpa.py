@@ -35,7 +35,7 @@ from torch import Tensor
 
 from ..positions import Positions
 from ..schemes.base import Scheme
-from .contract import validate_attention_inputs
+from .contract import validate_attention_inputs, zero_padding_keys
 
 __all__ = ["allowed_mask", "is_plain", "sdpa_attention", "sdpa_supports"]
 
@@ -93,6 +93,7 @@ def sdpa_attention(
         ValueError: for a scheme with a value term (Shaw values), or bad shapes.
     """
     validate_attention_inputs(q, k, v, q_positions, k_positions)
+    k, v = zero_padding_keys(k, v, k_positions)
     if not sdpa_supports(scheme):
         raise ValueError(
             f"the sdpa backend cannot add the value term of scheme {type(scheme).__name__} "

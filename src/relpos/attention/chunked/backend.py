@@ -27,7 +27,7 @@ from torch import Tensor
 
 from ...positions import Positions
 from ...schemes.base import LinearBiasScheme, RelativeScheme, Scheme
-from ..contract import validate_attention_inputs
+from ..contract import empty_attention, is_empty, validate_attention_inputs, zero_padding_keys
 from .alibi import AlibiAttention
 from .job import Job
 from .plan import plan_tiles
@@ -92,6 +92,7 @@ def chunked_attention(
         ``q``'s dtype.
     """
     validate_attention_inputs(q, k, v, q_positions, k_positions)
+    k, v = zero_padding_keys(k, v, k_positions)
     q_block = DEFAULT_BLOCK[0] if q_block is None else q_block
     k_block = DEFAULT_BLOCK[1] if k_block is None else k_block
     for name, value in (("q_block", q_block), ("k_block", k_block)):
@@ -104,8 +105,8 @@ def chunked_attention(
     chosen = path or chunked_path(
         scheme, q, q_positions, k_positions, dropout_p=dropout_p, training=training
     )
-    if 0 in (q.shape[-2], k.shape[-2]):  # nothing to attend: empty, or zeros (eager's result)
-        return (q @ k.transpose(-1, -2) @ v).to(q.dtype)
+    if is_empty(q, k):
+        return empty_attention(q, k, v)
     scale = 1.0 / math.sqrt(q.shape[-1])
     params = [p for p in scheme.parameters() if p.requires_grad]
     if chosen == "fused":
