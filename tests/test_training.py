@@ -6,6 +6,7 @@ import itertools
 import json
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -16,9 +17,20 @@ import pytest
 import torch
 
 from relpos import TransformerConfig
+from relpos.atomic import atomic_path, stale_temporaries
 from relpos.cli import main
-from relpos.music import VOCAB_SIZE, load_token_data, sample_chorale
-from relpos.training import TrainConfig, load_checkpoint, lr_at, save_checkpoint, train
+from relpos.music import VOCAB_SIZE, ChoraleSplits, load_chorales, load_token_data, sample_chorale
+from relpos.training import (
+    TokenDataset,
+    TrainConfig,
+    WindowGrid,
+    load_checkpoint,
+    lr_at,
+    save_checkpoint,
+    train,
+)
+from relpos.training import loop as training_loop
+from relpos.training.loop import RUN_FILES, TrainingDiverged
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -339,3 +351,280 @@ def test_cli_train_from_a_config_file(tiny_data, tmp_path):
     assert main(["train", "--config", str(path), "--run-dir", str(tmp_path / "r2")]) == 2
     path.write_text("{not json")
     assert main(["train", "--config", str(path), "--run-dir", str(tmp_path / "r3")]) == 2
+
+
+# ----------------------------------------------------------------------------- failure safety (#21)
+
+
+def _strict_json(line: str):
+    """``json.loads`` that refuses NaN / Infinity, as every JSON reader but Python's does."""
+
+    def refuse(name):
+        raise ValueError(f"not JSON: {name}")
+
+    return json.loads(line, parse_constant=refuse)
+
+
+def test_a_non_causal_model_is_refused(tiny_data, tmp_path, capsys):
+    cfg = tiny_config(tiny_data)
+    d = cfg.to_dict()
+    with pytest.raises(ValueError, match=r"model\.causal is false"):
+        TrainConfig.from_dict({**d, "model": {**d["model"], "causal": False}})
+    for flag in ("no", 0, None):  # "no" used to read as true
+        with pytest.raises(TypeError, match=r"model\.causal must be true or false"):
+            TrainConfig.from_dict({**d, "model": {**d["model"], "causal": flag}})
+    with pytest.raises(TypeError, match=r"model\.causal"):  # built in Python, not from JSON
+        TrainConfig(model=TransformerConfig(vocab_size=VOCAB_SIZE, causal="no"))
+    path = tmp_path / "cfg.json"
+    path.write_text(json.dumps({**d, "model": {**d["model"], "causal": False}}))
+    assert main(["train", "--config", str(path), "--run-dir", str(tmp_path / "r")]) == 2
+    assert "model.causal is false" in capsys.readouterr().err
+    assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        ({"lr": "x"}, "lr"),
+        ({"lr": float("inf")}, "lr"),
+        ({"lr": 0}, "lr"),
+        ({"lr": True}, "lr"),
+        ({"betas": [0.9]}, "betas"),
+        ({"betas": "ab"}, "betas"),
+        ({"betas": [0.9, 1.5]}, r"betas\[1\]"),
+        ({"betas": [None, 0.98]}, r"betas\[0\]"),
+        ({"weight_decay": "x"}, "weight_decay"),
+        ({"weight_decay": -1}, "weight_decay"),
+        ({"min_lr_ratio": 2}, "min_lr_ratio"),
+        ({"grad_clip": float("nan")}, "grad_clip"),
+        ({"grad_clip": "1"}, "grad_clip"),
+        ({"data": 5}, "data"),
+        ({"data": ""}, "data"),
+        ({"extra": []}, "extra"),
+        ({"context": "32"}, "context"),
+        ({"steps": True}, "steps"),
+        ({"model": 5}, "model"),
+        ({"model": "dropout"}, "dropout"),
+        ({"model": "backend"}, "backend"),
+    ],
+)
+def test_config_errors_name_the_field(tiny_data, change, field):
+    d = tiny_config(tiny_data).to_dict()
+    if change.get("model") == "dropout":
+        change = {"model": {**d["model"], "dropout": "x"}}
+    elif change.get("model") == "backend":
+        change = {"model": {**d["model"], "backend": 3}}
+    with pytest.raises((TypeError, ValueError), match=rf"^(model\.)?{field} must"):
+        TrainConfig.from_dict({**d, **change})
+
+
+def test_config_numbers_are_stored_as_floats(tiny_data):
+    d = tiny_config(tiny_data).to_dict()
+    cfg = TrainConfig.from_dict({**d, "lr": 1, "betas": [0, 0.5], "grad_clip": 0})
+    assert cfg.lr == 1.0 and isinstance(cfg.lr, float) and cfg.betas == (0.0, 0.5)
+    assert TrainConfig.from_dict(json.loads(json.dumps(cfg.to_dict()))) == cfg
+
+
+def test_a_nan_loss_stops_the_run_and_keeps_the_last_good_checkpoint(
+    tiny_data, tmp_path, monkeypatch
+):
+    real, calls = training_loop.window_loss, [0]
+
+    def nan_from_step_6(net, tokens, mask):
+        loss, n = real(net, tokens, mask)
+        calls[0] += 1
+        return (loss * math.nan if calls[0] >= 6 else loss), n
+
+    monkeypatch.setattr(training_loop, "window_loss", nan_from_step_6)
+    run = tmp_path / "run"
+    with pytest.raises(TrainingDiverged, match="diverged at step 6: the training loss is nan") as e:
+        train(tiny_config(tiny_data, steps=8, eval_every=4), run, progress=False)
+    assert "last.pt still holds step 4" in str(e.value)
+    assert isinstance(e.value, ValueError)  # so the command line reports one line, status 2
+    last, best = load_checkpoint(run / "last.pt"), load_checkpoint(run / "best.pt")
+    assert last["step"] == best["step"] == 4
+    for t in last["model"].values():
+        assert torch.isfinite(t).all()
+    records = [_strict_json(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert max(r["step"] for r in records) <= 5
+    assert not list(run.glob(".*tmp*"))
+
+
+def test_a_diverging_lr_ends_with_a_clear_error_and_no_nan_checkpoint(tiny_data, tmp_path, capsys):
+    argv = ["train", "--data", str(tiny_data), *TINY_FLAGS]
+    assert main([*argv, "--run-dir", str(tmp_path / "inf"), "--lr", "inf"]) == 2
+    assert "lr must be a finite number > 0, got inf" in capsys.readouterr().err
+    run = tmp_path / "huge"
+    # Step 1 sends the weights to ~1e30; the validation after it is not finite.
+    assert main([*argv, "--run-dir", str(run), "--lr", "1e30", "--eval-every", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "training diverged at step 1: the validation NLL is nan" in err, err
+    assert not (run / "last.pt").exists() and not (run / "best.pt").exists()
+    for line in (run / "metrics.jsonl").read_text().splitlines():
+        _strict_json(line)
+
+
+def test_metrics_never_hold_bare_nan(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"step": 1, "train_loss": NaN}\n{"step": 2, "valid_nll": 1.5}\n')
+    m = training_loop._Metrics(path, training_loop._read_metrics(path, 2))
+    m.write({"step": 3, "train_loss": math.inf, "lr": 1e-3})
+    rows = [_strict_json(x) for x in path.read_text().splitlines()]
+    assert rows == [
+        {"step": 1, "train_loss": None},
+        {"step": 2, "valid_nll": 1.5},
+        {"step": 3, "train_loss": None, "lr": 1e-3},
+    ]
+
+
+def _dataset(train_, valid, grid=None) -> TokenDataset:
+    seqs = [np.arange(4, 40, dtype=np.int64)]
+    return TokenDataset(
+        train=seqs if train_ is None else train_,
+        valid=seqs if valid is None else valid,
+        test=[],
+        grid=grid or WindowGrid(),
+    )
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        (_dataset([], None), "the train split is empty"),
+        (_dataset(None, []), "the valid split is empty"),
+        (_dataset(None, [np.array([5]), np.array([], np.int64)]), "valid split has fewer than 2"),
+        (_dataset([np.array([5])], None), "train split has fewer than 2"),
+        (_dataset([np.array([5, VOCAB_SIZE])], None), f"token id {VOCAB_SIZE}, outside"),
+        (_dataset(None, [np.array([5, -1])]), "valid\\[0\\] holds token id -1"),
+        (_dataset(None, None, WindowGrid(step=40)), r"context \(32\) is shorter than one step"),
+        (_dataset(None, None, WindowGrid(pad=VOCAB_SIZE)), "pad id"),
+    ],
+)
+def test_bad_data_is_refused_before_step_1(tiny_data, tmp_path, data, message):
+    run = tmp_path / "run"
+    with pytest.raises(ValueError, match=message):
+        train(tiny_config(tiny_data), run, progress=False, data=data)
+    assert not run.exists(), "a refused run left files behind"
+
+
+def test_an_empty_validation_split_in_a_data_file_is_refused_at_once(tmp_path, capsys):
+    rng = np.random.default_rng(1)
+    path = tmp_path / "novalid.json"
+    path.write_text(json.dumps({"train": [chorale(rng, 30)], "valid": [], "test": []}))
+    run = tmp_path / "run"
+    assert main(["train", "--run-dir", str(run), "--data", str(path), *TINY_FLAGS]) == 2
+    err = capsys.readouterr().err
+    assert "the valid split is empty" in err and str(path) in err
+    assert not run.exists()
+
+
+@pytest.mark.parametrize("name", ["best.pt", "config.json", "metrics.jsonl", "eval.json"])
+def test_a_folder_holding_a_run_is_not_overwritten(tiny_data, tmp_path, name):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / name).write_text("someone else's")
+    with pytest.raises(FileExistsError, match=rf"already holds a run \({re.escape(name)}\)"):
+        train(tiny_config(tiny_data), run, progress=False)
+    assert (run / name).read_text() == "someone else's"
+    assert sorted(p.name for p in run.iterdir()) == [name]
+
+
+def test_the_data_path_is_stored_absolute(tiny_data, tmp_path, monkeypatch, capsys):
+    (tmp_path / "here").mkdir()
+    (tmp_path / "here" / "tiny.json").write_bytes(tiny_data.read_bytes())
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "here")
+    train(tiny_config(Path("tiny.json"), steps=2, eval_every=2), "run", progress=False)
+    absolute = str(tmp_path / "here" / "tiny.json")
+    run = tmp_path / "here" / "run"
+    assert TrainConfig.load(run / "config.json").data == absolute
+    assert load_checkpoint(run / "last.pt")["config"]["data"] == absolute
+    monkeypatch.chdir(tmp_path / "elsewhere")  # eval and --resume find the data from anywhere
+    assert main(["eval", "--run-dir", str(run), "--no-progress"]) == 0
+    assert json.loads((run / "eval.json").read_text())["data"] == absolute
+    cfg = tiny_config(tiny_data)
+    assert TrainConfig(model=cfg.model, data="music21").with_absolute_data().data == "music21"
+    local = TrainConfig(model=cfg.model, data="./music21").with_absolute_data().data
+    assert local == str(tmp_path / "elsewhere" / "music21")
+
+
+def test_sigterm_is_handled_like_ctrl_c(tiny_data, tmp_path, monkeypatch):
+    before = signal.getsignal(signal.SIGTERM)
+    monkeypatch.setenv("RELPOS_TEST_SIGNAL_AT_STEP", "3")
+    monkeypatch.setenv("RELPOS_TEST_SIGNAL", "SIGTERM")
+    cfg = tiny_config(tiny_data, steps=8, eval_every=4)
+    data = load_token_data(cfg.data, max_shift=cfg.max_shift, progress=False)
+    summary = train(cfg, tmp_path / "run", progress=False, data=data)
+    assert summary["interrupted"] and summary["step"] == 3
+    assert summary["signal"] == "SIGTERM" and summary["exit_status"] == 143
+    assert load_checkpoint(tmp_path / "run" / "last.pt")["step"] == 3
+    assert signal.getsignal(signal.SIGTERM) is before, "the handler was not restored"
+    monkeypatch.delenv("RELPOS_TEST_SIGNAL_AT_STEP")
+    done = train(None, tmp_path / "run", resume=True, progress=False, data=data)
+    assert done["step"] == 8 and done["exit_status"] == 0 and done["signal"] is None
+
+
+def test_stale_temporaries_are_cleaned_at_start_and_resume(tiny_data, tmp_path):
+    # The pattern matches the names atomic_path really gives.
+    with atomic_path(tmp_path / "last.pt") as live:
+        assert stale_temporaries(tmp_path, RUN_FILES) == [live]
+        live.write_text("x")
+    with atomic_path(tmp_path / "learning_curve.png", suffix=".png") as live:
+        assert stale_temporaries(tmp_path, RUN_FILES) == [live]
+        live.write_text("x")
+    cfg = tiny_config(tiny_data, steps=4, eval_every=2)
+    run = tmp_path / "run"
+    run.mkdir()
+    stale = [".last.pt.ab_d1234.tmp", ".learning_curve.png.x9y8z7w6.tmp.png"]
+    kept = [
+        ".notes.txt.abcd1234.tmp",  # not a run file
+        ".last.pt.abc.tmp",  # not tempfile's name
+        "last.pt.abcd1234.tmp",  # no leading dot
+        ".best.pt.abcd1234.tmp",  # a link, below
+        ".config.json.abcd1234.tmp",  # a folder
+    ]
+    for name in stale + kept[:3]:
+        (run / name).write_text("left by a killed writer")
+    (run / kept[3]).symlink_to(tmp_path / "last.pt")
+    (run / kept[4]).mkdir()
+    train(cfg, run, progress=False, stop_after=2)  # a new run: the temporaries are not a run
+    assert not any((run / n).exists() for n in stale)
+    assert all((run / n).exists() or (run / n).is_symlink() for n in kept)
+    (run / stale[0]).write_text("killed again")
+    train(None, run, resume=True, progress=False)
+    assert not (run / stale[0]).exists()
+    assert (tmp_path / "last.pt").read_text() == "x"
+
+
+def test_an_out_of_vocabulary_pitch_names_the_file_and_chorale(tmp_path):
+    path = tmp_path / "low.json"
+    ok = [[60, 55, 52, 48]]
+    path.write_text(
+        json.dumps({"train": [ok], "valid": [ok, [ok[0], [60, 55, 52, 10]]], "test": []})
+    )
+    for load in (load_chorales, lambda p: load_token_data(str(p), max_shift=0, progress=False)):
+        with pytest.raises(ValueError, match="valid chorale 1") as e:
+            load(path)
+        msg = str(e.value)
+        assert str(path) in msg and "valid chorale 1 (valid/001), step 1, voice 3 (bass)" in msg
+        assert "pitch 10 is outside the token vocabulary 24..96" in msg
+    with pytest.raises(ValueError, match=r"train\[0\] \(bwv1, from x\.json\): values must be"):
+        ChoraleSplits([np.array([[200, 1, 1, 1]])], [], [], ["bwv1"], [], [], source="x.json")
+
+
+class _Foreign:
+    """A class a checkpoint must not smuggle in."""
+
+
+def test_checkpoint_errors_never_advise_weights_only_false(tmp_path):
+    bad = tmp_path / "foreign.pt"
+    torch.save({"format": 1, "step": 0, "model": _Foreign(), "optimizer": {}, "config": {}}, bad)
+    with pytest.raises(ValueError, match="holds Python objects") as e:
+        load_checkpoint(bad)
+    assert "_Foreign" in str(e.value)
+    garbage = tmp_path / "garbage.pt"
+    garbage.write_bytes(b"\x80\x02garbage")
+    with pytest.raises(ValueError, match="corrupt or not a relpos checkpoint") as e2:
+        load_checkpoint(garbage)
+    for err in (e, e2):
+        assert "weights_only" not in str(err.value) and "trust" not in str(err.value)

@@ -1,18 +1,25 @@
 """Atomic file writes: write a temporary file beside the target, fsync it, ``os.replace`` it.
 
 A reader never sees a half-written file, and a crash or an exception leaves the old file (or no
-file) and no temporary file behind.
+file) and no temporary file behind. A process killed outright (SIGKILL, power loss) runs no
+cleanup: its temporary file stays, under a name :func:`stale_temporaries` recognises, for the
+next writer of that folder to remove (:func:`remove_stale_temporaries`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import re
+import stat
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-__all__ = ["atomic_path"]
+__all__ = ["atomic_path", "remove_stale_temporaries", "stale_temporaries"]
+
+# The random part of a tempfile.mkstemp name: 8 characters of this alphabet.
+_RANDOM = r"[a-z0-9_]{8}"
 
 # The process umask, read once, so that finished files get the usual permissions (mkstemp
 # creates them 0600).
@@ -70,3 +77,45 @@ def atomic_path(path: str | os.PathLike[str], *, suffix: str = "") -> Iterator[P
             tmp.unlink()
         raise
     _fsync_dir(directory)
+
+
+def stale_temporaries(directory: str | os.PathLike[str], names: Iterable[str]) -> list[Path]:
+    """The temporary files :func:`atomic_path` left in ``directory`` for the targets ``names``.
+
+    Only regular files (not links, not folders) named exactly as :func:`atomic_path` names them,
+    ``.<name>.<8 random characters>.tmp<suffix>``, for one of ``names``; sorted.
+    """
+    directory = Path(directory)
+    targets = "|".join(re.escape(n) for n in names if n)
+    if not targets:
+        return []
+    pattern = re.compile(rf"\.(?:{targets})\.{_RANDOM}\.tmp(?:\.[A-Za-z0-9]+)?")
+    found = []
+    try:
+        entries = list(os.scandir(directory))
+    except FileNotFoundError:
+        return []
+    for entry in entries:
+        if not pattern.fullmatch(entry.name):
+            continue
+        try:
+            regular = stat.S_ISREG(entry.stat(follow_symlinks=False).st_mode)
+        except FileNotFoundError:  # gone meanwhile
+            continue
+        if regular:
+            found.append(Path(entry.path))
+    return sorted(found)
+
+
+def remove_stale_temporaries(directory: str | os.PathLike[str], names: Iterable[str]) -> list[Path]:
+    """Remove what :func:`stale_temporaries` finds; return the paths removed.
+
+    Call it only where no other process is writing those targets at the same time (a run folder
+    when its one trainer starts): a live writer's temporary file looks the same as a dead one's.
+    """
+    removed = []
+    for path in stale_temporaries(directory, names):
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+            removed.append(path)
+    return removed

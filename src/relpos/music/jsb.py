@@ -21,7 +21,11 @@ Rules:
 * a value is an int in 0..127 or ``-1``; also accepted: a float with an integral value
   (``60.0``), and ``null`` or ``NaN`` as silence (``-1``), which is how the ``.npz`` edition of the
   same data marks silent voices; anything else (``60.5``, ``"C4"``, ``true``, ``Infinity``) is an
-  error.
+  error;
+* a pitch must also have a token (:data:`relpos.music.tokens.MIN_PITCH` ..
+  :data:`~relpos.music.tokens.MAX_PITCH`, 24..96), so that a file that loads can be trained on:
+  a valid MIDI pitch outside that range is an error here, naming the file, the chorale, the step
+  and the voice, not later inside the tokenizer.
 
 Every error is a ``ValueError`` whose message names the file and the place (split, chorale, step).
 Chorales are named ``"<split>/<index>"`` (``"train/000"``), in file order.
@@ -37,7 +41,8 @@ from typing import Any
 
 import numpy as np
 
-from .splits import NUM_VOICES, SILENCE, SPLITS, ChoraleSplits
+from .splits import NUM_VOICES, SILENCE, SPLITS, VOICE_NAMES, ChoraleSplits
+from .tokens import MAX_PITCH, MIN_PITCH
 
 __all__ = ["load_jsb_json", "parse_jsb_splits"]
 
@@ -99,6 +104,17 @@ def _chorale(raw: Any, where: str) -> np.ndarray:
     return out
 
 
+def _check_vocabulary(chorale: np.ndarray, where: str) -> None:
+    bad = (chorale != SILENCE) & ((chorale < MIN_PITCH) | (chorale > MAX_PITCH))
+    if bad.any():
+        step, voice = (int(i) for i in np.argwhere(bad)[0])
+        raise ValueError(
+            f"{where}, step {step}, voice {voice} ({VOICE_NAMES[voice]}): pitch "
+            f"{int(chorale[step, voice])} is outside the token vocabulary {MIN_PITCH}..{MAX_PITCH} "
+            "(it cannot be encoded for training)"
+        )
+
+
 def parse_jsb_splits(data: Any, *, source: str = "<data>") -> ChoraleSplits:
     """Validate already-decoded JSON ``data`` (see the module docstring) into
     :class:`ChoraleSplits`; ``source`` is used in error messages and as ``.source``."""
@@ -119,7 +135,12 @@ def parse_jsb_splits(data: Any, *, source: str = "<data>") -> ChoraleSplits:
             raise ValueError(
                 f"{source}: {split!r} must be a list of chorales, got {type(raw).__name__}"
             )
-        chorales[split] = [_chorale(c, f"{source}: {split} chorale {i}") for i, c in enumerate(raw)]
+        chorales[split] = []
+        for i, c in enumerate(raw):
+            where = f"{source}: {split} chorale {i}"
+            chorale = _chorale(c, where)
+            _check_vocabulary(chorale, f"{where} ({split}/{i:03d})")
+            chorales[split].append(chorale)
     return ChoraleSplits(
         train=chorales["train"],
         valid=chorales["valid"],

@@ -76,11 +76,15 @@ def check_chorale(chorale: Any, name: str = "chorale") -> np.ndarray:
     return np.ascontiguousarray(arr, dtype=np.int16)
 
 
-def _freeze(chorales: Sequence[Any], split: str) -> tuple[np.ndarray, ...]:
+def _freeze(
+    chorales: Sequence[Any], split: str, names: Sequence[Any], source: Any
+) -> tuple[np.ndarray, ...]:
     out = []
     for i, c in enumerate(chorales):
+        # The message names the chorale and where it came from, not only its index.
+        label = f"{split}[{i}] ({names[i]!s}" + (f", from {source}" if source else "") + ")"
         # A view, so that making it read-only never flips the flag on the caller's array.
-        arr = check_chorale(c, f"{split}[{i}]").view()
+        arr = check_chorale(c, label).view()
         arr.flags.writeable = False
         out.append(arr)
     return tuple(out)
@@ -128,7 +132,7 @@ class ChoraleSplits:
                     f"ChoraleSplits: {len(chorales)} {split} chorales but {len(names)} "
                     f"{split}_names"
                 )
-            object.__setattr__(self, split, _freeze(chorales, split))
+            object.__setattr__(self, split, _freeze(chorales, split, names, self.source))
             object.__setattr__(self, f"{split}_names", tuple(str(n) for n in names))
         if not isinstance(self.source, str):
             raise TypeError(f"ChoraleSplits.source: expected str, got {type(self.source).__name__}")

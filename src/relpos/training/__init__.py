@@ -8,15 +8,18 @@ from .checkpoint import load_checkpoint, save_checkpoint
 from .config import TrainConfig
 from .dataset import TokenDataset
 from .evaluate import evaluate_nll, window_loss
-from .loop import RunPaths, lr_at, train
+from .loop import RUN_FILES, RunPaths, TrainingDiverged, check_data, lr_at, train
 from .windows import WindowGrid, Windows, eval_windows, random_windows
 
 __all__ = [
+    "RUN_FILES",
     "RunPaths",
     "TokenDataset",
     "TrainConfig",
+    "TrainingDiverged",
     "WindowGrid",
     "Windows",
+    "check_data",
     "eval_windows",
     "evaluate_nll",
     "load_checkpoint",

@@ -7,6 +7,8 @@ file and renamed into place, so the previous checkpoint stays usable if anything
 
 from __future__ import annotations
 
+import pickle
+import re
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +31,29 @@ def save_checkpoint(path: str | Path, state: dict[str, Any]) -> Path:
     return path
 
 
+def _load_error(path: Path, e: Exception) -> str:
+    """Why ``torch.load`` failed, in our words.
+
+    torch's own message for a file holding Python objects advises loading it with
+    ``weights_only=False`` (or allow-listing the class), which runs code from the file; a
+    checkpoint from elsewhere is untrusted, so that advice is never passed on.
+    """
+    text = str(e)
+    if isinstance(e, pickle.UnpicklingError) or "weights_only" in text:
+        found = re.search(r"GLOBAL ([\w.]+)", text)
+        if found:
+            return (
+                f"checkpoint {path} is not a relpos checkpoint: it holds Python objects "
+                f"({found.group(1)}), not only tensors and plain values; relpos never runs code "
+                "from a checkpoint, so it does not load this file"
+            )
+        detail = re.search(r"WeightsUnpickler error:\s*(\S[^\n]*)", text)
+        why = detail.group(1).strip() if detail else "not a pickle of tensors and plain values"
+        return f"checkpoint {path} is corrupt or not a relpos checkpoint ({why})"
+    first = text.strip().splitlines()[0] if text.strip() else type(e).__name__
+    return f"checkpoint {path} is corrupt or not a relpos checkpoint ({first})"
+
+
 def load_checkpoint(path: str | Path) -> dict[str, Any]:
     """Load and check a checkpoint; a clear ``ValueError`` if it is missing pieces or corrupt."""
     path = Path(path)
@@ -37,7 +62,7 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # torch raises several types for truncated or foreign files
-        raise ValueError(f"checkpoint {path} is corrupt or not a relpos checkpoint ({e})") from None
+        raise ValueError(_load_error(path, e)) from None
     if not isinstance(state, dict) or any(k not in state for k in _REQUIRED):
         keys = sorted(state) if isinstance(state, dict) else type(state).__name__
         raise ValueError(

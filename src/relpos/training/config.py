@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
+import math
+import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -13,6 +17,73 @@ from ..schemes.base import check_int
 
 __all__ = ["TrainConfig"]
 
+#: The data source that names the music21 corpus, not a file (``relpos.music.MUSIC21``).
+MUSIC21 = "music21"
+
+
+def _is_real(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _number(
+    cfg: Any,
+    name: str,
+    *,
+    low: float,
+    high: float = math.inf,
+    low_open: bool = False,
+) -> None:
+    """Check that field ``name`` is a finite number in its range, and store it as a float."""
+    value = getattr(cfg, name)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a number, got {type(value).__name__} ({value!r})")
+    bound = f"> {low:g}" if low_open else f">= {low:g}"
+    if high < math.inf:
+        bound = f"in [{low:g}, {high:g}]"
+    if not math.isfinite(value) or value < low or (low_open and value == low) or value > high:
+        raise ValueError(f"{name} must be a finite number {bound}, got {value}")
+    object.__setattr__(cfg, name, float(value))
+
+
+def _check_model(model: TransformerConfig) -> None:
+    """What a language-model trainer needs of the model beyond what TransformerConfig checks."""
+    if not isinstance(model.causal, bool):
+        raise TypeError(
+            f"model.causal must be true or false, got {type(model.causal).__name__} "
+            f"({model.causal!r})"
+        )
+    if not model.causal:
+        raise ValueError(
+            "model.causal is false: a bidirectional model sees the token it is asked to predict, "
+            "so next-token training would learn nothing useful; the trainer needs causal=true"
+        )
+
+
+def _model_from_dict(data: Any) -> TransformerConfig:
+    """``TransformerConfig.from_dict`` with field types checked first, so a JSON config's
+    mistakes name the field (``"causal": "no"`` would otherwise read as true)."""
+    if not isinstance(data, dict):
+        raise TypeError(f"model must be a JSON object (dict), got {type(data).__name__}")
+    if "causal" in data and not isinstance(data["causal"], bool):
+        raise TypeError(
+            f"model.causal must be true or false, got {type(data['causal']).__name__} "
+            f"({data['causal']!r})"
+        )
+    if "dropout" in data and (
+        isinstance(data["dropout"], bool) or not isinstance(data["dropout"], (int, float))
+    ):
+        raise TypeError(
+            f"model.dropout must be a number, got {type(data['dropout']).__name__} "
+            f"({data['dropout']!r})"
+        )
+    if "backend" in data and not isinstance(data["backend"], str):
+        raise TypeError(f"model.backend must be a string, got {data['backend']!r}")
+    if "scheme" in data and not isinstance(data["scheme"], (str, dict)):
+        raise TypeError(
+            f'model.scheme must be a name or an object {{"name": ...}}, got {data["scheme"]!r}'
+        )
+    return TransformerConfig.from_dict(data)
+
 
 @dataclass(frozen=True)
 class TrainConfig:
@@ -20,7 +91,8 @@ class TrainConfig:
 
     Args:
         model: the :class:`TransformerConfig` (its ``vocab_size`` is the data's).
-        data: ``"music21"`` (the corpus inside music21) or a path to a JSB JSON file.
+        data: ``"music21"`` (the corpus inside music21) or a path to a JSB JSON file; the
+            trainer stores a path as an absolute one (:meth:`with_absolute_data`).
         context: tokens per training window (the model's context).
         batch_size: windows per optimisation step (over all processes).
         steps: optimisation steps in total.
@@ -30,6 +102,10 @@ class TrainConfig:
         eval_every: validate (and checkpoint) every this many steps.
         max_shift: transposition augmentation, semitones either way (0: off).
         seed: seeds torch, numpy and the data order.
+        extra: free-form notes, stored with the run.
+
+    Every field is checked on construction, with a message naming it; ``model.causal`` must be
+    ``True`` (a next-token trainer cannot train a model that sees the next token).
     """
 
     model: TransformerConfig
@@ -51,6 +127,11 @@ class TrainConfig:
     def __post_init__(self) -> None:
         if not isinstance(self.model, TransformerConfig):
             raise TypeError(f"model must be a TransformerConfig, got {type(self.model).__name__}")
+        _check_model(self.model)
+        if not isinstance(self.data, str) or not self.data:
+            raise TypeError(
+                f"data must be a non-empty string (a path or 'music21'), got {self.data!r}"
+            )
         for name, minimum in (
             ("context", 4),
             ("batch_size", 1),
@@ -61,13 +142,22 @@ class TrainConfig:
             ("seed", 0),
         ):
             check_int(name, getattr(self, name), minimum=minimum)
-        if not self.lr > 0:
-            raise ValueError(f"lr must be > 0, got {self.lr}")
-        if not 0 <= self.min_lr_ratio <= 1:
-            raise ValueError(f"min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
-        if self.grad_clip < 0:
-            raise ValueError(f"grad_clip must be >= 0, got {self.grad_clip}")
-        object.__setattr__(self, "betas", tuple(self.betas))
+        number = functools.partial(_number, self)
+        number("lr", low=0.0, low_open=True)
+        number("weight_decay", low=0.0)
+        number("min_lr_ratio", low=0.0, high=1.0)
+        number("grad_clip", low=0.0)
+        betas = self.betas
+        if isinstance(betas, (str, bytes)) or not isinstance(betas, Sequence) or len(betas) != 2:
+            raise TypeError(f"betas must be a pair of numbers [beta1, beta2], got {betas!r}")
+        checked = []
+        for i, b in enumerate(betas):
+            if not _is_real(b) or not 0.0 <= b < 1.0:
+                raise ValueError(f"betas[{i}] must be a number in [0, 1), got {b!r}")
+            checked.append(float(b))
+        object.__setattr__(self, "betas", tuple(checked))
+        if not isinstance(self.extra, dict):
+            raise TypeError(f"extra must be a dict, got {type(self.extra).__name__}")
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
@@ -85,8 +175,18 @@ class TrainConfig:
         if "model" not in data:
             raise ValueError("train config needs a 'model' section")
         fields = dict(data)
-        fields["model"] = TransformerConfig.from_dict(fields["model"])
+        fields["model"] = _model_from_dict(fields["model"])
         return cls(**fields)
+
+    def with_absolute_data(self) -> TrainConfig:
+        """This config with ``data`` as an absolute path (``"music21"`` is kept as it is).
+
+        The trainer stores this form in ``config.json`` and the checkpoints, so ``relpos eval``
+        and ``--resume`` find the data from any working directory.
+        """
+        if self.data == MUSIC21:
+            return self
+        return dataclasses.replace(self, data=os.path.abspath(os.path.expanduser(self.data)))
 
     @classmethod
     def load(cls, path: str | Path) -> TrainConfig:

@@ -7,10 +7,16 @@ A run lives in one folder::
     last.pt, best.pt    checkpoints (latest; lowest validation NLL), written atomically
     learning_curve.png  train loss and valid NLL against step
 
-Ctrl-C finishes the current step, writes ``last.pt`` and exits; ``--resume`` continues from it
-with the same data order and RNG states, so an interrupted run ends where an uninterrupted one
-would. Under ``torchrun`` the loop runs data-parallel (DistributedDataParallel; gloo on CPU, nccl
-on CUDA); only rank 0 writes files and validates.
+Ctrl-C (SIGINT) or SIGTERM finishes the current step, writes ``last.pt`` and returns (the
+summary's ``exit_status`` is 130 or 143); ``--resume`` continues from it with the same data order
+and RNG states, so an interrupted run ends where an uninterrupted one would. Under ``torchrun``
+the loop runs data-parallel (DistributedDataParallel; gloo on CPU, nccl on CUDA); only rank 0
+writes files and validates.
+
+What it refuses, before step 1: a folder that already holds a run (unless resuming), data it
+cannot train or validate on (:func:`check_data`), a non-causal model (:class:`TrainConfig`). What
+it stops on: a non-finite loss, gradient or validation NLL (:class:`TrainingDiverged`, raised
+before the update, with nothing written, so ``last.pt`` stays the last good checkpoint).
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,7 +38,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from ..atomic import atomic_path
+from ..atomic import atomic_path, remove_stale_temporaries
 from ..models.transformer import Transformer
 from .checkpoint import load_checkpoint, save_checkpoint
 from .config import TrainConfig
@@ -41,9 +47,30 @@ from .evaluate import evaluate_nll, window_loss
 from .plots import plot_learning_curve
 from .windows import random_windows
 
-__all__ = ["RunPaths", "lr_at", "train"]
+__all__ = ["RUN_FILES", "RunPaths", "TrainingDiverged", "check_data", "lr_at", "train"]
 
 LOG_EVERY = 10
+
+#: Files whose presence means a folder already holds a run: a new run there is refused.
+RUN_FILES = (
+    "config.json",
+    "metrics.jsonl",
+    "last.pt",
+    "best.pt",
+    "learning_curve.png",
+    "eval.json",
+)
+
+#: Signals that stop a run cleanly (finish the step, write ``last.pt``); the summary's
+#: ``exit_status`` is then 128 + the signal number, the shell's convention (130, 143).
+_STOP_SIGNALS = ("SIGINT", "SIGTERM")
+
+
+class TrainingDiverged(ValueError):
+    """The loss, a gradient or the validation NLL is not finite: the run stopped, nothing written.
+
+    A ``ValueError``, so the command line reports it as one line with status 2.
+    """
 
 
 @dataclass(frozen=True)
@@ -71,6 +98,10 @@ class RunPaths:
     @property
     def curve(self) -> Path:
         return self.root / "learning_curve.png"
+
+    def existing(self) -> list[str]:
+        """The names of :data:`RUN_FILES` present in the folder."""
+        return [name for name in RUN_FILES if (self.root / name).exists()]
 
 
 def lr_at(step: int, cfg: TrainConfig) -> float:
@@ -117,6 +148,17 @@ class _Dist:
             dist.destroy_process_group()
 
 
+def _json_safe(record: dict[str, Any]) -> dict[str, Any]:
+    """Non-finite floats as ``None``: ``json.dumps`` would write bare ``NaN``, which is not JSON."""
+    return {
+        k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in record.items()
+    }
+
+
+def _dumps(record: dict[str, Any]) -> str:
+    return json.dumps(_json_safe(record), allow_nan=False)
+
+
 def _read_metrics(path: Path, up_to_step: int) -> list[dict[str, Any]]:
     if not path.exists():
         return []
@@ -126,8 +168,8 @@ def _read_metrics(path: Path, up_to_step: int) -> list[dict[str, Any]]:
             record = json.loads(line)
         except json.JSONDecodeError:
             continue  # a line cut short by a crash
-        if record.get("step", 0) <= up_to_step:
-            records.append(record)
+        if isinstance(record, dict) and record.get("step", 0) <= up_to_step:
+            records.append(_json_safe(record))
     return records
 
 
@@ -137,41 +179,58 @@ class _Metrics:
     def __init__(self, path: Path, records: list[dict[str, Any]]) -> None:
         self.path, self.records = path, records
         with atomic_path(path) as tmp:  # drop records past a resumed checkpoint
-            tmp.write_text("".join(json.dumps(r) + "\n" for r in records))
+            tmp.write_text("".join(_dumps(r) + "\n" for r in records))
 
     def write(self, record: dict[str, Any]) -> None:
-        self.records.append(record)
+        line = _dumps(record)
+        self.records.append(_json_safe(record))
         with self.path.open("a") as f:
-            f.write(json.dumps(record) + "\n")
+            f.write(line + "\n")
 
 
 @contextmanager
 def _graceful_interrupt() -> Iterator[dict[str, Any]]:
-    """First Ctrl-C sets a flag the loop checks after each step; a second one aborts at once."""
-    # Test hook: $RELPOS_TEST_SIGNAL_AT_STEP=N makes the loop send itself SIGINT after step N.
-    flag = {"stop": False, "signal_at": int(os.environ.get("RELPOS_TEST_SIGNAL_AT_STEP") or 0)}
-    if sys.platform == "win32" or signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    """The first SIGINT (Ctrl-C) or SIGTERM sets a flag the loop checks after each step; a second
+    one aborts at once. A signal the process ignores (a background job's SIGINT) stays ignored."""
+    # Test hook: $RELPOS_TEST_SIGNAL_AT_STEP=N makes the loop send itself SIGINT after step N
+    # ($RELPOS_TEST_SIGNAL=SIGTERM: that signal instead).
+    flag: dict[str, Any] = {
+        "stop": False,
+        "signal": None,
+        "signal_at": int(os.environ.get("RELPOS_TEST_SIGNAL_AT_STEP") or 0),
+        "test_signal": getattr(signal, os.environ.get("RELPOS_TEST_SIGNAL") or "SIGINT"),
+    }
+    if sys.platform == "win32":
         yield flag
         return
 
     def handler(signum, frame):
         if flag["stop"]:
             raise KeyboardInterrupt
-        flag["stop"] = True
+        flag["stop"], flag["signal"] = True, signal.Signals(signum)
+        again = "Ctrl-C" if signum == signal.SIGINT else "the signal"
         print(
-            "\ninterrupt: finishing this step and writing a checkpoint (Ctrl-C again to abort)",
+            f"\n{signal.Signals(signum).name}: finishing this step and writing a checkpoint "
+            f"({again} again to abort)",
             file=sys.stderr,
         )
 
+    previous: dict[signal.Signals, Any] = {}
     try:
-        previous = signal.signal(signal.SIGINT, handler)
-    except ValueError:  # not the main thread
+        for name in _STOP_SIGNALS:
+            signum = getattr(signal, name)
+            if signal.getsignal(signum) is not signal.SIG_IGN:
+                previous[signum] = signal.signal(signum, handler)
+    except ValueError:  # not the main thread: no handlers at all
+        for signum, old in previous.items():
+            signal.signal(signum, old)
         yield flag
         return
     try:
         yield flag
     finally:
-        signal.signal(signal.SIGINT, previous)
+        for signum, old in previous.items():
+            signal.signal(signum, old)
 
 
 def _progress_bar(enabled: bool, total: int, initial: int):
@@ -180,6 +239,62 @@ def _progress_bar(enabled: bool, total: int, initial: int):
     from tqdm.auto import tqdm
 
     return tqdm(total=total, initial=initial, unit="step", dynamic_ncols=True, file=sys.stderr)
+
+
+def check_data(data: TokenDataset, cfg: TrainConfig) -> None:
+    """Refuse, before step 1, data the run would fail on later (with no checkpoint to show).
+
+    The ``train`` and ``valid`` splits must each hold a sequence of at least 2 tokens (a window
+    with a target), every token id and the grid's pad id must be in the model's vocabulary, and
+    the context must span at least one step of the grid. ``test`` may be empty (only
+    ``relpos eval`` reads it), but its ids are checked too.
+    """
+    source = f" (data: {cfg.data})"
+    vocab, grid = cfg.model.vocab_size, data.grid
+    if cfg.context < grid.step:
+        raise ValueError(
+            f"context ({cfg.context}) is shorter than one step of the data's window grid "
+            f"({grid.step} tokens): no validation window can be formed"
+        )
+    if not 0 <= grid.pad < vocab:
+        raise ValueError(f"the pad id {grid.pad} is outside the model's vocabulary 0..{vocab - 1}")
+    for name in ("train", "valid", "test"):
+        seqs = data.split(name)
+        if name != "test":
+            what = "train on" if name == "train" else "validate on"
+            if len(seqs) == 0:
+                raise ValueError(f"the {name} split is empty: nothing to {what}{source}")
+            if not any(len(x) >= 2 for x in seqs):
+                raise ValueError(
+                    f"every sequence of the {name} split has fewer than 2 tokens: no window has "
+                    f"a target to {what}{source}"
+                )
+        for i, seq in enumerate(seqs):
+            arr = np.asarray(seq)
+            if arr.ndim != 1 or (arr.size and arr.dtype.kind not in "iu"):
+                raise ValueError(
+                    f"{name}[{i}]: expected a 1-D array of integer token ids, got shape "
+                    f"{arr.shape}, dtype {arr.dtype}{source}"
+                )
+            if arr.size and (arr.min() < 0 or arr.max() >= vocab):
+                bad = int(arr.min()) if arr.min() < 0 else int(arr.max())
+                raise ValueError(
+                    f"{name}[{i}] holds token id {bad}, outside the model's vocabulary "
+                    f"0..{vocab - 1}{source}"
+                )
+
+
+def _refuse_existing_run(run: RunPaths) -> None:
+    found = run.existing()
+    if found:
+        raise FileExistsError(
+            f"{run.root} already holds a run ({', '.join(found)}); pass --resume to continue it "
+            "(it needs last.pt), or choose another --run-dir (or delete those files)"
+        )
+
+
+def _all_finite(tensors: Iterable[torch.Tensor]) -> bool:
+    return all(bool(torch.isfinite(t).all()) for t in tensors if t.is_floating_point())
 
 
 # ----------------------------------------------------------------------------- the loop
@@ -198,12 +313,25 @@ def train(
     """Train (or resume) a run in ``run_dir``; returns a summary dict.
 
     Args:
-        cfg: the run's config; ``None`` with ``resume=True`` reads it from the checkpoint.
+        cfg: the run's config; ``None`` with ``resume=True`` reads it from the checkpoint. A new
+            run stores ``cfg.data`` as an absolute path (:meth:`TrainConfig.with_absolute_data`).
         resume: continue from ``run_dir/last.pt`` (its saved config wins over ``cfg``).
         progress: show a progress bar (rank 0 only).
         data: the token dataset; default: the chorales named by ``cfg.data``
             (:func:`relpos.music.load_token_data`).
         stop_after: stop (as if interrupted) after this many steps of this session.
+
+    Returns:
+        ``run_dir``, ``step``, ``steps``, ``interrupted``, ``signal`` (the name of the signal
+        that stopped the run, or ``None``), ``exit_status`` (0 when finished; 128 + the signal
+        number when a signal stopped it: 130 for SIGINT, 143 for SIGTERM; 130 for
+        ``stop_after``), ``best_valid_nll``, ``tokens_per_s``.
+
+    Raises:
+        FileExistsError: a new run in a folder that already holds one (:data:`RUN_FILES`).
+        ValueError: data the run cannot use (:func:`check_data`).
+        TrainingDiverged: a non-finite loss, gradient or validation NLL; raised before the
+            update, with nothing written, so ``last.pt`` is the last good checkpoint.
     """
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     run = RunPaths(Path(run_dir))
@@ -213,11 +341,9 @@ def train(
         cfg = TrainConfig.from_dict(state["config"])
     elif cfg is None:
         raise ValueError("cfg is required unless resume=True")
-    elif run.last.exists():
-        raise FileExistsError(
-            f"{run.root} already holds a run (last.pt); pass --resume to continue it, "
-            "or choose another --run-dir"
-        )
+    else:
+        _refuse_existing_run(run)
+        cfg = cfg.with_absolute_data()
     ctx = _Dist.from_env(device)
     if cfg.batch_size % ctx.world:
         raise ValueError(
@@ -232,6 +358,7 @@ def train(
         from ..music import load_token_data  # the command line's default dataset
 
         data = load_token_data(cfg.data, max_shift=cfg.max_shift, progress=progress and ctx.main)
+    check_data(data, cfg)
     model = Transformer(cfg.model).to(device)
     decay = [p for p in model.parameters() if p.ndim >= 2]
     no_decay = [p for p in model.parameters() if p.ndim < 2]
@@ -251,10 +378,13 @@ def train(
         rng.bit_generator.state = state["numpy_rng"][ctx.rank]
         torch.set_rng_state(state["torch_rng"][ctx.rank])
     net = DistributedDataParallel(model) if ctx.world > 1 else model
+    saved_step = step if state is not None else None  # the step last.pt holds
 
     metrics = None
     if ctx.main:
         run.root.mkdir(parents=True, exist_ok=True)
+        # Temporaries of a writer killed outright (SIGKILL): this run is the folder's only writer.
+        remove_stale_temporaries(run.root, RUN_FILES)
         with atomic_path(run.config) as tmp:
             tmp.write_text(json.dumps(cfg.to_dict(), indent=2) + "\n")
         metrics = _Metrics(run.metrics, _read_metrics(run.metrics, step))
@@ -267,7 +397,22 @@ def train(
         dist.all_gather_object(everyone, mine)
         return [e[0] for e in everyone], [e[1] for e in everyone]
 
+    def diverged(what: str) -> TrainingDiverged:
+        kept = (
+            f"{run.last} still holds step {saved_step}, the last good checkpoint"
+            if saved_step is not None
+            else f"no checkpoint had been written yet: delete {run.root} to start over"
+        )
+        return TrainingDiverged(
+            f"training diverged at step {step}: {what}; stopped without writing a checkpoint "
+            f"({kept}). Try a lower lr (it is {cfg.lr:g}), a longer warmup or gradient clipping"
+        )
+
     def checkpoint(path: Path, valid_nll: float | None) -> None:
+        nonlocal saved_step
+        # Same weights on every rank, so every rank takes the same branch.
+        if not _all_finite(model.state_dict().values()):
+            raise diverged("the model's weights are not finite")
         numpy_rng, torch_rng = gather_rng()  # every rank takes part
         if ctx.main:
             save_checkpoint(
@@ -283,6 +428,8 @@ def train(
                     "valid_nll": valid_nll,
                 },
             )
+        if path == run.last:
+            saved_step = step
 
     def validate() -> float:
         nonlocal best
@@ -294,6 +441,8 @@ def train(
         if ctx.world > 1:  # every rank tracks the same `best`, so they checkpoint together
             dist.broadcast_object_list(result, src=0)
         valid_nll = result[0]
+        if not math.isfinite(valid_nll):
+            raise diverged(f"the validation NLL is {valid_nll}")
         if ctx.main:
             metrics.write({"step": step, "valid_nll": valid_nll})
         if valid_nll < best:
@@ -307,58 +456,87 @@ def train(
     bar = _progress_bar(progress and ctx.main, cfg.steps, step)
     session_start, t0, tokens_seen, interrupted = step, time.perf_counter(), 0, False
     net.train()
-    with _graceful_interrupt() as flag:
-        while step < cfg.steps:
-            for group in opt.param_groups:
-                group["lr"] = lr_at(step, cfg)
-            w = random_windows(data.train, local_batch, cfg.context, rng, grid=data.grid)
-            tokens = torch.from_numpy(w.tokens).to(device)
-            mask = torch.from_numpy(w.mask).to(device)
-            loss_sum, n = window_loss(net, tokens, mask)
-            loss = loss_sum / max(n, 1)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            if cfg.grad_clip:
-                torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-            opt.step()
-            step += 1
-            tokens_seen += n * ctx.world
-            if ctx.main and (step % LOG_EVERY == 0 or step == cfg.steps):
-                rate = tokens_seen / (time.perf_counter() - t0)
-                metrics.write(
-                    {
-                        "step": step,
-                        "train_loss": loss.item(),
-                        "lr": lr_at(step - 1, cfg),
-                        "tokens_per_s": rate,
-                    }
-                )
+    params = list(model.parameters())
+    try:
+        with _graceful_interrupt() as flag:
+            while step < cfg.steps:
+                for group in opt.param_groups:
+                    group["lr"] = lr_at(step, cfg)
+                w = random_windows(data.train, local_batch, cfg.context, rng, grid=data.grid)
+                tokens = torch.from_numpy(w.tokens).to(device)
+                mask = torch.from_numpy(w.mask).to(device)
+                loss_sum, n = window_loss(net, tokens, mask)
+                loss = loss_sum / max(n, 1)
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                if cfg.grad_clip:
+                    norm = torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
+                else:
+                    norm = torch.nn.utils.get_total_norm(
+                        [p.grad for p in params if p.grad is not None]
+                    )
+                # Before the update: a non-finite loss or gradient must not reach the weights.
+                bad = (~torch.isfinite(loss.detach()) | ~torch.isfinite(norm)).float()
+                if ctx.world > 1:  # every rank stops together
+                    dist.all_reduce(bad)
+                if bad.item():
+                    step += 1  # the step that failed, for the message
+                    raise diverged(
+                        f"the training loss is {loss.item()} and the gradient norm "
+                        f"{norm.item()} (on this process)"
+                    )
+                opt.step()
+                step += 1
+                tokens_seen += n * ctx.world
+                if ctx.main and (step % LOG_EVERY == 0 or step == cfg.steps):
+                    rate = tokens_seen / (time.perf_counter() - t0)
+                    metrics.write(
+                        {
+                            "step": step,
+                            "train_loss": loss.item(),
+                            "lr": lr_at(step - 1, cfg),
+                            "tokens_per_s": rate,
+                        }
+                    )
+                    if bar is not None:
+                        bar.set_postfix(loss=f"{loss.item():.3f}", tok_s=f"{rate:,.0f}")
                 if bar is not None:
-                    bar.set_postfix(loss=f"{loss.item():.3f}", tok_s=f"{rate:,.0f}")
-            if bar is not None:
-                bar.update(1)
-            if step == flag["signal_at"]:  # the test hook above; returns after the handler ran
-                signal.raise_signal(signal.SIGINT)
-            stop = flag["stop"] or (stop_after is not None and step - session_start >= stop_after)
-            if ctx.world > 1:  # every rank stops together
-                stop_t = torch.tensor([float(stop)], device=device)
-                dist.all_reduce(stop_t)
-                stop = bool(stop_t.item())
-            if step % cfg.eval_every == 0 or step == cfg.steps:
-                validate()
-            elif stop:
-                checkpoint(run.last, None)
-            if stop and step < cfg.steps:
-                interrupted = True
-                break
-    if bar is not None:
-        bar.close()
+                    bar.update(1)
+                if step == flag["signal_at"]:  # the test hook above; returns after the handler
+                    signal.raise_signal(flag["test_signal"])
+                stop = flag["stop"] or (
+                    stop_after is not None and step - session_start >= stop_after
+                )
+                if ctx.world > 1:  # every rank stops together
+                    stop_t = torch.tensor([float(stop)], device=device)
+                    dist.all_reduce(stop_t)
+                    stop = bool(stop_t.item())
+                if step % cfg.eval_every == 0 or step == cfg.steps:
+                    validate()
+                elif stop:
+                    checkpoint(run.last, None)
+                if stop and step < cfg.steps:
+                    interrupted = True
+                    break
+    except TrainingDiverged:
+        ctx.close()  # every rank raised it at the same step
+        raise
+    finally:
+        if bar is not None:
+            bar.close()
     ctx.close()
+    stopped_by = flag["signal"] if interrupted else None
+    if stopped_by is not None:
+        exit_status = 128 + int(stopped_by)
+    else:
+        exit_status = 130 if interrupted else 0
     return {
         "run_dir": str(run.root),
         "step": step,
         "steps": cfg.steps,
         "interrupted": interrupted,
+        "signal": stopped_by.name if stopped_by is not None else None,
+        "exit_status": exit_status,
         "best_valid_nll": best,
         "tokens_per_s": tokens_seen / max(time.perf_counter() - t0, 1e-9),
     }
