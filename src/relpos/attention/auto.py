@@ -22,27 +22,89 @@ then differentiates its float mask with the math kernel) or when the term depend
 sequence per row (``Positions.from_length``). On a device other than CPU, ``chunked`` has no
 fused parts, so ``auto`` takes ``sdpa`` whenever it supports the scheme and ``chunked`` otherwise.
 ``auto`` never picks ``flex``: its first call per shape compiles (seconds), so it is opt-in.
+
+**Memory first.** Wherever ``sdpa`` would have to build its float mask — a ``(b|1, h|1, i, j)``
+tensor, for padded, packed or cached positions or for a score bias — and that mask would exceed
+:data:`SDPA_MASK_BUDGET` (64 MiB; :func:`sdpa_mask_bytes`), ``auto`` takes ``chunked``, whose
+memory is ``O(block·L)``, whatever the table above says. So evaluation of padded windows at a long
+context never builds an ``(L, L)`` tensor (a batch of 16 windows of 100,000 tokens would need a
+640 GB mask). Below the budget the table holds.
 """
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor
 
 from ..positions import Positions
-from ..schemes.base import RelativeScheme, Scheme
+from ..schemes.base import LinearBiasScheme, RelativeScheme, Scheme
 from .chunked import chunked_attention, chunked_path
 from .contract import AttentionBackend, needs_grad, validate_attention_inputs
-from .sdpa import sdpa_attention, sdpa_supports
+from .sdpa import is_plain, sdpa_attention, sdpa_supports
 
-__all__ = ["SMALL", "SMALL_RELATIVE", "auto_attention", "choose_backend"]
+__all__ = [
+    "SDPA_MASK_BUDGET",
+    "SMALL",
+    "SMALL_RELATIVE",
+    "auto_attention",
+    "choose_backend",
+    "sdpa_mask_bytes",
+]
 
 #: ``i·j`` up to which ``auto`` takes ``sdpa`` for every scheme it supports (512 × 512 tokens).
 SMALL = 512 * 512
 #: The same bound where the region path runs a learned relative term with gradients, or a
 #: query-dependent one (``docs/performance.md``, "What auto picks").
 SMALL_RELATIVE = 128 * 256
+#: Bytes of the float mask ``sdpa`` may build in one call; past it ``auto`` takes ``chunked``
+#: (:func:`sdpa_mask_bytes`). 64 MiB: e.g. one ``(1, 1, 4096, 4096)`` float32 mask, or a
+#: ``(32, 4, 256, 256)`` bias (a batch of 32 windows of 256 tokens, 4 heads).
+SDPA_MASK_BUDGET = 64 * 2**20
 
 _PICKS: dict[str, AttentionBackend] = {"sdpa": sdpa_attention, "chunked": chunked_attention}
+
+
+def sdpa_mask_bytes(
+    scheme: Scheme,
+    q: Tensor,
+    q_positions: Positions,
+    k_positions: Positions,
+    *,
+    causal: bool | None = None,
+) -> int:
+    """Bytes of the float mask :func:`~relpos.attention.sdpa.sdpa_attention` would build for this
+    call: ``0`` when it needs none (no score bias, plain positions), else the size of its
+    ``(b|1, h|1, i, j)`` mask (the largest tensor it makes, besides the bias it is made from).
+
+    The batch dimension is the positions' (1 when they broadcast), or ``q``'s for a bias that
+    depends on the query (Shaw's keys, the Music Transformer, any scheme of unknown form); the head
+    dimension is 1 without a bias. ``causal=False`` lets it see that unmasked bidirectional
+    positions need no mask (one device sync, only when the mask would be large); ``None``
+    (unknown) counts a mask for any positions but plain ones.
+    """
+    has_bias = "score_bias" in scheme.hooks
+    plain = q_positions is k_positions and q_positions.contiguous
+    if not has_bias and plain:
+        return 0
+    batch = max(q_positions.batch, k_positions.batch)
+    heads = 1
+    if has_bias:
+        heads = q.shape[1]
+        per_query = not isinstance(scheme, LinearBiasScheme) and not (
+            isinstance(scheme, RelativeScheme) and scheme.query_independent
+        )
+        if per_query:
+            batch = q.shape[0]
+    itemsize = 4 if has_bias and q.dtype in (torch.float16, torch.bfloat16) else q.element_size()
+    size = batch * heads * len(q_positions) * len(k_positions) * itemsize
+    if (
+        size > SDPA_MASK_BUDGET
+        and not has_bias
+        and causal is False
+        and is_plain(q_positions, k_positions, causal=False)
+    ):
+        return 0  # every token real, one segment: sdpa runs without a mask
+    return size
 
 
 def choose_backend(
@@ -54,14 +116,18 @@ def choose_backend(
     needs_grad: bool,
     dropout_p: float = 0.0,
     training: bool = False,
+    causal: bool | None = None,
 ) -> str:
     """The backend ``auto`` runs for this call (the table in this module's docstring).
 
     Args:
         needs_grad: whether a backward pass will follow (gradients of q, k, v or the scheme).
+        causal: the call's masking, if known (:func:`sdpa_mask_bytes`).
     """
     if not sdpa_supports(scheme):
         return "chunked"
+    if sdpa_mask_bytes(scheme, q, q_positions, k_positions, causal=causal) > SDPA_MASK_BUDGET:
+        return "chunked"  # memory first: O(block·L), never the (i, j) mask
     size = len(q_positions) * len(k_positions)
     learned_grad = needs_grad and any(p.requires_grad for p in scheme.parameters())
     if SMALL_RELATIVE < size <= SMALL:
@@ -109,6 +175,7 @@ def auto_attention(
         needs_grad=needs_grad(scheme, q, k, v),
         dropout_p=dropout_p,
         training=training,
+        causal=causal,
     )
     return _PICKS[name](
         q, k, v, scheme, q_positions, k_positions,

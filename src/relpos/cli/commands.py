@@ -1,6 +1,11 @@
 """The ``relpos`` command line: ``train``, ``eval``, ``generate``, ``demo``, ``bench``, ``tour``.
 
-Every subcommand reports bad input as one clear line on stderr and exit status 2, not a traceback.
+Every subcommand reports a user error — a malformed or out-of-range value, a device that is not
+there, a path that is missing or of the wrong kind, data in the wrong format, a run that cannot fit
+in memory, a diverged checkpoint — as one line on stderr that names the argument, and exits with
+status 2, never with a traceback (``RELPOS_DEBUG=1`` shows one). A traceback is printed only for an
+error of relpos itself, with a request to report it (status 1). Ctrl-C outside training exits 130.
+
 Every subcommand first turns on flush-to-zero for float32 denormals, before PyTorch's thread pool
 starts (:mod:`relpos.runtime`: attention's backward pass runs many times slower on denormals on
 many x86 CPUs); ``relpos bench --keep-denormals`` measures without it. It also makes glibc keep
@@ -11,15 +16,20 @@ their pages in anew on every call); ``relpos bench --default-malloc`` measures w
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
+import math
 import os
+import re
 import sys
+import traceback
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from ..runtime import flush_denormals, retain_freed_memory
 
-__all__ = ["main"]
+__all__ = ["MAX_LENGTH", "MAX_SEED", "CLIError", "build_parser", "main"]
 
 # The README's main job: a small model, a few minutes on a laptop CPU.
 DEMO = {
@@ -35,12 +45,157 @@ DEMO = {
     "warmup": 60,
 }
 
+#: The most sixteenth-note steps ``relpos generate --length`` samples: 40,000 tokens, about 31
+#: minutes of music at 80 bpm (a chorale is one to three minutes). Sampling time grows with the
+#: square of the length (every token attends to all before it).
+MAX_LENGTH = 10_000
+#: The largest ``--seed`` (torch's and numpy's seeds are 64-bit).
+MAX_SEED = 2**63 - 1
+#: What ``--splits`` may name.
+SPLIT_NAMES = ("train", "valid", "test")
+_COMMANDS = ("train", "eval", "generate", "demo", "bench", "tour")
+
 
 class CLIError(Exception):
     """A user-facing error: printed as one line, exit status 2."""
 
 
-# ----------------------------------------------------------------------------- arguments
+class UsageError(CLIError):
+    """A malformed command line (argparse's errors), printed as one line instead of the usage."""
+
+    def __init__(self, prog: str, message: str) -> None:
+        super().__init__(message)
+        self.prog = prog
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that raises :class:`UsageError` instead of printing the usage and exiting, so that
+    every mistake ends the same way (one line, status 2) and ``main`` returns in-process."""
+
+    def error(self, message: str):  # type: ignore[override]
+        raise UsageError(self.prog, message)
+
+
+def _one_line(text: str) -> str:
+    return " ".join(str(text).split())
+
+
+# ----------------------------------------------------------------------------- argument types
+# argparse reports a failed type as "argument --flag: <message>", so each names its argument.
+
+
+def _int_type(minimum: int, maximum: int | None = None, why: str = "") -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if value < minimum or (maximum is not None and value > maximum):
+            bound = f">= {minimum}" if maximum is None else f"in {minimum}..{maximum}"
+            raise argparse.ArgumentTypeError(f"expected an integer {bound}{why}, got {value}")
+        return value
+
+    parse.__name__ = "integer"
+    return parse
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a finite number > 0, got {text!r}")
+    return value
+
+
+_SEED = _int_type(0, MAX_SEED)
+
+
+# ----------------------------------------------------------------------------- paths and data
+
+
+def _input_file(flag: str, path: str | os.PathLike[str], expected: str) -> Path:
+    """An existing regular file, or a :class:`CLIError` naming ``flag``."""
+    p = Path(path).expanduser()
+    if not p.exists():
+        raise CLIError(f"{flag}: {p} does not exist (expected {expected})")
+    if p.is_dir():
+        raise CLIError(f"{flag}: {p} is a folder, expected {expected}")
+    if not os.access(p, os.R_OK):
+        raise CLIError(f"{flag}: {p} is not readable (permission denied)")
+    return p
+
+
+def _output_folder(flag: str, path: str | os.PathLike[str]) -> Path:
+    """A folder that exists and is writable, or that can be created."""
+    p = Path(path).expanduser()
+    if p.exists() and not p.is_dir():
+        raise CLIError(f"{flag}: {p} exists and is not a folder")
+    ancestor = p
+    while not ancestor.exists() and ancestor != ancestor.parent:
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        raise CLIError(f"{flag}: cannot create {p}: {ancestor} is not a folder")
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        raise CLIError(f"{flag}: cannot write in {ancestor} (permission denied)")
+    return p
+
+
+def _run_folder(flag: str, path: str | os.PathLike[str]) -> Path:
+    """An existing run folder (for ``eval`` and ``generate``)."""
+    p = Path(path).expanduser()
+    if not p.exists():
+        raise CLIError(
+            f"{flag}: {p} does not exist (expected the folder of a run: relpos train --run-dir "
+            f"{p} writes one)"
+        )
+    if not p.is_dir():
+        raise CLIError(f"{flag}: {p} is not a folder (expected the folder of a run)")
+    return p
+
+
+def _check_data(flag: str, data: str) -> None:
+    """``--data``: ``music21`` with the package installed, or an existing file."""
+    if data == "music21":
+        if importlib.util.find_spec("music21") is None:
+            raise CLIError(
+                f"{flag} music21: the music21 package is not installed (pip install "
+                "'relpos[music]'), or pass a JSB JSON file"
+            )
+        return
+    _input_file(flag, data, "'music21' or a JSB JSON file")
+
+
+# ----------------------------------------------------------------------------- configs
+
+# Config fields the model and training flags set; an error message that starts with a field's name
+# is reported against its flag.
+_FIELD_FLAGS = {
+    "d_model": "--d-model",
+    "num_heads": "--num-heads",
+    "num_layers": "--num-layers",
+    "dropout": "--dropout",
+    "backend": "--backend",
+    "data": "--data",
+    "context": "--context",
+    "batch_size": "--batch-size",
+    "steps": "--steps",
+    "lr": "--lr",
+    "warmup": "--warmup",
+    "eval_every": "--eval-every",
+    "max_shift": "--max-shift",
+    "seed": "--seed",
+}
+
+
+def _flag_of(message: str) -> str | None:
+    if message.startswith("d_model (") and "divisible" in message:
+        return "--d-model/--num-heads"
+    if message.startswith("unknown backend"):
+        return "--backend"
+    first = re.match(r"\w+", message)
+    return _FIELD_FLAGS.get(first.group()) if first else None
 
 
 def _parse_value(text: str) -> Any:
@@ -56,7 +211,16 @@ def _scheme_from_args(name: str, pairs: list[str]) -> dict[str, Any]:
         if "=" not in pair:
             raise CLIError(f"--scheme-arg expects KEY=VALUE, got {pair!r}")
         key, value = pair.split("=", 1)
+        if key == "name":
+            raise CLIError("--scheme-arg: choose the scheme with --scheme NAME, not name=...")
         scheme[key] = _parse_value(value)
+    from ..schemes.base import config_from_dict
+
+    try:
+        config_from_dict(scheme)
+    except (ValueError, TypeError) as e:
+        flag = "--scheme" if str(e).startswith("unknown scheme") else "--scheme-arg"
+        raise CLIError(f"{flag}: {e}") from None
     return scheme
 
 
@@ -92,93 +256,248 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     t.add_argument("--warmup", type=int, default=DEMO["warmup"])
     t.add_argument("--eval-every", type=int, default=DEMO["eval_every"])
     t.add_argument("--max-shift", type=int, default=5, help="transposition augmentation (0: off)")
-    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--seed", type=_SEED, default=0)
 
 
 def _train_config(args: argparse.Namespace):
+    """The run's config from ``--config`` or the flags; errors name the flag (or the file)."""
     from ..models import TransformerConfig
     from ..music import VOCAB_SIZE
     from ..training import TrainConfig
 
     if args.config:
-        return TrainConfig.load(args.config)
-    model = TransformerConfig(
-        vocab_size=VOCAB_SIZE,
-        d_model=args.d_model,
-        num_heads=args.num_heads,
-        num_layers=args.num_layers,
-        dropout=args.dropout,
-        scheme=_scheme_from_args(args.scheme, args.scheme_arg),
-        backend=args.backend,
+        path = _input_file("--config", args.config, "a TrainConfig JSON file")
+        try:
+            return TrainConfig.load(path)
+        except (ValueError, TypeError) as e:
+            raise CLIError(f"--config {path}: {e}") from None
+    scheme = _scheme_from_args(args.scheme, args.scheme_arg)
+    _check_data("--data", args.data)
+    try:
+        model = TransformerConfig(
+            vocab_size=VOCAB_SIZE,
+            d_model=args.d_model,
+            num_heads=args.num_heads,
+            num_layers=args.num_layers,
+            dropout=args.dropout,
+            scheme=scheme,
+            backend=args.backend,
+        )
+        return TrainConfig(
+            model=model,
+            data=str(args.data),
+            context=args.context,
+            batch_size=args.batch_size,
+            steps=args.steps,
+            lr=args.lr,
+            warmup=args.warmup,
+            eval_every=args.eval_every,
+            max_shift=args.max_shift,
+            seed=args.seed,
+        )
+    except (ValueError, TypeError) as e:
+        flag = _flag_of(str(e))
+        raise CLIError(f"{flag}: {e}" if flag else str(e)) from None
+
+
+def _check_fits(cfg, device, *, training: bool, source: str) -> None:
+    """Refuse a run whose estimated peak memory exceeds what ``device`` has free.
+
+    Args:
+        source: where the config came from, for the message (``""`` for the flags).
+    """
+    from .limits import available_memory, estimate_memory, format_bytes
+
+    scheme = cfg.model.scheme
+    if scheme.get("name") == "learned" and cfg.context > scheme["max_len"]:
+        raise CLIError(
+            f"--context {cfg.context}{source} exceeds the learned position table "
+            f"(max_len={scheme['max_len']}): lower --context or raise --scheme-arg max_len="
+        )
+    have = available_memory(device)
+    if have is None:
+        return
+    world = int(os.environ.get("WORLD_SIZE", "1") or 1)
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1) if device.type == "cpu" else 1
+    est = estimate_memory(cfg, training=training, world=world)
+    need = est.total * local
+    if need <= have:
+        return
+    what = "a training step" if training else "evaluation"
+    m = cfg.model
+    shape = (
+        f"batch {est.batch} × {cfg.context:,} tokens, d_model {m.d_model}, {m.num_layers} "
+        f"layer(s), {m.num_heads} heads, backend {m.backend}"
     )
-    return TrainConfig(
-        model=model,
-        data=str(args.data),
-        context=args.context,
-        batch_size=args.batch_size,
-        steps=args.steps,
-        lr=args.lr,
-        warmup=args.warmup,
-        eval_every=args.eval_every,
-        max_shift=args.max_shift,
-        seed=args.seed,
+    if local > 1:
+        shape += f", {local} processes"
+    where = f"{format_bytes(have)} available on {device}"
+    if est.state > est.activations:
+        raise CLIError(
+            f"--d-model {m.d_model} / --num-layers {m.num_layers}{source}: {what} needs about "
+            f"{format_bytes(need)} ({format_bytes(est.state * local)} for the model and optimiser "
+            f"state; {shape}), more than the {where}; choose a smaller model"
+        )
+    hint = "lower --context or --batch-size"
+    if m.backend in ("eager", "sdpa"):
+        hint += f" (or use --backend auto: {m.backend} builds (context × context) tensors)"
+    raise CLIError(
+        f"--context {cfg.context}{source}: {what} needs about {format_bytes(need)} ({shape}), "
+        f"more than the {where}; {hint}"
     )
 
 
 def _load_model(run_dir: Path, which: str):
     """The model of a run folder, from ``best``/``last`` checkpoint or a checkpoint path."""
+    import torch
+
     from ..models import Transformer
     from ..training import TrainConfig, load_checkpoint
 
-    path = Path(which) if which not in ("best", "last") else run_dir / f"{which}.pt"
-    state = load_checkpoint(path)
-    cfg = TrainConfig.from_dict(state["config"])
+    if which in ("best", "last"):
+        path = run_dir / f"{which}.pt"
+        if not path.exists():
+            other = run_dir / ("last.pt" if which == "best" else "best.pt")
+            hint = f" (the run has {other.name}: pass --checkpoint {other.stem})"
+            raise CLIError(
+                f"--checkpoint {which}: {path} does not exist"
+                + (hint if other.is_file() else " (no checkpoint has been written there yet)")
+            )
+    else:
+        path = _input_file("--checkpoint", which, "best, last, or a checkpoint file")
+    try:
+        state = load_checkpoint(path)
+    except (ValueError, TypeError) as e:
+        raise CLIError(f"--checkpoint: {e}") from None
+    try:
+        cfg = TrainConfig.from_dict(state["config"])
+    except (ValueError, TypeError) as e:
+        raise CLIError(f"--checkpoint: {path} holds an invalid config: {e}") from None
+    weights = state["model"]
+    if not isinstance(weights, dict):
+        raise CLIError(f"--checkpoint: {path} holds no model weights")
+    bad = [
+        name
+        for name, t in weights.items()
+        if isinstance(t, torch.Tensor) and t.is_floating_point() and not bool(t.isfinite().all())
+    ]
+    if bad:
+        raise CLIError(
+            f"--checkpoint: {path} (step {state.get('step')}) holds non-finite weights (NaN or "
+            f"inf in {len(bad)} tensor(s), e.g. {bad[0]}): the run diverged before it was "
+            "written; use an earlier checkpoint (--checkpoint best, last or a path) or retrain "
+            "with a lower --lr"
+        )
     model = Transformer(cfg.model)
-    model.load_state_dict(state["model"])
+    try:
+        model.load_state_dict(weights)
+    except RuntimeError as e:
+        first = str(e).strip().splitlines()[0]
+        raise CLIError(f"--checkpoint: {path} does not match its own config ({first})") from None
     return model.eval(), cfg, state, path
+
+
+def _parse_splits(text: str) -> list[str]:
+    names = [s.strip() for s in text.split(",") if s.strip()]
+    if not names:
+        raise CLIError(f"--splits: expected a comma-separated list of {SPLIT_NAMES}, got {text!r}")
+    for name in names:
+        if name not in SPLIT_NAMES:
+            raise CLIError(f"--splits: unknown split {name!r}; expected some of {SPLIT_NAMES}")
+    return list(dict.fromkeys(names))
 
 
 # ----------------------------------------------------------------------------- subcommands
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from ..training import train
+    from ..training import TrainConfig, train
+    from .limits import DeviceError, parse_device
 
-    cfg = None if args.resume else _train_config(args)
+    try:
+        device = parse_device(args.device)
+    except DeviceError as e:
+        raise CLIError(f"--device: {e}") from None
+    run_dir = _output_folder("--run-dir", args.run_dir)
+    if args.resume:
+        if args.config:
+            raise CLIError(
+                "--config and --resume: --resume continues the run with its own config; "
+                "drop --config (or start a new run in another --run-dir)"
+            )
+        if not (run_dir / "last.pt").is_file():
+            raise CLIError(
+                f"--resume: {run_dir / 'last.pt'} does not exist: nothing to resume (start the "
+                "run without --resume)"
+            )
+        cfg, source = None, " (of the run)"
+        try:
+            fits_cfg = TrainConfig.load(run_dir / "config.json")
+        except (OSError, ValueError, TypeError):
+            fits_cfg = None  # train() reads the checkpoint's own config and reports its errors
+    else:
+        cfg = _train_config(args)
+        fits_cfg, source = cfg, f" (in --config {args.config})" if args.config else ""
+        if args.config:
+            _check_data(f"data in --config {args.config}", cfg.data)
+    if fits_cfg is not None:
+        if fits_cfg.seed > MAX_SEED:
+            raise CLIError(f"--seed: expected an integer in 0..{MAX_SEED}, got {fits_cfg.seed}")
+        _check_fits(fits_cfg, device, training=True, source=source)
     summary = train(
-        cfg, args.run_dir, resume=args.resume, progress=not args.no_progress, device=args.device
+        cfg, run_dir, resume=args.resume, progress=not args.no_progress, device=str(device)
     )
     if summary["interrupted"]:
         print(
             f"stopped at step {summary['step']}/{summary['steps']}; checkpoint in "
-            f"{args.run_dir}/last.pt — continue with: relpos train --run-dir {args.run_dir} "
-            "--resume",
+            f"{run_dir}/last.pt — continue with: relpos train --run-dir {run_dir} --resume",
             file=sys.stderr,
         )
-        return 130
+        return int(summary.get("exit_status") or 130)
     print(
         f"trained {summary['step']} steps; best valid NLL {summary['best_valid_nll']:.4f} "
-        f"nats/token; run folder: {args.run_dir}"
+        f"nats/token; run folder: {run_dir}"
     )
     return 0
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
+    import torch
+
     from ..atomic import atomic_path
     from ..music import load_token_data
     from ..training import evaluate_nll
 
-    run_dir = Path(args.run_dir)
+    run_dir = _run_folder("--run-dir", args.run_dir)
+    splits = _parse_splits(args.splits)
     model, cfg, state, path = _load_model(run_dir, args.checkpoint)
-    data = load_token_data(args.data or cfg.data, max_shift=0, progress=not args.no_progress)
+    if args.data:
+        _check_data("--data", args.data)
+        source, flag = args.data, "--data"
+    else:
+        source, flag = cfg.data, f"the run's data ({cfg.data}; pass --data to use other data)"
+        _check_data(flag, source)
+    _check_fits(cfg, torch.device("cpu"), training=False, source=f" (of {path})")
+    try:
+        data = load_token_data(source, max_shift=0, progress=not args.no_progress)
+    except ValueError as e:
+        raise CLIError(f"{flag}: {e}") from None
     result: dict[str, Any] = {
         "checkpoint": str(path),
         "step": state["step"],
-        "data": args.data or cfg.data,
+        "data": source,
         "scheme": cfg.model.scheme,
     }
-    for split in args.splits.split(","):
-        nll = evaluate_nll(model, data.split(split), context=cfg.context, grid=data.grid)
+    for split in splits:
+        seqs = data.split(split)
+        if not any(len(s) >= 2 for s in seqs):
+            raise CLIError(f"--splits: the {split} split of {source} is empty: nothing to evaluate")
+        nll = evaluate_nll(model, seqs, context=cfg.context, grid=data.grid)
+        if not math.isfinite(nll):
+            raise CLIError(
+                f"--checkpoint: the {split} NLL of {path} is {nll}: the model's outputs are not "
+                "finite (its weights overflow); use an earlier checkpoint"
+            )
         result[f"{split}_nll"] = nll
         print(f"{split:>5}: {nll:.4f} nats/token")
     out = run_dir / "eval.json"
@@ -188,36 +507,74 @@ def cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_generate(args: argparse.Namespace) -> int:
-    from ..music import load_chorales, sample_chorale, write_midi, write_musicxml
+def _prime(args: argparse.Namespace, cfg) -> Any:
+    """The first ``--prime-steps`` steps of the ``--prime-from`` chorale, or None."""
+    from ..music import load_chorales
 
-    run_dir = Path(args.run_dir)
-    model, cfg, _, _ = _load_model(run_dir, args.checkpoint)
-    prime = None
-    if args.prime_steps:
-        split, _, index = args.prime_from.partition(":")
+    if not args.prime_steps:
+        return None
+    split, sep, index = args.prime_from.partition(":")
+    if split not in SPLIT_NAMES or not re.fullmatch(r"\d*", index) or (sep and not index):
+        raise CLIError(
+            f"--prime-from: expected SPLIT:INDEX with SPLIT train, valid or test and INDEX an "
+            f"integer >= 0 (e.g. test:0), got {args.prime_from!r}"
+        )
+    _check_data("the run's data, which --prime-from reads", cfg.data)
+    try:
         splits = load_chorales(None if cfg.data == "music21" else cfg.data, progress=False)
-        if split not in ("train", "valid", "test"):
-            raise CLIError(
-                f"--prime-from must be SPLIT:INDEX with SPLIT train/valid/test, got "
-                f"{args.prime_from!r}"
-            )
-        chorales = splits.split(split)
-        i = int(index or 0)
-        if not 0 <= i < len(chorales):
-            raise CLIError(
-                f"--prime-from index {i} is out of range: {split} has {len(chorales)} chorales"
-            )
-        prime = chorales[i][: args.prime_steps]
-    chorale = sample_chorale(
-        model,
-        args.length,
-        temperature=args.temperature,
-        top_k=args.top_k,
-        seed=args.seed,
-        prime=prime,
-    )
-    out = Path(args.out) if args.out else run_dir / "samples" / f"sample-seed{args.seed}.mid"
+    except ValueError as e:
+        raise CLIError(f"--prime-from: {e}") from None
+    chorales = splits.split(split)
+    i = int(index or 0)
+    if not 0 <= i < len(chorales):
+        raise CLIError(
+            f"--prime-from: index {i} is out of range: {split} has {len(chorales)} chorales"
+        )
+    if args.prime_steps > len(chorales[i]):
+        raise CLIError(
+            f"--prime-steps {args.prime_steps}: chorale {split}:{i} has only {len(chorales[i])} "
+            "steps"
+        )
+    return chorales[i][: args.prime_steps]
+
+
+def _midi_out(args: argparse.Namespace, run_dir: Path) -> Path:
+    if not args.out:
+        return run_dir / "samples" / f"sample-seed{args.seed}.mid"
+    out = Path(args.out).expanduser()
+    if out.is_dir():
+        raise CLIError(f"--out: {out} is a folder; expected a MIDI file path ending in .mid")
+    if out.suffix.lower() not in (".mid", ".midi"):
+        raise CLIError(
+            f"--out: expected a MIDI file path ending in .mid (the MusicXML goes beside it), "
+            f"got {out}"
+        )
+    if out.with_suffix(".musicxml").is_dir():
+        raise CLIError(f"--out: {out.with_suffix('.musicxml')} is a folder; choose another name")
+    _output_folder("--out", out.parent)
+    return out
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    from ..music import sample_chorale, write_midi, write_musicxml
+
+    run_dir = _run_folder("--run-dir", args.run_dir)
+    out = _midi_out(args, run_dir)
+    model, cfg, _, _ = _load_model(run_dir, args.checkpoint)
+    prime = _prime(args, cfg)
+    try:
+        chorale = sample_chorale(
+            model,
+            args.length,
+            temperature=args.temperature,
+            top_k=args.top_k,
+            seed=args.seed,
+            prime=prime,
+            progress=not args.no_progress,
+        )
+    except ValueError as e:
+        flag = "--length/--prime-steps" if "position table" in str(e) else "--checkpoint"
+        raise CLIError(f"{flag}: {e}") from None
     out.parent.mkdir(parents=True, exist_ok=True)
     write_midi(chorale, out, tempo_bpm=80)
     xml = write_musicxml(chorale, out.with_suffix(".musicxml"))
@@ -231,16 +588,17 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     """The README's main job: train a small Music Transformer, evaluate it, write a chorale."""
-    run_dir = Path(args.run_dir)
+    run_dir = _output_folder("--run-dir", args.run_dir)
+    if args.data:
+        _check_data("--data", args.data)
     train_args = ["train", "--run-dir", str(run_dir), "--steps", str(args.steps)]
     if (run_dir / "last.pt").exists():
         train_args = ["train", "--run-dir", str(run_dir), "--resume"]
         print(f"{run_dir} holds a run: resuming it (delete the folder to start over)")
-    if args.no_progress:
-        train_args.append("--no-progress")
-    if args.data:
+    elif args.data:
         train_args += ["--data", args.data]
     quiet = ["--no-progress"] if args.no_progress else []
+    train_args += quiet
     eval_args = ["eval", "--run-dir", str(run_dir), *quiet]
     generate_args = [
         "generate",
@@ -252,6 +610,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         "16",
         "--prime-from",
         "test:0",
+        *quiet,
     ]
     for argv in (train_args, eval_args, generate_args):
         status = main(argv)
@@ -267,10 +626,45 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_bench(args: argparse.Namespace) -> int:
-    from . import bench
+def _bench(argv: list[str]) -> int:
+    """``relpos bench``: its options checked here (one line each), then :func:`.bench.main`."""
+    from . import bench  # which sets both itself (--keep-denormals, --default-malloc)
 
-    return bench.main(args.bench_args)
+    if "--child" in argv or any(a in ("-h", "--help") for a in argv):
+        return bench.main(argv)  # internal (a memory subprocess), or the help text
+    parser = bench.build_parser()
+    parser.error = _usage_error("relpos bench")  # type: ignore[method-assign]
+    args = parser.parse_args(argv)
+    from .limits import DeviceError, parse_device
+
+    try:
+        parse_device(args.device)
+    except DeviceError as e:
+        raise CLIError(f"--device: {e}") from None
+    for flag, value, minimum in (
+        ("--heads", args.heads, 1),
+        ("--head-dim", args.head_dim, 1),
+        ("--repeats", args.repeats, 5),
+        ("--warmup", args.warmup, 1),
+        ("--threads", args.threads, 1),
+    ):
+        if value is not None and value < minimum:
+            raise CLIError(f"{flag}: expected an integer >= {minimum}, got {value}")
+    for flag, value in (
+        ("--max-memory-gb", args.max_memory_gb),
+        ("--max-config-seconds", args.max_config_seconds),
+    ):
+        if value is not None and not (math.isfinite(value) and value > 0):
+            raise CLIError(f"{flag}: expected a finite number > 0, got {value}")
+    _output_folder("--out", args.out)
+    return bench.main(argv)
+
+
+def _usage_error(prog: str) -> Callable[[str], Any]:
+    def error(message: str):
+        raise UsageError(prog, message)
+
+    return error
 
 
 def cmd_tour(args: argparse.Namespace) -> int:
@@ -283,14 +677,16 @@ def cmd_tour(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="relpos", description=__doc__.splitlines()[0])
+    parser = _Parser(prog="relpos", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("train", help="train a transformer on chorales")
     p.add_argument("--run-dir", default="runs/music", help="run folder (checkpoints, metrics)")
     p.add_argument("--config", help="a TrainConfig JSON file (instead of the flags below)")
     p.add_argument("--resume", action="store_true", help="continue the run in --run-dir")
-    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
+    p.add_argument(
+        "--device", default=None, help="cpu, cuda, cuda:N or mps (default: cuda if available)"
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     _add_model_args(p)
     p.set_defaults(func=cmd_train)
@@ -299,30 +695,38 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--run-dir", default="runs/music")
     p.add_argument("--checkpoint", default="best", help="best, last, or a checkpoint path")
     p.add_argument("--data", default=None, help="evaluate on other data (default: the run's)")
-    p.add_argument("--splits", default="valid,test")
+    p.add_argument("--splits", default="valid,test", help="comma-separated: train, valid, test")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=cmd_eval)
 
     p = sub.add_parser("generate", help="sample a chorale; write MIDI and MusicXML")
     p.add_argument("--run-dir", default="runs/music")
-    p.add_argument("--checkpoint", default="best")
-    p.add_argument("--length", type=int, default=64, help="sixteenth-note steps to sample")
-    p.add_argument("--temperature", type=float, default=1.0)
-    p.add_argument("--top-k", type=int, default=0, help="sample among the k likeliest (0: off)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--checkpoint", default="best", help="best, last, or a checkpoint path")
+    p.add_argument(
+        "--length",
+        type=_int_type(1, MAX_LENGTH, " (sixteenth-note steps; time grows with its square)"),
+        default=64,
+        help=f"sixteenth-note steps to sample (1..{MAX_LENGTH})",
+    )
+    p.add_argument("--temperature", type=_positive_float, default=1.0, help="> 0 (default 1)")
+    p.add_argument(
+        "--top-k", type=_int_type(0), default=0, help="sample among the k likeliest (0: off)"
+    )
+    p.add_argument("--seed", type=_SEED, default=0)
     p.add_argument(
         "--prime-steps",
-        type=int,
+        type=_int_type(0),
         default=0,
         help="continue the first N steps of a held-out chorale",
     )
     p.add_argument("--prime-from", default="test:0", help="SPLIT:INDEX of the priming chorale")
-    p.add_argument("--out", default=None, help="MIDI path (default: RUN/samples/…)")
+    p.add_argument("--out", default=None, help="MIDI path, .mid (default: RUN/samples/…)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_generate)
 
     p = sub.add_parser("demo", help="the main job: train, evaluate, generate (a few minutes)")
     p.add_argument("--run-dir", default="runs/demo")
-    p.add_argument("--steps", type=int, default=DEMO["steps"])
+    p.add_argument("--steps", type=_int_type(1), default=DEMO["steps"])
     p.add_argument("--data", default=None, help="'music21' (default) or a JSB JSON file")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=cmd_demo)
@@ -331,35 +735,80 @@ def build_parser() -> argparse.ArgumentParser:
         "bench", help="attention speed and memory per scheme and backend", add_help=False
     )
     p.add_argument("bench_args", nargs=argparse.REMAINDER)
-    p.set_defaults(func=cmd_bench)
+    p.set_defaults(func=lambda args: _bench(args.bench_args))
 
     p = sub.add_parser("tour", help="every scheme: parameters and batch-parity checks")
     p.set_defaults(func=cmd_tour)
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else list(argv)
-    if argv[:1] == ["bench"]:  # forward every option, leading ones included, to relpos.cli.bench
-        from . import bench  # which sets both itself (--keep-denormals, --default-malloc)
+def _out_of_memory(e: BaseException) -> bool:
+    if isinstance(e, MemoryError):
+        return True
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(e, getattr(torch, "OutOfMemoryError", ())):
+        return True
+    text = str(e)
+    return isinstance(e, RuntimeError) and (
+        "can't allocate memory" in text or "out of memory" in text.lower()
+    )
 
-        return bench.main(argv[1:])
-    args = build_parser().parse_args(argv)
-    # Before any parallel op: the intra-op threads inherit it (relpos.runtime explains why).
-    flush_denormals()
-    retain_freed_memory()
+
+def main(argv: list[str] | None = None) -> int:
+    """Run ``relpos`` with ``argv`` (default ``sys.argv[1:]``); returns the exit status.
+
+    0: done; 2: a user error, reported in one line on stderr; 1: an error of relpos itself (a
+    traceback, and a request to report it); 130/143: stopped by Ctrl-C/SIGTERM.
+    """
+    argv = sys.argv[1:] if argv is None else list(argv)
+    command = argv[0] if argv and not argv[0].startswith("-") else ""
+    name = f"relpos {command}".strip()
+    debug = bool(os.environ.get("RELPOS_DEBUG"))
     try:
+        if argv[:1] == ["bench"]:  # forward every option, leading ones included, to bench
+            return _bench(argv[1:])
+        args = build_parser().parse_args(argv)
+        # Before any parallel op: the intra-op threads inherit it (relpos.runtime explains why).
+        flush_denormals()
+        retain_freed_memory()
         return args.func(args)
-    except CLIError as e:
-        print(f"relpos {args.command}: error: {e}", file=sys.stderr)
+    except UsageError as e:
+        prog = e.prog
+        if prog == "relpos" and command in _COMMANDS:  # unrecognized arguments of a subcommand
+            prog = name
+        print(f"{prog}: error: {_one_line(str(e))} (see {prog} --help)", file=sys.stderr)
         return 2
-    except (ValueError, TypeError, FileNotFoundError, FileExistsError) as e:
-        if os.environ.get("RELPOS_DEBUG"):
+    except CLIError as e:
+        print(f"{name}: error: {_one_line(str(e))}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"\n{name}: interrupted", file=sys.stderr)
+        return 130
+    except (ValueError, TypeError, OSError) as e:
+        if debug:
             raise
         print(
-            f"relpos {args.command}: error: {e}  (RELPOS_DEBUG=1 for a traceback)", file=sys.stderr
+            f"{name}: error: {_one_line(str(e) or type(e).__name__)}  (RELPOS_DEBUG=1 for a "
+            "traceback)",
+            file=sys.stderr,
         )
         return 2
+    except Exception as e:
+        if _out_of_memory(e) and not debug:
+            print(
+                f"{name}: error: out of memory ({_one_line(str(e))[:200]}); lower --context or "
+                "--batch-size, or choose a smaller model  (RELPOS_DEBUG=1 for a traceback)",
+                file=sys.stderr,
+            )
+            return 2
+        traceback.print_exc()
+        print(
+            f"{name}: internal error: {type(e).__name__}: {_one_line(str(e))[:300]}\nThis is a bug "
+            "in relpos, not a mistake in the command: please report it, with the command line "
+            "and the traceback above.",
+            file=sys.stderr,
+        )
+        return 1
 
 
 if __name__ == "__main__":

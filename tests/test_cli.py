@@ -1,0 +1,351 @@
+"""The command line refuses user mistakes with one line naming the argument, and status 2.
+
+Every call runs ``relpos.cli.main`` in-process on a tiny JSB file; a refused call never reaches
+training, so the whole catalogue costs a few seconds. Also here: ``auto`` and evaluation stay
+``O(L)`` in memory at a long context (issue 20).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from relpos import Positions, Transformer, TransformerConfig, make_scheme
+from relpos.attention import auto as auto_mod
+from relpos.attention.auto import SDPA_MASK_BUDGET, choose_backend, sdpa_mask_bytes
+from relpos.cli import commands, limits, main
+from relpos.music import sample_chorale
+from relpos.training import evaluate_nll, load_checkpoint, save_checkpoint
+from relpos.training.evaluate import window_loss
+from tests.test_backends import MaxNumel
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def chorale(rng: np.random.Generator, steps: int) -> list[list[int]]:
+    centre = np.array([67, 60, 55, 48])
+    walk = np.cumsum(rng.integers(-2, 3, size=(steps, 4)), axis=0).clip(-5, 5)
+    return (centre + walk).tolist()
+
+
+@pytest.fixture(scope="module")
+def tiny_data(tmp_path_factory) -> Path:
+    rng = np.random.default_rng(0)
+    data = {
+        split: [chorale(rng, int(rng.integers(24, 40))) for _ in range(k)]
+        for split, k in (("train", 4), ("valid", 2), ("test", 2))
+    }
+    path = tmp_path_factory.mktemp("data") / "tiny.json"
+    path.write_text(json.dumps(data))
+    return path
+
+
+TINY_FLAGS = [
+    *("--d-model", "16", "--num-heads", "2", "--num-layers", "1", "--context", "32"),
+    *("--batch-size", "2", "--steps", "2", "--eval-every", "1", "--warmup", "1"),
+    "--no-progress",
+]
+
+
+@pytest.fixture(scope="module")
+def run(tiny_data, tmp_path_factory) -> Path:
+    """A trained run folder (2 steps), shared by the eval and generate cases."""
+    folder = tmp_path_factory.mktemp("runs") / "run"
+    assert main(["train", "--run-dir", str(folder), "--data", str(tiny_data), *TINY_FLAGS]) == 0
+    return folder
+
+
+@pytest.fixture(scope="module")
+def nan_checkpoint(run, tmp_path_factory) -> Path:
+    state = load_checkpoint(run / "best.pt")
+    name = next(iter(state["model"]))
+    state["model"][name][0] = float("nan")
+    return save_checkpoint(tmp_path_factory.mktemp("nan") / "nan.pt", state)
+
+
+def refused(capsys, argv: list[str], *patterns: str, status: int = 2) -> str:
+    """Run ``argv``; assert the status, and one line on stderr matching every pattern."""
+    assert main(argv) == status
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1, err
+    assert "Traceback" not in err
+    assert lines[0].startswith(f"relpos {argv[0]}: error:" if argv else "relpos: error:"), err
+    for pattern in patterns:
+        assert re.search(pattern, lines[0]), (pattern, err)
+    return lines[0]
+
+
+# ----------------------------------------------------------------------------- the issue's three
+
+
+@pytest.mark.parametrize("device", ["idee", "meta", "cuda:x"])
+def test_a_device_that_is_no_device(tiny_data, tmp_path, capsys, device):
+    argv = ["train", "--run-dir", str(tmp_path / "r"), "--data", str(tiny_data), *TINY_FLAGS]
+    refused(capsys, [*argv, "--device", device], "--device", re.escape(repr(device)))
+    assert not (tmp_path / "r").exists()
+
+
+def test_a_device_that_is_not_there(tiny_data, tmp_path, capsys, monkeypatch):
+    argv = ["train", "--run-dir", str(tmp_path / "r"), "--data", str(tiny_data), *TINY_FLAGS]
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    refused(capsys, [*argv, "--device", "cuda"], "--device", "not available", "--device cpu")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    refused(capsys, [*argv, "--device", "cuda:3"], "--device", "1 CUDA device")
+
+
+def test_a_long_context_trains_and_evaluates_in_o_l_memory(tiny_data, tmp_path, capsys):
+    """The issue's command: validation at context 100,000 used to build a 30 GB (i, j) mask."""
+    run = tmp_path / "r"
+    flags = ["--d-model", "16", "--num-heads", "2", "--num-layers", "1", "--context", "100000"]
+    flags += ["--batch-size", "1", "--steps", "2", "--eval-every", "1", "--no-progress"]
+    assert main(["train", "--run-dir", str(run), "--data", str(tiny_data), *flags]) == 0
+    assert main(["eval", "--run-dir", str(run), "--no-progress"]) == 0
+    assert math.isfinite(json.loads((run / "eval.json").read_text())["valid_nll"])
+
+
+def test_a_context_the_machine_cannot_hold_is_refused_up_front(
+    tiny_data, tmp_path, capsys, monkeypatch
+):
+    argv = ["train", "--run-dir", str(tmp_path / "r"), "--data", str(tiny_data), *TINY_FLAGS]
+    line = refused(capsys, [*argv, "--context", str(10**9)], r"--context 1000000000", "available")
+    assert re.search(r"needs about [\d.]+ [TP]B", line), line
+    refused(capsys, [*argv, "--d-model", "65536"], "--d-model 65536", "smaller model")
+    # An (L, L) backend at a context auto would run in O(L): the hint names --backend auto.
+    monkeypatch.setattr(limits, "available_memory", lambda device: 2 * 10**9)
+    refused(capsys, [*argv, "--context", "20000", "--backend", "eager"], "--context 20000", "auto")
+    assert main([*argv, "--context", "20000", "--steps", "1"]) == 0  # auto: O(L), it fits
+
+
+# ----------------------------------------------------------------------------- train
+
+
+TRAIN_CASES = [
+    (["--steps", "1e3"], ["argument --steps", "integer|int value"]),
+    (["--steps", "0"], ["--steps", "steps must be >= 1"]),
+    (["--batch-size", "-2"], ["--batch-size", "batch_size must be >= 1"]),
+    (["--context", "2"], ["--context", ">= 4"]),
+    (["--num-heads", "0"], ["--num-heads"]),
+    (["--num-layers", "0"], ["--num-layers"]),
+    (["--d-model", "30", "--num-heads", "4"], ["--d-model/--num-heads", "divisible"]),
+    (["--lr", "nan"], ["--lr", "finite"]),
+    (["--lr", "-1"], ["--lr"]),
+    (["--dropout", "1.5"], ["--dropout"]),
+    (["--warmup", "-1"], ["--warmup"]),
+    (["--eval-every", "0"], ["--eval-every"]),
+    (["--max-shift", "-1"], ["--max-shift"]),
+    (["--seed", "-1"], ["argument --seed"]),
+    (["--seed", str(2**64)], ["argument --seed"]),
+    (["--backend", "fast"], ["--backend", "unknown backend 'fast'"]),
+    (["--scheme", "rotary9"], ["--scheme", "unknown scheme 'rotary9'"]),
+    (["--scheme-arg", "max_distance=abc"], ["--scheme-arg", "max_distance"]),
+    (["--scheme-arg", "name=t5"], ["--scheme-arg", "--scheme"]),
+    (["--scheme-arg", "max_distance"], ["--scheme-arg", "KEY=VALUE"]),
+    (["--scheme", "learned", "--scheme-arg", "max_len=16"], ["--context 32", "max_len=16"]),
+    (["--data", "{tmp}/missing.json"], ["--data", "does not exist"]),
+    (["--data", "{tmp}"], ["--data", "is a folder"]),
+    (["--run-dir", "{data}"], ["--run-dir", "not a folder"]),
+    (["--run-dir", "{data}/sub"], ["--run-dir", "cannot create"]),
+    (["--bogus"], ["unrecognized arguments: --bogus"]),
+]
+
+
+@pytest.mark.parametrize(
+    ("flags", "patterns"), TRAIN_CASES, ids=[" ".join(flags) for flags, _ in TRAIN_CASES]
+)
+def test_train_refuses(tiny_data, tmp_path, capsys, flags, patterns):
+    flags = [f.format(tmp=tmp_path, data=tiny_data) for f in flags]
+    argv = ["train", "--run-dir", str(tmp_path / "r"), "--data", str(tiny_data), *TINY_FLAGS]
+    refused(capsys, argv + flags, *patterns)
+    assert not (tmp_path / "r").exists()
+
+
+def test_train_refuses_configs_and_resumes(tiny_data, tmp_path, capsys):
+    r = ["train", "--run-dir", str(tmp_path / "r")]
+    refused(capsys, [*r, "--resume"], "--resume", "last.pt", "does not exist")
+    refused(capsys, [*r, "--config", str(tmp_path / "no.json")], "--config", "does not exist")
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    refused(capsys, [*r, "--config", str(bad)], "--config", "not valid JSON")
+    good = {"model": {"vocab_size": 77, "d_model": 16, "num_heads": 2, "num_layers": 1}}
+    bad.write_text(json.dumps({**good, "data": str(tiny_data), "lr": -1}))
+    refused(capsys, [*r, "--config", str(bad)], f"--config {re.escape(str(bad))}", "lr")
+    bad.write_text(json.dumps({**good, "data": str(tmp_path / "gone.json")}))
+    refused(capsys, [*r, "--config", str(bad)], "data in --config", "does not exist")
+    refused(capsys, [*r, "--config", str(bad), "--resume"], "--config and --resume")
+
+
+# ----------------------------------------------------------------------------- eval
+
+
+def test_eval_refuses(run, nan_checkpoint, tiny_data, tmp_path, capsys):
+    e = ["eval", "--no-progress"]
+    refused(capsys, [*e, "--run-dir", str(tmp_path / "no")], "--run-dir", "does not exist")
+    refused(capsys, [*e, "--run-dir", str(tiny_data)], "--run-dir", "not a folder")
+    r = [*e, "--run-dir", str(run)]
+    refused(capsys, [*r, "--checkpoint", "last2"], "--checkpoint", "does not exist")
+    refused(capsys, [*r, "--checkpoint", str(tmp_path)], "--checkpoint", "is a folder")
+    refused(capsys, [*r, "--splits", "valid,bogus"], "--splits", "'bogus'")
+    refused(capsys, [*r, "--splits", ","], "--splits")
+    refused(capsys, [*r, "--data", str(tmp_path / "no.json")], "--data", "does not exist")
+    refused(capsys, [*r, "--checkpoint", str(nan_checkpoint)], "--checkpoint", "non-finite")
+    corrupt = tmp_path / "corrupt.pt"
+    corrupt.write_bytes(b"garbage")
+    refused(capsys, [*r, "--checkpoint", str(corrupt)], "--checkpoint", "corrupt")
+    only_last = tmp_path / "only-last"
+    only_last.mkdir()
+    (only_last / "last.pt").write_bytes((run / "last.pt").read_bytes())
+    refused(capsys, [*e, "--run-dir", str(only_last)], "--checkpoint best", "--checkpoint last")
+    assert not (run / "eval.json").exists()
+
+
+# ----------------------------------------------------------------------------- generate
+
+
+def test_generate_refuses(run, nan_checkpoint, tiny_data, tmp_path, capsys):
+    g = ["generate", "--run-dir", str(run), "--no-progress"]
+    refused(capsys, [*g, "--prime-steps", "-3"], "argument --prime-steps", ">= 0")
+    refused(capsys, [*g, "--length", "10000000"], "argument --length", "1..10000")
+    refused(capsys, [*g, "--length", "0"], "argument --length")
+    for t in ("nan", "inf", "0", "-1", "warm"):
+        refused(capsys, [*g, "--temperature", t], "argument --temperature")
+    refused(capsys, [*g, "--top-k", "-1"], "argument --top-k")
+    refused(capsys, [*g, "--seed", "-1"], "argument --seed")
+    refused(capsys, [*g, "--out", str(tmp_path)], "--out", "is a folder")
+    refused(capsys, [*g, "--out", str(tmp_path / "x.wav")], "--out", r"\.mid")
+    refused(capsys, [*g, "--out", f"{tiny_data}/x.mid"], "--out", "not a folder")
+    p = [*g, "--prime-steps", "4", "--prime-from"]
+    for bad in ("test:x", "foo", "test:", "test:-1"):
+        refused(capsys, [*p, bad], "--prime-from", "SPLIT:INDEX")
+    refused(capsys, [*p, "test:9"], "--prime-from", "out of range")
+    refused(capsys, [*g, "--prime-steps", "999"], "--prime-steps 999", "only")
+    refused(capsys, [*g, "--checkpoint", str(nan_checkpoint)], "--checkpoint", "non-finite")
+    refused(capsys, ["generate", "--run-dir", str(tmp_path / "no")], "--run-dir")
+    assert not (run / "samples").exists()
+
+
+def test_generate_shows_progress_and_takes_any_finite_temperature(run, tmp_path, capsys):
+    out = tmp_path / "a.mid"
+    argv = ["generate", "--run-dir", str(run), "--length", "6", "--out", str(out)]
+    assert main([*argv, "--temperature", "1e-30"]) == 0
+    assert "6/6" in capsys.readouterr().err  # the progress bar, one tick per step
+    assert main([*argv, "--temperature", "1e30", "--no-progress"]) == 0
+    assert capsys.readouterr().err == ""
+    model = Transformer(TransformerConfig(vocab_size=77, d_model=8, num_heads=2, num_layers=1))
+    for bad in (float("nan"), float("inf"), 0.0):
+        with pytest.raises(ValueError, match="temperature"):
+            sample_chorale(model, 2, temperature=bad)
+    with pytest.raises(ValueError, match="num_steps"):
+        sample_chorale(model, -3)
+
+
+# ----------------------------------------------------------------------------- other commands
+
+
+def test_demo_bench_tour_and_no_command_refuse(tiny_data, tmp_path, capsys):
+    refused(capsys, ["demo", "--steps", "0"], "argument --steps")
+    refused(capsys, ["demo", "--data", str(tmp_path / "no.json")], "--data", "does not exist")
+    refused(capsys, ["demo", "--run-dir", str(tiny_data)], "--run-dir", "not a folder")
+    refused(capsys, ["bench", "--device", "idee"], "--device", "'idee'")
+    refused(capsys, ["bench", "--heads", "0"], "--heads")
+    refused(capsys, ["bench", "--repeats", "2"], "--repeats")
+    refused(capsys, ["bench", "--lengths", "abc"], "--lengths")
+    refused(capsys, ["bench", "--out", str(tiny_data)], "--out", "not a folder")
+    refused(capsys, ["bench", "--bogus"], "unrecognized arguments")
+    refused(capsys, ["tour", "extra"], "unrecognized arguments: extra")
+    refused(capsys, [], "required: command")
+    assert main(["frob"]) == 2
+    assert "invalid choice: 'frob'" in capsys.readouterr().err
+
+
+def test_our_own_bugs_get_a_traceback_and_a_request_to_report(monkeypatch, capsys):
+    def bug(args):
+        raise RuntimeError("an internal invariant broke")
+
+    monkeypatch.setattr(commands, "cmd_tour", bug)
+    assert main(["tour"]) == 1
+    err = capsys.readouterr().err
+    assert "Traceback" in err and "an internal invariant broke" in err
+    assert "bug in relpos" in err and "report" in err
+
+    def oom(args):
+        raise MemoryError
+
+    monkeypatch.setattr(commands, "cmd_tour", oom)
+    refused(capsys, ["tour"], "out of memory", "--context")
+
+
+# ----------------------------------------------------------------------------- O(L) memory
+
+
+@pytest.mark.parametrize("name", ["nope", "rope", "alibi", "t5", "music"])
+def test_auto_never_builds_a_huge_mask(name):
+    """A padded batch at L = 200,000: sdpa would build a 160 GB (L, L) mask; auto takes chunked."""
+    n = 200_000
+    scheme = make_scheme(name, d_model=8, num_heads=2, causal=True)
+    pos = Positions.from_padding_mask(torch.ones(1, n, dtype=torch.bool))
+    q = torch.zeros(1, 2, 1, 4).expand(1, 2, n, 4)
+    assert sdpa_mask_bytes(scheme, q, pos, pos) >= 4 * n * n
+    for grad in (False, True):
+        assert choose_backend(scheme, q, pos, pos, needs_grad=grad) == "chunked"
+
+
+def test_the_mask_budget_boundary():
+    """Below the budget the table holds (alibi, padded: sdpa); past it, chunked."""
+    alibi = make_scheme("alibi", d_model=8, num_heads=2, causal=True)
+    for n, expected in ((2048, "sdpa"), (4096, "chunked")):
+        pos = Positions.from_padding_mask(torch.ones(1, n, dtype=torch.bool))
+        q = torch.zeros(1, 2, 1, 4).expand(1, 2, n, 4)
+        assert (sdpa_mask_bytes(alibi, q, pos, pos) > SDPA_MASK_BUDGET) == (n == 4096)
+        assert choose_backend(alibi, q, pos, pos, needs_grad=True) == expected
+    # Bidirectional, every token real: sdpa needs no mask at all, at any length.
+    nope = make_scheme("nope", d_model=8, num_heads=2, causal=False)
+    pos = Positions.from_padding_mask(torch.ones(1, 8192, dtype=torch.bool))
+    q = torch.zeros(1, 2, 1, 4).expand(1, 2, 8192, 4)
+    assert sdpa_mask_bytes(nope, q, pos, pos, causal=False) == 0
+    assert choose_backend(nope, q, pos, pos, needs_grad=False, causal=False) == "sdpa"
+    assert auto_mod.SDPA_MASK_BUDGET == 64 * 2**20  # documented in docs/training.md
+
+
+def test_evaluation_of_a_long_sequence_never_builds_an_l_by_l_tensor():
+    """One sequence of 16,384 tokens, evaluated in one window: every op's output stays O(L)."""
+    n = 16_384
+    torch.manual_seed(0)
+    cfg = TransformerConfig(
+        vocab_size=77, d_model=8, num_heads=2, num_layers=1, dropout=0.0, scheme="alibi"
+    )
+    model = Transformer(cfg)
+    seq = np.random.default_rng(0).integers(4, 77, n + 1)
+    with MaxNumel() as mode:
+        nll = evaluate_nll(model, [seq], context=n)
+    assert math.isfinite(nll)
+    assert mode.max < n * n // 64, mode.max  # the logits (n × 77) are the largest
+
+
+def test_trailing_padding_changes_no_loss():
+    torch.manual_seed(0)
+    cfg = TransformerConfig(vocab_size=77, d_model=8, num_heads=2, num_layers=1, dropout=0.0)
+    model = Transformer(cfg).eval()
+    tokens = torch.randint(4, 77, (2, 12))
+    mask = torch.ones(2, 12, dtype=torch.bool)
+    mask[1, 9:] = False
+    padded = torch.cat([tokens, torch.zeros(2, 500, dtype=torch.long)], 1)
+    padded_mask = torch.cat([mask, torch.zeros(2, 500, dtype=torch.bool)], 1)
+    with torch.no_grad():
+        loss, n = window_loss(model, tokens, mask)
+        loss_padded, n_padded = window_loss(model, padded, padded_mask)
+    assert n == n_padded == 11 + 8
+    torch.testing.assert_close(loss, loss_padded)
