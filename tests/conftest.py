@@ -17,3 +17,12 @@ def _keep_denormals():
     hypothesis refuses to draw floats)."""
     yield
     torch.set_flush_denormal(False)
+
+
+@pytest.fixture
+def one_thread():
+    """Run the test with one intra-op thread (many small ops: threads only add overhead)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

@@ -25,13 +25,7 @@ from relpos.training import evaluate_nll, load_checkpoint, save_checkpoint
 from relpos.training.evaluate import window_loss
 from tests.test_backends import MaxNumel
 
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def chorale(rng: np.random.Generator, steps: int) -> list[list[int]]:

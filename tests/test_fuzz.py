@@ -41,12 +41,7 @@ def fuzz(examples: int) -> settings:
     )  # fmt: skip
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def unsupported(spec: dict, backend: str) -> bool:
