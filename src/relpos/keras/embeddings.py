@@ -1,0 +1,282 @@
+"""Absolute position layers, keras-hub compatible: ``PositionEmbedding``,
+``SinePositionEncoding``, ``TokenAndPositionEmbedding``.
+
+Same constructor arguments and ``call(inputs, start_index=0, positions=None)`` as keras-hub's, so
+code switches by the import. Unlike keras-hub, every row's positions come from its own tokens:
+the Keras mask (``mask_zero=True`` upstream), ``segment_ids`` of packed rows, or a
+``start_index`` per row. Padding tokens read position 0.
+
+Shape legend: ``b`` batch, ``n`` tokens, ``d`` features.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import keras
+from keras import ops
+
+from .ops import sinusoidal_table
+from .positions import resolve_positions
+
+__all__ = ["PositionEmbedding", "SinePositionEncoding", "TokenAndPositionEmbedding"]
+
+
+def _check_sequence(inputs, name: str = "inputs") -> None:
+    if len(inputs.shape) < 2:
+        raise ValueError(f"{name} must have shape (b, n, ...), got {tuple(inputs.shape)}")
+
+
+def _token_positions(inputs, mask, segment_ids, positions, start_index):
+    """Per-row positions ``(b|1, n)`` of ``inputs (b, n, ...)``."""
+    return resolve_positions(
+        inputs.shape[1],
+        batch=inputs.shape[0],
+        mask=mask,
+        segment_ids=segment_ids,
+        positions=positions,
+        start_index=start_index,
+    ).pos
+
+
+@keras.saving.register_keras_serializable(package="relpos")
+class PositionEmbedding(keras.layers.Layer):
+    """A learned table of ``sequence_length`` position embeddings (Devlin et al., 2019).
+
+    Args:
+        sequence_length: positions in the table; a longer input is a ``ValueError``.
+        initializer: for the table (keras-hub's default, ``"glorot_uniform"``).
+
+    Call arguments:
+        inputs: ``(b, n, d)``; only its shape and Keras mask are read.
+        start_index: int or ``(b,)`` integer tensor, the position of the first token.
+        positions: ``(n,)`` or ``(b, n)`` integers (overrides ``start_index``).
+        mask: ``(b, n)`` True for tokens (default: the inputs' Keras mask).
+        segment_ids: ``(b, n)`` int, packed documents, -1 for padding.
+
+    Returns:
+        ``(b, n, d)`` embeddings (broadcast to the inputs' shape).
+    """
+
+    def __init__(self, sequence_length: int, initializer="glorot_uniform", **kwargs) -> None:
+        super().__init__(**kwargs)
+        if isinstance(sequence_length, bool) or not isinstance(sequence_length, int):
+            raise ValueError(f"sequence_length must be an int, got {sequence_length!r}")
+        if sequence_length < 1:
+            raise ValueError(f"sequence_length must be >= 1, got {sequence_length}")
+        self.sequence_length = sequence_length
+        self.initializer = keras.initializers.get(initializer)
+        self.supports_masking = True
+
+    def build(self, input_shape) -> None:
+        self.position_embeddings = self.add_weight(
+            name="embeddings",
+            shape=(self.sequence_length, input_shape[-1]),
+            initializer=self.initializer,
+        )
+        self.built = True
+
+    def call(self, inputs, start_index=0, positions=None, mask=None, segment_ids=None):
+        _check_sequence(inputs)
+        n = inputs.shape[1]
+        top = n + (start_index if isinstance(start_index, int) and positions is None else 0)
+        if n is not None and top > self.sequence_length:
+            raise ValueError(
+                f"a sequence of {n} tokens starting at position {top - n} is longer than the "
+                f"learned table (sequence_length={self.sequence_length})"
+            )
+        pos = _token_positions(inputs, mask, segment_ids, positions, start_index)
+        table = ops.convert_to_tensor(self.position_embeddings)
+        return ops.broadcast_to(ops.take(table, pos, axis=0), ops.shape(inputs))
+
+    def compute_mask(self, inputs, mask=None):
+        return mask
+
+    def compute_output_shape(self, input_shape):
+        return input_shape
+
+    def get_config(self) -> dict[str, Any]:
+        config = super().get_config()
+        config.update(
+            sequence_length=self.sequence_length,
+            initializer=keras.initializers.serialize(self.initializer),
+        )
+        return config
+
+
+@keras.saving.register_keras_serializable(package="relpos")
+class SinePositionEncoding(keras.layers.Layer):
+    """Fixed sinusoidal encoding of each token's own position (Vaswani et al., 2017, §3.5):
+    ``sin(p·ω_k), cos(p·ω_k)`` interleaved, ``ω_k = max_wavelength^(-2k/d)``. No weights;
+    computed in float32, returned in the layer's compute dtype.
+
+    Args:
+        max_wavelength: the wavelength base (10000 in the paper).
+        interleaved: ``sin, cos, sin, …`` (the paper, keras-hub) or ``[sin…, cos…]`` halves.
+
+    Call arguments: as :class:`PositionEmbedding`.
+    """
+
+    def __init__(self, max_wavelength: float = 10000, interleaved: bool = True, **kwargs) -> None:
+        super().__init__(**kwargs)
+        if isinstance(max_wavelength, bool) or not max_wavelength > 0:
+            raise ValueError(f"max_wavelength must be > 0, got {max_wavelength!r}")
+        self.max_wavelength, self.interleaved = max_wavelength, bool(interleaved)
+        self.supports_masking = True
+
+    def call(self, inputs, start_index=0, positions=None, mask=None, segment_ids=None):
+        _check_sequence(inputs)
+        dim = inputs.shape[-1]
+        if dim is None or dim % 2:
+            raise ValueError(f"the feature dim must be even (sin/cos pairs), got {dim}")
+        pos = _token_positions(inputs, mask, segment_ids, positions, start_index)
+        table = sinusoidal_table(
+            pos, dim, base=float(self.max_wavelength), interleaved=self.interleaved
+        )
+        return ops.broadcast_to(ops.cast(table, self.compute_dtype), ops.shape(inputs))
+
+    def compute_mask(self, inputs, mask=None):
+        return mask
+
+    def compute_output_shape(self, input_shape):
+        return input_shape
+
+    def get_config(self) -> dict[str, Any]:
+        config = super().get_config()
+        config.update(max_wavelength=self.max_wavelength, interleaved=self.interleaved)
+        return config
+
+
+@keras.saving.register_keras_serializable(package="relpos")
+class ReversibleEmbedding(keras.layers.Embedding):
+    """A token embedding that also maps features back to logits: ``call(x, reverse=True)`` is
+    ``x·Eᵀ`` (tied) or ``x·W`` with a separate ``(d, vocab)`` matrix (``tie_weights=False``)."""
+
+    def __init__(self, input_dim, output_dim, tie_weights: bool = True, **kwargs) -> None:
+        super().__init__(input_dim, output_dim, **kwargs)
+        self.tie_weights = bool(tie_weights)
+
+    def build(self, input_shape=None) -> None:
+        super().build(input_shape)
+        if not self.tie_weights:
+            self.reverse_embeddings = self.add_weight(
+                name="reverse_embeddings",
+                shape=(self.output_dim, self.input_dim),
+                initializer=self.embeddings_initializer,
+            )
+
+    def call(self, inputs, reverse: bool = False):
+        if not reverse:
+            return super().call(inputs)
+        kernel = (
+            ops.transpose(ops.convert_to_tensor(self.embeddings))
+            if self.tie_weights
+            else self.reverse_embeddings
+        )
+        return ops.matmul(inputs, ops.cast(kernel, inputs.dtype))
+
+    def compute_output_shape(self, input_shape, reverse: bool = False):
+        if reverse:
+            return (*input_shape[:-1], self.input_dim)
+        return super().compute_output_shape(input_shape)
+
+    def get_config(self) -> dict[str, Any]:
+        config = super().get_config()
+        config.update(tie_weights=self.tie_weights)
+        return config
+
+
+@keras.saving.register_keras_serializable(package="relpos")
+class TokenAndPositionEmbedding(keras.layers.Layer):
+    """Token embedding plus a learned position embedding, keras-hub's arguments.
+
+    With ``mask_zero=True`` the Keras mask of token id 0 gives every row its own positions: a
+    left-padded row embeds exactly as the same tokens alone (keras-hub shifts it).
+
+    Args:
+        vocabulary_size: token ids.
+        sequence_length: positions in the learned table.
+        embedding_dim: width ``d``.
+        tie_weights: whether ``token_embedding(x, reverse=True)`` uses the embedding matrix.
+        embeddings_initializer: for both tables.
+        mask_zero: token id 0 is padding; the output carries a Keras mask.
+
+    Call arguments: ``inputs`` ``(b, n)`` token ids; ``start_index``, ``positions``,
+    ``segment_ids`` as :class:`PositionEmbedding`. Returns ``(b, n, d)``.
+    """
+
+    def __init__(
+        self,
+        vocabulary_size: int,
+        sequence_length: int,
+        embedding_dim: int,
+        tie_weights: bool = True,
+        embeddings_initializer="uniform",
+        mask_zero: bool = False,
+        **kwargs,
+    ) -> None:
+        super().__init__(**kwargs)
+        for name, value in (
+            ("vocabulary_size", vocabulary_size),
+            ("sequence_length", sequence_length),
+            ("embedding_dim", embedding_dim),
+        ):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        self.vocabulary_size, self.sequence_length = vocabulary_size, sequence_length
+        self.embedding_dim = embedding_dim
+        self.embeddings_initializer = keras.initializers.get(embeddings_initializer)
+        init = keras.initializers.serialize(self.embeddings_initializer)
+        self.token_embedding = ReversibleEmbedding(
+            vocabulary_size,
+            embedding_dim,
+            tie_weights=tie_weights,
+            embeddings_initializer=keras.initializers.get(init),
+            mask_zero=mask_zero,
+            dtype=self.dtype_policy,
+            name="token_embedding",
+        )
+        self.position_embedding = PositionEmbedding(
+            sequence_length,
+            initializer=keras.initializers.get(init),
+            dtype=self.dtype_policy,
+            name="position_embedding",
+        )
+        self.supports_masking = mask_zero
+
+    def build(self, input_shape) -> None:
+        self.token_embedding.build(input_shape)
+        self.position_embedding.build((*input_shape, self.embedding_dim))
+        self.built = True
+
+    def call(self, inputs, start_index=0, positions=None, segment_ids=None):
+        if len(inputs.shape) != 2:
+            raise ValueError(f"inputs must be token ids of shape (b, n), got {tuple(inputs.shape)}")
+        tokens = self.token_embedding(inputs)
+        mask = self.token_embedding.compute_mask(inputs)
+        pe = self.position_embedding(
+            tokens,
+            start_index=start_index,
+            positions=positions,
+            mask=None if segment_ids is not None else mask,
+            segment_ids=segment_ids,
+        )
+        return tokens + pe
+
+    def compute_mask(self, inputs, mask=None):
+        return self.token_embedding.compute_mask(inputs)
+
+    def compute_output_shape(self, input_shape):
+        return (*input_shape, self.embedding_dim)
+
+    def get_config(self) -> dict[str, Any]:
+        config = super().get_config()
+        config.update(
+            vocabulary_size=self.vocabulary_size,
+            sequence_length=self.sequence_length,
+            embedding_dim=self.embedding_dim,
+            tie_weights=self.token_embedding.tie_weights,
+            embeddings_initializer=keras.initializers.serialize(self.embeddings_initializer),
+            mask_zero=self.token_embedding.mask_zero,
+        )
+        return config

@@ -1,0 +1,138 @@
+"""The math of every scheme in ``keras.ops``: stateless, backend-agnostic, jit-friendly.
+
+These mirror :mod:`relpos.functional` (same formulas, same papers) so a Keras layer and its
+PyTorch module give the same numbers. Angles, biases and logits run in float32.
+
+Shape legend: ``b`` batch, ``h`` heads, ``i`` queries, ``j`` keys, ``n`` tokens, ``d`` head dim,
+``R`` rows of a relative table.
+"""
+
+from __future__ import annotations
+
+import math
+
+from keras import ops
+
+__all__ = [
+    "alibi_bias",
+    "apply_rope",
+    "clipped_relative_index",
+    "gather_relative",
+    "relative_distance",
+    "rope_angles",
+    "rope_frequencies",
+    "sinusoidal_table",
+    "t5_buckets",
+]
+
+
+def relative_distance(q_pos, k_pos):
+    """``k_pos - q_pos`` for every pair: ``(b, i)``, ``(b, j)`` → ``(b, i, j)`` int32."""
+    return ops.expand_dims(k_pos, 1) - ops.expand_dims(q_pos, 2)
+
+
+def clipped_relative_index(distance, k: int):
+    """Row of a ``2k+1``-row table: ``clip(distance, -k, k) + k`` (Shaw et al., 2018, §3.2)."""
+    return ops.clip(distance, -k, k) + k
+
+
+def sinusoidal_table(pos, dim: int, *, base: float = 10000.0, interleaved: bool = True):
+    """``PE[p, 2k] = sin(p·ω_k)``, ``PE[p, 2k+1] = cos(p·ω_k)``, ``ω_k = base^(-2k/dim)``
+    (Vaswani et al., 2017, §3.5); ``interleaved=False`` gives ``[sin…, cos…]`` halves.
+
+    Shapes: pos ``(...)`` integers → float32 ``(..., dim)``.
+    """
+    freqs = ops.power(base, -ops.arange(0, dim, 2, dtype="float32") / dim)
+    angles = ops.expand_dims(ops.cast(pos, "float32"), -1) * freqs
+    sin, cos = ops.sin(angles), ops.cos(angles)
+    if interleaved:
+        stacked = ops.stack([sin, cos], axis=-1)
+        return ops.reshape(stacked, (*ops.shape(angles)[:-1], dim))
+    return ops.concatenate([sin, cos], axis=-1)
+
+
+def rope_frequencies(rotary_dim: int, theta: float = 10000.0):
+    """Inverse frequencies ``theta^(-2k/r)``, float32 ``(r/2,)`` (Su et al., 2021, §3.4)."""
+    return ops.power(float(theta), -ops.arange(0, rotary_dim, 2, dtype="float32") / rotary_dim)
+
+
+def rope_angles(pos, inv_freq):
+    """``pos · ω_k`` per token and pair: ``(b, n)`` → float32 ``(b, n, r/2)``."""
+    return ops.expand_dims(ops.cast(pos, "float32"), -1) * inv_freq
+
+
+def apply_rope(x, angles, *, interleaved: bool = False):
+    """Rotate feature pairs of ``x`` by ``angles``; features past ``2·angles.shape[-1]`` pass.
+
+    ``interleaved=False`` pairs ``(x[k], x[k + r/2])`` (GPT-NeoX, Llama, keras-hub);
+    ``interleaved=True`` pairs ``(x[2k], x[2k+1])`` (RoFormer, GPT-J).
+
+    Shapes:
+        x: ``(b, n, ..., d)`` (Keras' layout, e.g. ``(b, n, h, d)``); angles: ``(b|1, n, r/2)``;
+        returns ``x``'s shape and dtype, rotated in float32.
+    """
+    half = angles.shape[-1]
+    d = x.shape[-1]
+    if 2 * half > d:
+        raise ValueError(f"rotary dim {2 * half} exceeds the feature dim {d}")
+    cos, sin = ops.cos(angles), ops.sin(angles)
+    for _ in range(len(x.shape) - 3):  # broadcast over the axes between tokens and features
+        cos, sin = ops.expand_dims(cos, 2), ops.expand_dims(sin, 2)
+    xf = ops.cast(x, "float32")
+    rot, rest = xf[..., : 2 * half], xf[..., 2 * half :]
+    if interleaved:
+        pairs = ops.reshape(rot, (*ops.shape(rot)[:-1], half, 2))
+        x1, x2 = pairs[..., 0], pairs[..., 1]
+        y = ops.stack([x1 * cos - x2 * sin, x1 * sin + x2 * cos], axis=-1)
+        y = ops.reshape(y, ops.shape(rot))
+    else:
+        x1, x2 = rot[..., :half], rot[..., half:]
+        y = ops.concatenate([x1 * cos - x2 * sin, x1 * sin + x2 * cos], axis=-1)
+    if 2 * half < d:
+        y = ops.concatenate([y, rest], axis=-1)
+    return ops.cast(y, x.dtype)
+
+
+def alibi_bias(slopes, distance, *, causal: bool):
+    """``slope_h·(p_j - p_i)`` (causal) or ``-slope_h·|p_j - p_i|`` (Press et al., 2022, §3).
+
+    Shapes: slopes ``(h,)``; distance ``(b, i, j)`` → float32 ``(b, h, i, j)``.
+    """
+    d = ops.expand_dims(ops.cast(distance, "float32"), 1)
+    d = d if causal else -ops.abs(d)
+    return ops.reshape(ops.cast(slopes, "float32"), (1, -1, 1, 1)) * d
+
+
+def t5_buckets(distance, *, bidirectional: bool, num_buckets: int = 32, max_distance: int = 128):
+    """Bucket of every distance ``k_pos - q_pos`` (Raffel et al., 2020, §2.1), int32, same shape.
+
+    Half of the buckets (per direction) are exact distances, the rest log-spaced up to
+    ``max_distance``; causal bucketing maps keys after the query to bucket 0.
+    """
+    n = -ops.cast(distance, "int32")
+    buckets = ops.zeros_like(n)
+    if bidirectional:
+        num_buckets //= 2
+        buckets = buckets + ops.cast(n < 0, "int32") * num_buckets
+        n = ops.abs(n)
+    else:
+        n = ops.maximum(n, 0)
+    max_exact = num_buckets // 2
+    n_f = ops.maximum(ops.cast(n, "float32"), 1.0)
+    log_ratio = ops.log(n_f / max_exact) / math.log(max_distance / max_exact)
+    far = max_exact + ops.cast(log_ratio * (num_buckets - max_exact), "int32")
+    far = ops.minimum(far, num_buckets - 1)
+    return buckets + ops.where(n < max_exact, n, far)
+
+
+def gather_relative(rel_logits, index):
+    """``out[b, h, i, j] = rel[b, h, i, index[b, i, j]]``.
+
+    Shapes: rel_logits ``(b|1, h, i|1, R)``; index ``(b|1, i, j)`` → ``(b, h, i, j)``.
+    """
+    rel_shape, idx_shape = ops.shape(rel_logits), ops.shape(index)
+    b = idx_shape[0] if rel_logits.shape[0] == 1 else rel_shape[0]
+    h, i, j, rows = rel_shape[1], idx_shape[1], idx_shape[2], rel_shape[-1]
+    rel = ops.broadcast_to(rel_logits, (b, h, i, rows))
+    idx = ops.broadcast_to(ops.expand_dims(index, 1), (b, h, i, j))
+    return ops.take_along_axis(rel, idx, axis=-1)

@@ -1,0 +1,214 @@
+"""Per-row token positions with ``keras.ops``: the Keras twin of :class:`relpos.Positions`.
+
+Every Keras layer of relpos reads positions from here and never from array indices. A
+:class:`Positions` is a pair of int32 tensors:
+
+- ``pos`` ``(b|1, n)`` — the token's position inside its own sequence (0 for padding);
+- ``seg`` ``(b|1, n)`` — the sequence (segment) it belongs to within its row, ``-1`` for padding.
+
+Batch size 1 stands for every row (plain batches broadcast). It is a ``NamedTuple``, so it passes
+through ``jit``, ``tf.function`` and Keras' tree utilities as two tensors.
+
+Shape legend: ``b`` batch, ``n`` tokens, ``i`` queries, ``j`` keys.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import keras
+from keras import ops
+
+__all__ = [
+    "PAD_SEGMENT",
+    "Positions",
+    "allowed_pairs",
+    "continue_positions",
+    "plain_positions",
+    "positions_from_mask",
+    "positions_from_segments",
+    "resolve_positions",
+]
+
+#: Segment id of padding tokens.
+PAD_SEGMENT = -1
+
+
+class Positions(NamedTuple):
+    """``pos`` and ``seg``, int32 ``(b|1, n)``; see the module docstring."""
+
+    pos: Any
+    seg: Any
+
+    @property
+    def valid(self):
+        """``(b|1, n)`` bool: True for real tokens."""
+        return ops.not_equal(self.seg, PAD_SEGMENT)
+
+
+def _is_int(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _check_integer_tensor(name: str, x, *, rank: int) -> Any:
+    x = ops.convert_to_tensor(x)
+    dtype = keras.backend.standardize_dtype(x.dtype)
+    if "int" not in dtype:
+        raise TypeError(f"{name} must hold integers, got dtype {dtype}")
+    if len(x.shape) != rank:
+        raise ValueError(f"{name} must have rank {rank}, got shape {tuple(x.shape)}")
+    return ops.cast(x, "int32")
+
+
+def _offset(start_index, batch) -> Any:
+    """``start_index`` (an int, or one offset per row ``(b,)``) as int32 ``(1|b, 1)``."""
+    if _is_int(start_index):
+        if start_index < 0:
+            raise ValueError(f"start_index must be >= 0, got {start_index}")
+        return ops.full((1, 1), start_index, dtype="int32")
+    if isinstance(start_index, bool) or isinstance(start_index, float):
+        raise TypeError(
+            f"start_index must be an int or an integer tensor, got {type(start_index).__name__}"
+        )
+    off = ops.convert_to_tensor(start_index)
+    dtype = keras.backend.standardize_dtype(off.dtype)
+    if "int" not in dtype:
+        raise TypeError(f"start_index must hold integers, got dtype {dtype}")
+    if len(off.shape) == 0:
+        return ops.reshape(ops.cast(off, "int32"), (1, 1))
+    rows = off.shape[0]
+    if len(off.shape) != 1 or (rows is not None and batch is not None and rows not in (1, batch)):
+        raise ValueError(
+            f"start_index must be an int or have shape (b,) = ({batch},), got shape "
+            f"{tuple(off.shape)}"
+        )
+    return ops.reshape(ops.cast(off, "int32"), (-1, 1))
+
+
+def plain_positions(n, start_index=0, batch=None) -> Positions:
+    """``start_index, start_index+1, …`` for ``n`` tokens, one sequence per row.
+
+    ``start_index`` is an int (batch-1 result, broadcasts) or one offset per row ``(b,)``.
+    """
+    off = _offset(start_index, batch)
+    pos = ops.expand_dims(ops.arange(n, dtype="int32"), 0) + off
+    return Positions(pos, ops.zeros_like(pos))
+
+
+def positions_from_mask(mask, start_index=0) -> Positions:
+    """Positions from a ``(b, n)`` mask, True (or 1) for real tokens, for any padding layout.
+
+    A real token's position is the number of real tokens before it in its row (a cumulative sum),
+    plus ``start_index``; padding gets segment -1.
+    """
+    mask = ops.convert_to_tensor(mask)
+    if len(mask.shape) != 2:
+        raise ValueError(f"mask must have shape (b, n), got shape {tuple(mask.shape)}")
+    valid = ops.cast(mask, "bool")
+    count = ops.cumsum(ops.cast(valid, "int32"), axis=1)
+    pos = ops.where(valid, count - 1 + _offset(start_index, mask.shape[0]), 0)
+    return Positions(pos, ops.where(valid, 0, PAD_SEGMENT))
+
+
+def positions_from_segments(segment_ids, start_index=0) -> Positions:
+    """Positions for packed rows from ``(b, n)`` integer segment ids (``-1`` for padding).
+
+    A token's position is the number of earlier tokens of its row with the same id, so positions
+    restart at every document whatever the layout. Computed as a ``(b, n, n)`` comparison (no
+    sort), vectorised over the batch.
+    """
+    seg = _check_integer_tensor("segment_ids", segment_ids, rank=2)
+    n = ops.shape(seg)[1]
+    idx = ops.arange(n, dtype="int32")
+    earlier = ops.expand_dims(idx, 1) > ops.expand_dims(idx, 0)  # (i, j): j before i
+    same = ops.expand_dims(seg, 2) == ops.expand_dims(seg, 1)  # (b, i, j)
+    rank = ops.sum(ops.cast(ops.logical_and(same, earlier), "int32"), axis=2)
+    valid = ops.not_equal(seg, PAD_SEGMENT)
+    pos = ops.where(valid, rank + _offset(start_index, seg.shape[0]), 0)
+    return Positions(pos, ops.where(valid, seg, PAD_SEGMENT))
+
+
+def continue_positions(cached: Positions, n) -> Positions:
+    """Positions of ``n`` new tokens continuing each row's last sequence (KV-cache decoding).
+
+    The new tokens join the segment of the row's last real token at the next positions; a row with
+    no real token starts segment 0 at position 0.
+    """
+    valid = cached.valid
+    length = ops.shape(cached.pos)[1]
+    idx = ops.broadcast_to(ops.arange(length, dtype="int32"), ops.shape(cached.pos))
+    last = ops.maximum(ops.max(ops.where(valid, idx, -1), axis=1, keepdims=True), 0)
+    has_any = ops.any(valid, axis=1, keepdims=True)
+    last_pos = ops.take_along_axis(cached.pos, last, axis=1)
+    last_seg = ops.take_along_axis(cached.seg, last, axis=1)
+    start = ops.where(has_any, last_pos + 1, 0)
+    seg = ops.where(has_any, last_seg, 0)
+    new = ops.expand_dims(ops.arange(n, dtype="int32"), 0)
+    return Positions(start + new, ops.broadcast_to(seg, ops.shape(start + new)))
+
+
+def allowed_pairs(queries: Positions, keys: Positions, *, causal: bool):
+    """``(b|1, i, j)`` bool: both real, same segment, and ``k_pos <= q_pos`` when causal."""
+    q_seg, k_seg = ops.expand_dims(queries.seg, 2), ops.expand_dims(keys.seg, 1)
+    ok = ops.logical_and(q_seg == k_seg, q_seg != PAD_SEGMENT)
+    if causal:
+        ok = ops.logical_and(ok, ops.expand_dims(keys.pos, 1) <= ops.expand_dims(queries.pos, 2))
+    return ok
+
+
+def resolve_positions(
+    n,
+    *,
+    batch=None,
+    mask=None,
+    segment_ids=None,
+    positions=None,
+    start_index=0,
+) -> Positions:
+    """The :class:`Positions` of ``n`` tokens from whichever the caller gave.
+
+    Priority: explicit ``positions`` (``(n,)`` or ``(b, n)`` integers: every token real, one
+    sequence; a ``mask`` still marks padding), then ``segment_ids``, then ``mask`` (the Keras mask
+    or a padding mask), then ``0..n-1``. ``start_index`` (an int or one offset per row) is added
+    to positions derived from a mask, segments or the length.
+    """
+    if segment_ids is not None and mask is not None:
+        raise ValueError("pass segment_ids or a mask, not both (segment -1 marks padding)")
+    if positions is not None:
+        pos = ops.convert_to_tensor(positions)
+        dtype = keras.backend.standardize_dtype(pos.dtype)
+        if "int" not in dtype:
+            raise TypeError(f"positions must hold integers, got dtype {dtype}")
+        if len(pos.shape) == 1:
+            pos = ops.expand_dims(pos, 0)
+        if len(pos.shape) != 2 or (pos.shape[1] is not None and n is not None and pos.shape[1] != n):
+            raise ValueError(
+                f"positions must have shape (n,) or (b, n) with n={n}, got {tuple(pos.shape)}"
+            )
+        pos = ops.cast(pos, "int32")
+        if mask is None:
+            return Positions(pos, ops.zeros_like(pos))
+        valid = _check_mask(mask, batch, n)
+        return Positions(ops.where(valid, pos, 0), ops.where(valid, 0, PAD_SEGMENT))
+    if segment_ids is not None:
+        seg = _check_integer_tensor("segment_ids", segment_ids, rank=2)
+        _check_shape("segment_ids", seg, batch, n)
+        return positions_from_segments(seg, start_index)
+    if mask is not None:
+        return positions_from_mask(_check_mask(mask, batch, n), start_index)
+    return plain_positions(n, start_index, batch)
+
+
+def _check_shape(name, x, batch, n) -> None:
+    shape = tuple(x.shape)
+    ok = len(shape) == 2 and all(
+        want is None or got is None or got == want for got, want in zip(shape, (batch, n))
+    )
+    if not ok:
+        raise ValueError(f"{name} must have shape (b, n) = ({batch}, {n}), got {shape}")
+
+
+def _check_mask(mask, batch, n):
+    mask = ops.convert_to_tensor(mask)
+    _check_shape("mask", mask, batch, n)
+    return ops.cast(mask, "bool")

@@ -1,0 +1,330 @@
+"""Attention schemes as Keras layers: the same hooks and configs as :mod:`relpos.schemes`.
+
+A scheme is built from the PyTorch side's config (``relpos.SCHEMES`` validates names and fields),
+so a config dict means the same thing in both frameworks. It holds its tables as Keras weights
+and contributes through at most three hooks (every default does nothing):
+
+========================  ====================================================================
+hook                      contract (Keras layout: heads after tokens)
+========================  ====================================================================
+``rotate(q, k, qp, kp)``  rotated ``q (b, i, h, d)`` and ``k (b, j, h, d)``
+``score_bias(q, qp, kp)`` float32 ``(b|1, h|1, i, j)`` added to the *scaled* logits
+``value_term(p, qp, kp)`` float32 ``(b, i, h, d)`` added to the output, from probs ``(b, h, i, j)``
+========================  ====================================================================
+
+``qp``/``kp`` are :class:`~relpos.keras.positions.Positions`; no hook reads array indices.
+Absolute schemes (``sinusoidal``, ``learned``) act at the input: see
+:class:`~relpos.keras.embeddings.TokenAndPositionEmbedding`.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, ClassVar
+
+import keras
+from keras import ops
+
+from ..functional.alibi import alibi_slopes
+from ..schemes import SCHEMES, SchemeConfig, config_from_dict
+from .ops import (
+    alibi_bias,
+    apply_rope,
+    clipped_relative_index,
+    gather_relative,
+    relative_distance,
+    rope_angles,
+    rope_frequencies,
+    t5_buckets,
+)
+from .positions import Positions
+
+__all__ = ["KERAS_SCHEMES", "AttentionScheme", "make_attention_scheme", "scheme_config"]
+
+#: Keras attention schemes by name (the names of :data:`relpos.SCHEMES` that act in attention).
+KERAS_SCHEMES: dict[str, type[AttentionScheme]] = {}
+
+
+def _register(cls):
+    KERAS_SCHEMES[cls.scheme_name] = cls
+    return cls
+
+
+class AttentionScheme(keras.layers.Layer):
+    """Base of every Keras attention scheme: geometry, config and three no-op hooks.
+
+    Args:
+        config: the scheme's :class:`~relpos.schemes.SchemeConfig` (the PyTorch side's).
+        num_heads: heads ``h``.
+        head_dim: head dim ``d``.
+        causal: whether the attention is causal (T5 buckets, Music Transformer table size).
+    """
+
+    #: The name this scheme is registered under (that of its config).
+    scheme_name: ClassVar[str] = ""
+    #: Whether :meth:`score_bias` or :meth:`value_term` add a term (else the fused kernel runs).
+    adds_terms: ClassVar[bool] = False
+
+    def __init__(
+        self, config: SchemeConfig, *, num_heads: int, head_dim: int, causal: bool, **kwargs
+    ) -> None:
+        super().__init__(**kwargs)
+        self.config = config
+        self.num_heads, self.head_dim, self.causal = num_heads, head_dim, bool(causal)
+
+    def build(self, input_shape=None) -> None:
+        self.built = True
+
+    def rotate(self, q, k, q_positions: Positions, k_positions: Positions):
+        return q, k
+
+    def score_bias(self, q, q_positions: Positions, k_positions: Positions):
+        return None
+
+    def value_term(self, probs, q_positions: Positions, k_positions: Positions):
+        return None
+
+    def get_config(self) -> dict[str, Any]:
+        config = super().get_config()
+        config.update(
+            scheme=self.config.to_dict(),
+            num_heads=self.num_heads,
+            head_dim=self.head_dim,
+            causal=self.causal,
+        )
+        return config
+
+    @classmethod
+    def from_config(cls, config):
+        config = dict(config)
+        config["config"] = config_from_dict(config.pop("scheme"))
+        return cls(**config)
+
+
+@_register
+class NoPositions(AttentionScheme):
+    """NoPE: no positional term; with a causal mask a decoder still infers order."""
+
+    scheme_name = "nope"
+
+
+@_register
+class RotaryScheme(AttentionScheme):
+    """RoPE (Su et al., 2021): rotates queries and keys by ``p·θ^(-2k/r)`` from each token's
+    own position, before keys enter the cache."""
+
+    scheme_name = "rope"
+
+    def __init__(self, config, **kwargs) -> None:
+        super().__init__(config, **kwargs)
+        r = self.head_dim if config.rotary_dim is None else config.rotary_dim
+        if r > self.head_dim:
+            raise ValueError(f"rotary_dim must be <= head_dim ({self.head_dim}), got {r}")
+        self.rotary_dim = r
+
+    def rotate(self, q, k, q_positions, k_positions):
+        inv_freq = rope_frequencies(self.rotary_dim, self.config.theta)
+        il = self.config.interleaved
+        q = apply_rope(q, rope_angles(q_positions.pos, inv_freq), interleaved=il)
+        k = apply_rope(k, rope_angles(k_positions.pos, inv_freq), interleaved=il)
+        return q, k
+
+
+@_register
+class AlibiScheme(AttentionScheme):
+    """ALiBi (Press et al., 2022): ``slope_h·(p_j - p_i)`` causal, ``-slope_h·|p_j - p_i|``
+    bidirectional. Builds one ``(b|1, h, i, j)`` bias."""
+
+    scheme_name = "alibi"
+    adds_terms = True
+
+    def score_bias(self, q, q_positions, k_positions):
+        slopes = ops.convert_to_tensor(alibi_slopes(self.num_heads).tolist(), dtype="float32")
+        distance = relative_distance(q_positions.pos, k_positions.pos)
+        return alibi_bias(slopes, distance, causal=self.causal)
+
+
+@_register
+class T5Scheme(AttentionScheme):
+    """T5 (Raffel et al., 2020): a learned scalar per (bucket, head), ``table (R, h)``. Builds one
+    ``(b|1, h, i, j)`` bias."""
+
+    scheme_name = "t5"
+    adds_terms = True
+
+    def __init__(self, config, **kwargs) -> None:
+        super().__init__(config, **kwargs)
+        if not self.causal and (config.num_buckets % 2 or config.num_buckets < 4):
+            raise ValueError(
+                "bidirectional T5 bias needs an even num_buckets >= 4, "
+                f"got {config.num_buckets}"
+            )
+
+    def build(self, input_shape=None) -> None:
+        self.table = self.add_weight(
+            name="table",
+            shape=(self.config.num_buckets, self.num_heads),
+            initializer=keras.initializers.RandomNormal(stddev=0.02),
+            dtype="float32",
+        )
+        self.built = True
+
+    def score_bias(self, q, q_positions, k_positions):
+        c = self.config
+        buckets = t5_buckets(
+            relative_distance(q_positions.pos, k_positions.pos),
+            bidirectional=not self.causal,
+            num_buckets=c.num_buckets,
+            max_distance=c.max_distance,
+        )
+        values = ops.take(ops.cast(self.table, "float32"), buckets, axis=0)  # (b, i, j, h)
+        return ops.transpose(values, (0, 3, 1, 2))
+
+
+@_register
+class ShawScheme(AttentionScheme):
+    """Shaw et al. (2018): ``e_ij = q_i·(k_j + a^K_ij)/√d``, ``z_i = Σ_j α_ij (v_j + a^V_ij)``,
+    ``a_ij`` from ``2k+1``-row tables by clipped distance.
+
+    The key term is ``q·Wᵀ`` ``(b, h, i, 2k+1)`` gathered into one ``(b, h, i, j)`` bias. The value
+    term sums the probabilities per table row, one masked ``(b, h, i, j)`` reduction per row
+    (``2k+1`` temporaries in sequence), never an ``(i, j, d)`` tensor.
+    """
+
+    scheme_name = "shaw"
+
+    def __init__(self, config, **kwargs) -> None:
+        super().__init__(config, **kwargs)
+        self.adds_terms = config.keys or config.values
+        self.rows = 2 * config.max_distance + 1
+
+    def build(self, input_shape=None) -> None:
+        c = self.config
+        shape = (self.num_heads, self.rows, self.head_dim) if c.per_head else (self.rows, self.head_dim)
+        init = keras.initializers.RandomNormal(stddev=self.head_dim**-0.5)
+        self.key_table = (
+            self.add_weight(name="key_table", shape=shape, initializer=init, dtype="float32")
+            if c.keys
+            else None
+        )
+        self.value_table = (
+            self.add_weight(name="value_table", shape=shape, initializer=init, dtype="float32")
+            if c.values
+            else None
+        )
+        self.built = True
+
+    def _index(self, q_positions, k_positions):
+        distance = relative_distance(q_positions.pos, k_positions.pos)
+        return clipped_relative_index(distance, self.config.max_distance)
+
+    def score_bias(self, q, q_positions, k_positions):
+        if self.key_table is None:
+            return None
+        table = ops.cast(self.key_table, "float32") / math.sqrt(self.head_dim)
+        qf = ops.cast(q, "float32")
+        if self.config.per_head:
+            rel = ops.einsum("bihd,hrd->bhir", qf, table)
+        else:
+            rel = ops.einsum("bihd,rd->bhir", qf, table)
+        return gather_relative(rel, self._index(q_positions, k_positions))
+
+    def value_term(self, probs, q_positions, k_positions):
+        if self.value_table is None:
+            return None
+        index = ops.expand_dims(self._index(q_positions, k_positions), 1)  # (b|1, 1, i, j)
+        probs = ops.cast(probs, "float32")
+        mass = ops.stack(
+            [ops.sum(ops.where(index == r, probs, 0.0), axis=-1) for r in range(self.rows)],
+            axis=-1,
+        )  # (b, h, i, R)
+        table = ops.cast(self.value_table, "float32")
+        if self.config.per_head:
+            return ops.einsum("bhir,hrd->bihd", mass, table)
+        return ops.einsum("bhir,rd->bihd", mass, table)
+
+
+@_register
+class MusicScheme(AttentionScheme):
+    """The Music Transformer (Huang et al., 2018): ``S_rel[i, j] = q_i·Er[clip(p_j - p_i)]/√d``
+    with a per-head table ``Er`` (``M+1`` rows causal, ``2M+1`` bidirectional).
+
+    ``q·Erᵀ`` over the rows the batch can reach (sliced to the sequence length when it is
+    static), gathered by clipped distance into one ``(b, h, i, j)`` bias.
+    """
+
+    scheme_name = "music"
+    adds_terms = True
+
+    def __init__(self, config, **kwargs) -> None:
+        super().__init__(config, **kwargs)
+        m = config.max_distance
+        self.rows = m + 1 if self.causal else 2 * m + 1
+
+    def build(self, input_shape=None) -> None:
+        self.table = self.add_weight(
+            name="table",
+            shape=(self.num_heads, self.rows, self.head_dim),
+            initializer=keras.initializers.RandomNormal(stddev=self.head_dim**-0.5),
+            dtype="float32",
+        )
+        self.built = True
+
+    def score_bias(self, q, q_positions, k_positions):
+        m = self.config.max_distance
+        distance = relative_distance(q_positions.pos, k_positions.pos)
+        index = ops.clip(distance, -m, 0 if self.causal else m) + m
+        keys = ops.cast(self.table, "float32") / math.sqrt(self.head_dim)
+        n = k_positions.pos.shape[1]
+        if q_positions is k_positions and n is not None and n - 1 < m:
+            # Self-attention: positions are ranks inside a row, so |distance| <= n - 1 and only
+            # rows M-(n-1) .. M(+n-1) can be read; multiply q by those rows only.
+            lo, hi = m - (n - 1), m + (0 if self.causal else n - 1)
+            keys, index = keys[:, lo : hi + 1], ops.clip(index, lo, hi) - lo
+        rel = ops.einsum("bihd,hrd->bhir", ops.cast(q, "float32"), keys)
+        return gather_relative(rel, index)
+
+
+def scheme_config(spec: str | dict[str, Any] | SchemeConfig | None) -> SchemeConfig:
+    """A scheme config from a name, a config dict or a config (``None``: ``"nope"``)."""
+    if spec is None:
+        spec = "nope"
+    if isinstance(spec, str):
+        if spec not in SCHEMES:
+            raise ValueError(f"unknown scheme {spec!r}; Keras attention schemes: "
+                             f"{sorted(KERAS_SCHEMES)}")
+        return SCHEMES[spec].config_class()
+    if isinstance(spec, dict):
+        return config_from_dict(spec)
+    if isinstance(spec, SchemeConfig):
+        return spec
+    raise TypeError(
+        f"scheme must be a name, a config dict or a SchemeConfig, got {type(spec).__name__}"
+    )
+
+
+def make_attention_scheme(
+    spec: str | dict[str, Any] | SchemeConfig | None,
+    *,
+    num_heads: int,
+    head_dim: int,
+    causal: bool,
+    name: str = "position_scheme",
+    dtype=None,
+) -> AttentionScheme:
+    """Build the Keras scheme for ``spec``; absolute schemes are refused with where they go."""
+    config = scheme_config(spec)
+    if config.name not in KERAS_SCHEMES:
+        if config.name in ("sinusoidal", "learned"):
+            raise ValueError(
+                f"scheme {config.name!r} is absolute: it acts at the input, not in attention; "
+                "use relpos.keras.TokenAndPositionEmbedding (or PositionEmbedding / "
+                "SinePositionEncoding) and scheme='nope' here"
+            )
+        raise ValueError(
+            f"scheme {config.name!r} has no Keras layer yet; Keras attention schemes: "
+            f"{sorted(KERAS_SCHEMES)}"
+        )
+    return KERAS_SCHEMES[config.name](
+        config, num_heads=num_heads, head_dim=head_dim, causal=causal, name=name, dtype=dtype
+    )
