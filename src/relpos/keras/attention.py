@@ -157,7 +157,7 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
         self.supports_masking = True
 
     def _dense(self, equation, shape, bias_axes, name):
-        return keras.layers.EinsumDense(
+        dense = keras.layers.EinsumDense(
             equation,
             output_shape=shape,
             bias_axes=bias_axes if self.use_bias else None,
@@ -170,8 +170,14 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
             dtype=self.dtype_policy,
             name=name,
         )
+        # The inputs' Keras masks were read by this layer; let them pass without a warning.
+        dense.supports_masking = True
+        return dense
 
     def build(self, query_shape, value_shape=None, key_shape=None) -> None:
+        for name, shape in (("query", query_shape), ("value", value_shape), ("key", key_shape)):
+            if shape is not None and len(shape) != 3:
+                raise ValueError(f"{name} must have shape (b, i, D), got {tuple(shape)}")
         value_shape = query_shape if value_shape is None else value_shape
         key_shape = value_shape if key_shape is None else key_shape
         h = self.num_heads
@@ -287,8 +293,9 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
         )
         return q_pos, k_pos, index
 
-    def compute_mask(self, query, value=None, key=None, query_mask=None, **kwargs):
-        return query_mask
+    def compute_mask(self, query, previous_mask=None):
+        """The output keeps the query's Keras mask (padding queries output zeros)."""
+        return previous_mask
 
     def compute_output_shape(self, query_shape, value_shape=None, key_shape=None):
         out = query_shape[-1] if self.output_dim is None else self.output_dim

@@ -21,6 +21,7 @@ __all__ = [
     "relative_distance",
     "rope_angles",
     "rope_frequencies",
+    "scatter_relative",
     "sinusoidal_table",
     "t5_buckets",
 ]
@@ -136,3 +137,18 @@ def gather_relative(rel_logits, index):
     rel = ops.broadcast_to(rel_logits, (b, h, i, rows))
     idx = ops.broadcast_to(ops.expand_dims(index, 1), (b, h, i, j))
     return ops.take_along_axis(rel, idx, axis=-1)
+
+
+def scatter_relative(probs, index, rows: int):
+    """The adjoint of :func:`gather_relative`: ``mass[b, h, i, r] = Σ_j p[b, h, i, j]·[index = r]``
+    (the attention mass per relative row, Shaw's value term), as one segment sum.
+
+    Shapes: probs ``(b, h, i, j)``; index ``(b|1, 1|h, i, j)`` int in ``[0, rows)`` →
+    ``(b, h, i, rows)``.
+    """
+    shape = ops.shape(probs)
+    count = shape[0] * shape[1] * shape[2]
+    row = ops.reshape(ops.arange(count, dtype="int32"), (shape[0], shape[1], shape[2], 1))
+    ids = ops.reshape(row * rows + ops.cast(index, "int32"), (-1,))
+    mass = ops.segment_sum(ops.reshape(probs, (-1,)), ids, num_segments=count * rows)
+    return ops.reshape(mass, (shape[0], shape[1], shape[2], rows))

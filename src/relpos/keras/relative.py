@@ -37,13 +37,22 @@ def _positive_int(name: str, value) -> None:
 
 
 class _PairLayer(keras.layers.Layer):
-    """Shared call plumbing: positions of ``inputs``, the pair term, zeros where not allowed."""
+    """Shared call plumbing: positions of ``inputs``, the pair term, zeros where not allowed;
+    broadcast to the batch."""
+
+    def pair_term(self, distance):
+        """The term of every pair from its distance ``(b|1, i, j)``."""
+        raise NotImplementedError
+
+    def expand_allowed(self, allowed):
+        """``allowed (b|1, i, j)`` expanded to broadcast against the pair term."""
+        raise NotImplementedError
 
     def call(self, inputs, mask=None, segment_ids=None, positions=None, start_index=0):
         p = _positions(inputs, mask, segment_ids, positions, start_index)
         term = self.pair_term(relative_distance(p.pos, p.pos))
-        allowed = allowed_pairs(p, p, causal=False)
-        return ops.where(self.expand_allowed(allowed), term, ops.zeros_like(term))
+        term = ops.where(self.expand_allowed(allowed_pairs(p, p, causal=False)), term, 0.0)
+        return ops.broadcast_to(term, (ops.shape(inputs)[0], *ops.shape(term)[1:]))
 
     def compute_mask(self, inputs, mask=None):
         return None
@@ -54,7 +63,7 @@ class RelativePositionEmbedding(_PairLayer):
     """Shaw et al. (2018) relative position representations ``a_ij = w[clip(p_j - p_i, ±k)]``
     for every pair of tokens of each row.
 
-    Returns the full ``(b|1, i, j, d)`` tensor, the paper's formulation: ``b·n²·d`` numbers. To
+    Returns the full ``(b, i, j, d)`` tensor, the paper's formulation: ``b·n²·d`` numbers. To
     use them inside attention without it, use ``RelativeMultiHeadAttention(scheme="shaw")``.
 
     Args:
@@ -67,7 +76,7 @@ class RelativePositionEmbedding(_PairLayer):
         ``positions``, ``start_index``: per-row positions.
 
     Returns:
-        ``(b|1, n, n, output_dim)``; 0 for pairs with padding or across segments.
+        ``(b, n, n, output_dim)``; 0 for pairs with padding or across segments.
     """
 
     def __init__(self, max_distance: int, output_dim: int, embeddings_initializer="glorot_uniform",
@@ -115,7 +124,7 @@ class AlibiBias(_PairLayer):
     """The ALiBi bias (Press et al., 2022) from positions: ``slope_h·(p_j - p_i)`` when causal,
     ``-slope_h·|p_j - p_i|`` otherwise; slopes ``2^(-8/h)…`` (the paper's recipe for any ``h``).
 
-    Returns float32 ``(b|1, h, i, j)`` to add to the scaled logits.
+    Returns float32 ``(b, h, i, j)`` to add to the scaled logits.
     """
 
     def __init__(self, num_heads: int, causal: bool = False, **kwargs) -> None:
@@ -150,7 +159,7 @@ class T5RelativeBias(_PairLayer):
         num_buckets, max_distance: the bucketing (T5's 32 and 128).
         bidirectional: buckets for both directions (encoders); False for decoders.
 
-    Returns float32 ``(b|1, h, i, j)``.
+    Returns float32 ``(b, h, i, j)``.
     """
 
     def __init__(self, num_heads: int, num_buckets: int = 32, max_distance: int = 128,

@@ -35,6 +35,7 @@ from .ops import (
     relative_distance,
     rope_angles,
     rope_frequencies,
+    scatter_relative,
     t5_buckets,
 )
 from .positions import Positions
@@ -187,8 +188,8 @@ class ShawScheme(AttentionScheme):
     ``a_ij`` from ``2k+1``-row tables by clipped distance.
 
     The key term is ``q·Wᵀ`` ``(b, h, i, 2k+1)`` gathered into one ``(b, h, i, j)`` bias. The value
-    term sums the probabilities per table row, one masked ``(b, h, i, j)`` reduction per row
-    (``2k+1`` temporaries in sequence), never an ``(i, j, d)`` tensor.
+    term sums the probabilities per table row with one segment sum (a ``(b, h, i, j)`` index
+    beside the probabilities), then multiplies by the table: never an ``(i, j, d)`` tensor.
     """
 
     scheme_name = "shaw"
@@ -233,11 +234,7 @@ class ShawScheme(AttentionScheme):
         if self.value_table is None:
             return None
         index = ops.expand_dims(self._index(q_positions, k_positions), 1)  # (b|1, 1, i, j)
-        probs = ops.cast(probs, "float32")
-        mass = ops.stack(
-            [ops.sum(ops.where(index == r, probs, 0.0), axis=-1) for r in range(self.rows)],
-            axis=-1,
-        )  # (b, h, i, R)
+        mass = scatter_relative(ops.cast(probs, "float32"), index, self.rows)  # (b, h, i, R)
         table = ops.cast(self.value_table, "float32")
         if self.config.per_head:
             return ops.einsum("bhir,hrd->bihd", mass, table)

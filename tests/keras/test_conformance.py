@@ -1,0 +1,164 @@
+"""One conformance helper run over every Keras layer (keras-hub style): config round trip,
+``.keras`` save/load, output shape, mask propagation, a ``mixed_bfloat16`` run, gradients to every
+weight, and a ``jit_compile=True`` training step."""
+
+import keras
+import numpy as np
+import pytest
+from keras import ops
+
+from relpos.keras import (
+    KERAS_SCHEMES,
+    AlibiBias,
+    PositionEmbedding,
+    RelativeMultiHeadAttention,
+    RelativePositionEmbedding,
+    RotaryEmbedding,
+    SinePositionEncoding,
+    T5RelativeBias,
+    TokenAndPositionEmbedding,
+)
+
+from .util import BACKEND, grads, kt, np_
+
+B, N, WIDTH = 2, 6, 8
+SCHEME_SPECS = {
+    "nope": "nope",
+    "rope": "rope",
+    "alibi": "alibi",
+    "t5": {"name": "t5", "num_buckets": 8, "max_distance": 6},
+    "shaw": {"name": "shaw", "max_distance": 2},
+    "music": {"name": "music", "max_distance": 3},
+}
+
+# name -> (factory, input); every layer of relpos.keras appears here once per scheme.
+LAYERS = {
+    "PositionEmbedding": (lambda: PositionEmbedding(N), "embedded"),
+    "SinePositionEncoding": (lambda: SinePositionEncoding(), "embedded"),
+    "TokenAndPositionEmbedding": (
+        lambda: TokenAndPositionEmbedding(10, N, WIDTH, mask_zero=True),
+        "tokens",
+    ),
+    "RotaryEmbedding": (lambda: RotaryEmbedding(rotary_dim=2, interleaved=True), "heads"),
+    "RelativePositionEmbedding": (lambda: RelativePositionEmbedding(2, 4), "embedded"),
+    "AlibiBias": (lambda: AlibiBias(2, causal=True), "embedded"),
+    "T5RelativeBias": (lambda: T5RelativeBias(2, 8, 6), "embedded"),
+    **{
+        f"RelativeMultiHeadAttention[{name}]": (
+            lambda spec=spec: RelativeMultiHeadAttention(2, 4, scheme=spec, causal=True),
+            "embedded",
+        )
+        for name, spec in SCHEME_SPECS.items()
+    },
+}
+
+
+def test_every_scheme_and_layer_is_covered():
+    assert set(SCHEME_SPECS) == set(KERAS_SCHEMES)
+    import relpos.keras as rk
+
+    layer_classes = {
+        n for n in rk.__all__ if isinstance(getattr(rk, n), type)
+        and issubclass(getattr(rk, n), keras.layers.Layer)
+        and n not in ("AttentionScheme", "ReversibleEmbedding", "Transformer")
+    }
+    assert layer_classes <= {k.split("[")[0] for k in LAYERS}
+
+
+def _input(kind):
+    rng = np.random.default_rng(0)
+    if kind == "tokens":
+        tokens = rng.integers(1, 10, size=(B, N))
+        tokens[1, :2] = 0  # left padding, masked by mask_zero
+        return tokens.astype("int32")
+    if kind == "heads":
+        return rng.normal(size=(B, N, 2, 4)).astype("float32")
+    return rng.normal(size=(B, N, WIDTH)).astype("float32")
+
+
+def _model(name):
+    make, kind = LAYERS[name]
+    x = _input(kind)
+    inp = keras.Input(shape=x.shape[1:], dtype=x.dtype, batch_size=B)
+    out = make()(inp)
+    return keras.Model(inp, out), x
+
+
+@pytest.mark.parametrize("name", sorted(LAYERS))
+def test_config_round_trip_and_output_shape(name):
+    make, kind = LAYERS[name]
+    layer = make()
+    x = kt(_input(kind))
+    out = layer(x)
+    clone = type(layer).from_config(layer.get_config())
+    assert clone.get_config() == layer.get_config()
+    assert tuple(layer.compute_output_shape(tuple(x.shape))) == tuple(out.shape)
+
+
+@pytest.mark.parametrize("name", sorted(LAYERS))
+def test_keras_save_and_load(name, tmp_path):
+    model, x = _model(name)
+    path = str(tmp_path / "model.keras")
+    model.save(path)
+    loaded = keras.saving.load_model(path)
+    np.testing.assert_allclose(np_(loaded(kt(x))), np_(model(kt(x))), atol=1e-6)
+
+
+def test_mask_propagates_through_the_stack():
+    tokens = kt(_input("tokens"))
+    emb = TokenAndPositionEmbedding(10, N, WIDTH, mask_zero=True)
+    attn = RelativeMultiHeadAttention(2, 4, scheme="alibi", causal=True)
+    x = emb(tokens)
+    y = attn(x, x)
+    mask = np_(y._keras_mask) if hasattr(y, "_keras_mask") else None
+    want = np_(tokens) != 0
+    assert mask is not None and (mask == want).all()
+    assert (np_(y)[~want] == 0).all()
+
+
+@pytest.mark.parametrize("spec", sorted(SCHEME_SPECS), ids=str)
+def test_mixed_bfloat16_stays_finite(spec):
+    keras.config.set_dtype_policy("mixed_bfloat16")
+    layer = RelativeMultiHeadAttention(2, 4, scheme=SCHEME_SPECS[spec], causal=True)
+    # Long distances: an ALiBi or T5 bias computed in bf16 would lose them, and fp16 overflow.
+    x = kt(np.random.default_rng(0).normal(size=(1, 300, WIDTH)).astype("float32"))
+    y = layer(x, start_index=60000)
+    assert keras.backend.standardize_dtype(y.dtype) == "bfloat16"
+    assert np.isfinite(np_(ops.cast(y, "float32"))).all()
+
+
+@pytest.mark.parametrize("name", sorted(LAYERS))
+def test_gradients_reach_every_weight(name):
+    make, kind = LAYERS[name]
+    layer = make()
+    x = kt(_input(kind))
+    layer(x)
+    if not layer.trainable_variables:
+        pytest.skip("no weights")
+
+    def loss():
+        y = layer(x)
+        return ops.sum(ops.square(ops.cast(y, "float32")))
+
+    for v, g in zip(layer.trainable_variables, grads(loss, layer.trainable_variables)):
+        assert g is not None, v.path
+        assert float(np.abs(np_(g)).sum()) > 0, v.path
+
+
+@pytest.mark.skipif(BACKEND == "torch", reason="jit_compile is for TensorFlow (XLA) and JAX")
+@pytest.mark.parametrize("spec", sorted(SCHEME_SPECS), ids=str)
+def test_jit_compiled_training_step(spec):
+    tokens = keras.Input(shape=(N,), dtype="int32")
+    x = TokenAndPositionEmbedding(10, N, WIDTH, mask_zero=True)(tokens)
+    x = RelativeMultiHeadAttention(2, 4, scheme=SCHEME_SPECS[spec], causal=True)(x, x)
+    model = keras.Model(tokens, keras.layers.Dense(10)(x))
+    model.compile(
+        optimizer="adam",
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        jit_compile=True,
+    )
+    data = _input("tokens")
+    before = [np_(w).copy() for w in model.trainable_weights]
+    history = model.fit(data, data, batch_size=B, epochs=1, verbose=0)
+    assert np.isfinite(history.history["loss"][0])
+    assert all((np_(w) != b).any() for w, b in zip(model.trainable_weights, before))

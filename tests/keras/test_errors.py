@@ -1,0 +1,168 @@
+"""Bad input gets a clear error naming the argument, the shape received and the one expected."""
+
+import numpy as np
+import pytest
+
+import relpos.keras as rk
+
+from .util import kt
+
+X = np.zeros((2, 5, 8), "float32")
+
+
+@pytest.mark.parametrize(
+    ("make", "call", "error", "match"),
+    [
+        (
+            lambda: rk.RelativeMultiHeadAttention(2, 4),
+            lambda l: l(kt(X[0])),
+            ValueError,
+            r"query must have shape \(b, i, D\), got \(5, 8\)",
+        ),
+        (
+            lambda: rk.RelativeMultiHeadAttention(2, 4),
+            lambda l: l(kt(X), query_mask=kt(np.ones((2, 4), bool))),
+            ValueError,
+            r"mask must have shape \(b, n\) = \(2, 5\), got \(2, 4\)",
+        ),
+        (
+            lambda: rk.RelativeMultiHeadAttention(2, 4),
+            lambda l: l(kt(X), positions=kt(np.zeros((2, 5), "float32"))),
+            TypeError,
+            "positions must hold integers, got dtype float32",
+        ),
+        (
+            lambda: rk.RelativeMultiHeadAttention(2, 4),
+            lambda l: l(kt(X), segment_ids=kt(np.zeros((2, 5), "float32"))),
+            TypeError,
+            "segment_ids must hold integers",
+        ),
+        (
+            lambda: rk.RelativeMultiHeadAttention(2, 4),
+            lambda l: l(kt(X), start_index=kt(np.zeros(3, "int32"))),
+            ValueError,
+            r"start_index must be an int or have shape \(b,\) = \(2,\), got shape \(3,\)",
+        ),
+        (
+            lambda: rk.RelativeMultiHeadAttention(2, 4),
+            lambda l: l(kt(X), start_index=-1),
+            ValueError,
+            "start_index must be >= 0",
+        ),
+        (
+            lambda: rk.RelativeMultiHeadAttention(2, 4, scheme="rope", causal=True),
+            lambda l: l(kt(X), cache=kt(np.zeros((2, 5, 2, 4), "float32")), cache_update_index=0),
+            ValueError,
+            r"cache must have shape \(b, 2, S, h=2, d=4\), got \(2, 5, 2, 4\)",
+        ),
+        (
+            lambda: rk.RelativeMultiHeadAttention(2, 4, causal=True),
+            lambda l: l(kt(X), cache=kt(np.zeros((2, 2, 5, 2, 4), "float32"))),
+            ValueError,
+            "a cache needs cache_update_index",
+        ),
+        (
+            lambda: rk.PositionEmbedding(4),
+            lambda l: l(kt(X)),
+            ValueError,
+            r"a sequence of 5 tokens starting at position 0 is longer than the learned table "
+            r"\(sequence_length=4\)",
+        ),
+        (
+            lambda: rk.PositionEmbedding(6),
+            lambda l: l(kt(X), start_index=2),
+            ValueError,
+            "starting at position 2",
+        ),
+        (
+            lambda: rk.SinePositionEncoding(),
+            lambda l: l(kt(np.zeros((2, 5, 7), "float32"))),
+            ValueError,
+            "the feature dim must be even",
+        ),
+        (
+            lambda: rk.TokenAndPositionEmbedding(10, 8, 4),
+            lambda l: l(kt(X)),
+            ValueError,
+            r"inputs must be token ids of shape \(b, n\), got \(2, 5, 8\)",
+        ),
+        (
+            lambda: rk.RotaryEmbedding(rotary_dim=10),
+            lambda l: l(kt(np.zeros((2, 5, 2, 8), "float32"))),
+            ValueError,
+            r"the rotated features \(10\) must be even and <= the feature dim 8",
+        ),
+        (
+            lambda: rk.AlibiBias(2),
+            lambda l: l(
+                kt(X), mask=kt(np.ones((2, 5), bool)), segment_ids=kt(np.zeros((2, 5), "int32"))
+            ),
+            ValueError,
+            "pass segment_ids or a mask, not both",
+        ),
+    ],
+)
+def test_bad_call_arguments(make, call, error, match):
+    with pytest.raises(error, match=match):
+        call(make())
+
+
+@pytest.mark.parametrize(
+    ("make", "error", "match"),
+    [
+        (
+            lambda: rk.RelativeMultiHeadAttention(0, 4),
+            ValueError,
+            "num_heads must be a positive int",
+        ),
+        (
+            lambda: rk.RelativeMultiHeadAttention(2, 4, scheme="bogus"),
+            ValueError,
+            r"unknown scheme 'bogus'; Keras attention schemes: \['alibi', 'music', 'nope', 'rope', "
+            r"'shaw', 't5'\]",
+        ),
+        (
+            lambda: rk.RelativeMultiHeadAttention(2, 4, scheme="learned"),
+            ValueError,
+            "is absolute: it acts at the input",
+        ),
+        (
+            lambda: rk.RelativeMultiHeadAttention(2, 4, scheme={"name": "shaw", "k": 3}),
+            ValueError,
+            r"unknown key\(s\) \['k'\] for scheme 'shaw'",
+        ),
+        (
+            lambda: rk.RelativeMultiHeadAttention(2, 4, value_dim=3, scheme="shaw"),
+            ValueError,
+            r"needs value_dim == key_dim \(4\), got 3",
+        ),
+        (
+            lambda: rk.RelativeMultiHeadAttention(2, 4, scheme=3),
+            TypeError,
+            "scheme must be a name, a config dict or a SchemeConfig, got int",
+        ),
+        (lambda: rk.RelativeMultiHeadAttention(2, 4, dropout=1.0), ValueError, "dropout"),
+        (lambda: rk.PositionEmbedding(None), ValueError, "sequence_length must be an int"),
+        (lambda: rk.T5RelativeBias(2, num_buckets=3), ValueError, "num_buckets must be"),
+        (
+            lambda: rk.RotaryEmbedding(rotary_dim=3),
+            ValueError,
+            "rotary_dim must be a positive even",
+        ),
+        (
+            lambda: rk.RelativePositionEmbedding(-1, 4),
+            ValueError,
+            "max_distance must be an int >= 0",
+        ),
+    ],
+)
+def test_bad_constructor_arguments(make, error, match):
+    with pytest.raises(error, match=match):
+        make()
+
+
+def test_from_torch_refuses_what_it_cannot_convert():
+    import torch
+
+    with pytest.raises(TypeError, match="from_torch does not convert Linear"):
+        rk.from_torch(torch.nn.Linear(2, 2))

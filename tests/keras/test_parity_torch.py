@@ -1,0 +1,168 @@
+"""Same numbers as the PyTorch modules: every Keras layer, with weights copied by ``from_torch``,
+equals its relpos PyTorch module (fp32, 1e-5) on plain, left/right-padded and packed batches.
+
+The PyTorch modules are themselves tested against loop oracles (tests/test_oracle.py); the loop
+oracles here check what has no PyTorch twin (segment ranks, the relative embedding tensor).
+"""
+
+import numpy as np
+import pytest
+import torch
+
+import relpos
+from relpos.keras import (
+    AlibiBias,
+    RelativePositionEmbedding,
+    RotaryEmbedding,
+    from_torch,
+)
+from relpos.keras.positions import positions_from_segments
+from relpos.functional import apply_rope, rope_angles, rope_frequencies
+
+from .util import LAYOUTS, kt, layout, np_
+
+SCHEMES = [
+    "nope",
+    "rope",
+    {"name": "rope", "rotary_dim": 4, "interleaved": True},
+    "alibi",
+    {"name": "t5", "num_buckets": 8, "max_distance": 6},
+    {"name": "shaw", "max_distance": 3},
+    {"name": "shaw", "max_distance": 2, "per_head": True, "keys": False},
+    {"name": "music", "max_distance": 4},
+    {"name": "music", "max_distance": 40},
+]
+SHAPES = [(3, 9, 16, 2), (2, 5, 24, 3)]
+
+
+def _torch_positions(kind, lay):
+    if kind == "plain":
+        return {}
+    if kind == "packed":
+        return {"segment_ids": torch.from_numpy(lay["seg"]).long()}
+    return {"padding_mask": torch.from_numpy(lay["mask"])}
+
+
+def _keras_positions(kind, lay):
+    if kind == "plain":
+        return {}
+    if kind == "packed":
+        return {"segment_ids": kt(lay["seg"])}
+    return {"query_mask": kt(lay["mask"])}
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("spec", SCHEMES, ids=str)
+def test_attention_equals_torch(spec, causal, shape):
+    b, n, width, h = shape
+    torch.manual_seed(hash((str(spec), causal, shape)) % 2**31)
+    module = relpos.MultiheadAttention(width, h, spec, causal=causal, backend="eager").eval()
+    layer = from_torch(module)
+    x = torch.randn(b, n, width)
+    for kind in LAYOUTS:
+        lay = layout(kind, b, n, seed=n)
+        with torch.no_grad():
+            want = module(x, **_torch_positions(kind, lay)).numpy()
+        got = np_(layer(kt(x), **_keras_positions(kind, lay)))
+        np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-5, err_msg=kind)
+
+
+@pytest.mark.parametrize("kind", LAYOUTS)
+def test_absolute_layers_equal_torch(kind):
+    torch.manual_seed(0)
+    b, n, d = 3, 8, 12
+    lay = layout(kind, b, n, seed=1)
+    positions = relpos.Positions.from_segments(torch.from_numpy(lay["seg"]).long())
+    kw = {"segment_ids": kt(lay["seg"])}
+    x = kt(np.zeros((b, n, d), "float32"))
+    learned = relpos.SCHEMES["learned"](
+        relpos.schemes.LearnedAbsoluteConfig(max_len=10), d_model=d, num_heads=1, causal=False
+    )
+    sine = relpos.SCHEMES["sinusoidal"](d_model=d, num_heads=1, causal=False)
+    for module in (learned, sine):
+        with torch.no_grad():
+            want = module.embed(positions).expand(b, n, d).numpy()
+        np.testing.assert_allclose(np_(from_torch(module)(x, **kw)), want, atol=1e-6)
+    tpe = relpos.TokenPositionEmbedding(20, d, {"name": "learned", "max_len": 10},
+                                        scale_tokens=False)
+    tokens = np.random.default_rng(0).integers(1, 20, size=(b, n))
+    with torch.no_grad():
+        want = tpe(torch.from_numpy(tokens), positions).numpy()
+    np.testing.assert_allclose(np_(from_torch(tpe)(kt(tokens), **kw)), want, atol=1e-6)
+
+
+@pytest.mark.parametrize("kind", LAYOUTS)
+@pytest.mark.parametrize("causal", [False, True])
+def test_bias_layers_equal_torch(kind, causal):
+    torch.manual_seed(1)
+    b, n, h = 3, 9, 4
+    lay = layout(kind, b, n, seed=2)
+    p = relpos.Positions.from_segments(torch.from_numpy(lay["seg"]).long())
+    allowed = p.allowed(p).unsqueeze(1).numpy()
+    x = kt(np.zeros((b, n, 8), "float32"))
+    kw = {"segment_ids": kt(lay["seg"])}
+    for spec in ("alibi", {"name": "t5", "num_buckets": 8, "max_distance": 5}):
+        module = relpos.make_scheme(spec, d_model=8 * h, num_heads=h, causal=causal)
+        with torch.no_grad():
+            want = module.score_bias(None, p, p).expand(b, h, n, n).numpy()
+        got = np_(from_torch(module)(x, **kw))
+        np.testing.assert_allclose(got, np.where(allowed, want, 0.0), atol=1e-6)
+
+
+@pytest.mark.parametrize("interleaved", [False, True])
+@pytest.mark.parametrize("kind", LAYOUTS)
+def test_rotary_equals_torch(kind, interleaved):
+    b, n, h, d, r = 3, 7, 2, 8, 6
+    lay = layout(kind, b, n, seed=3)
+    p = relpos.Positions.from_segments(torch.from_numpy(lay["seg"]).long())
+    x = torch.randn(b, n, h, d)
+    angles = rope_angles(p.pos, rope_frequencies(r, 500.0))
+    want = apply_rope(x.transpose(1, 2), angles, interleaved=interleaved).transpose(1, 2)
+    layer = RotaryEmbedding(500, interleaved=interleaved, rotary_dim=r)
+    got = layer(kt(x), segment_ids=kt(lay["seg"]))
+    # Padding tokens: positions are 0 on both sides.
+    np.testing.assert_allclose(np_(got), want.numpy(), atol=1e-5)
+    # The feature axis may sit anywhere: (b, h, d, n) with the sequence last.
+    moved = RotaryEmbedding(500, interleaved=interleaved, rotary_dim=r, sequence_axis=3,
+                            feature_axis=2)
+    got2 = moved(kt(x.permute(0, 2, 3, 1).contiguous()), segment_ids=kt(lay["seg"]))
+    np.testing.assert_allclose(np_(got2), want.permute(0, 2, 3, 1).numpy(), atol=1e-5)
+
+
+def test_segment_positions_equal_a_loop():
+    rng = np.random.default_rng(4)
+    seg = rng.integers(-1, 3, size=(4, 12)).astype("int32")  # interleaved documents too
+    got = positions_from_segments(kt(seg), start_index=kt(np.array([0, 2, 5, 1], "int32")))
+    for r in range(4):
+        for t in range(12):
+            want = 0 if seg[r, t] < 0 else int((seg[r, :t] == seg[r, t]).sum()) + [0, 2, 5, 1][r]
+            assert np_(got.pos)[r, t] == want
+    assert (np_(got.seg) == seg).all()
+    # The PyTorch Positions agree on the same ids.
+    torch_pos = relpos.Positions.from_segments(torch.from_numpy(seg).long())
+    base = positions_from_segments(kt(seg))
+    assert (np_(base.pos) == torch_pos.pos.numpy()).all()
+
+
+def test_relative_embedding_equals_the_papers_formula():
+    k, d = 2, 5
+    layer = RelativePositionEmbedding(k, d)
+    lay = layout("packed", 2, 7, seed=5)
+    got = np_(layer(kt(np.zeros((2, 7, 3), "float32")), segment_ids=kt(lay["seg"])))
+    w = np_(layer.embeddings)
+    seg = lay["seg"]
+    for r in range(2):
+        pos = [int((seg[r, :t] == seg[r, t]).sum()) for t in range(7)]
+        for i in range(7):
+            for j in range(7):
+                same = seg[r, i] == seg[r, j] and seg[r, i] >= 0
+                want = w[min(max(pos[j] - pos[i], -k), k) + k] if same else np.zeros(d)
+                np.testing.assert_allclose(got[r, i, j], want, atol=1e-7)
+
+
+def test_alibi_layer_counts_positions_not_indices():
+    left = kt(np.array([[False, False, True, True, True]]))
+    got = np_(AlibiBias(2, causal=True)(kt(np.zeros((1, 5, 4), "float32")), mask=left))
+    alone = np_(AlibiBias(2, causal=True)(kt(np.zeros((1, 3, 4), "float32"))))
+    np.testing.assert_allclose(got[:, :, 2:, 2:], alone)

@@ -1,0 +1,136 @@
+"""The batch properties of the PyTorch suite, on every Keras backend: a padded row equals the row
+alone, packed documents equal separate rows, cached decoding equals the full forward."""
+
+import numpy as np
+import pytest
+
+from relpos.keras import (
+    PositionEmbedding,
+    RelativeMultiHeadAttention,
+    RotaryEmbedding,
+    SinePositionEncoding,
+    T5RelativeBias,
+)
+
+from .util import kt, np_
+
+SCHEMES = [
+    "nope",
+    "rope",
+    "alibi",
+    {"name": "t5", "num_buckets": 8, "max_distance": 6},
+    {"name": "shaw", "max_distance": 3},
+    {"name": "music", "max_distance": 5},
+]
+B, N, WIDTH, HEADS = 3, 8, 16, 2
+
+
+def _layer(spec, causal):
+    layer = RelativeMultiHeadAttention(HEADS, WIDTH // HEADS, scheme=spec, causal=causal)
+    layer.build((None, None, WIDTH))
+    return layer
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("spec", SCHEMES, ids=str)
+def test_padded_row_equals_row_alone(spec, causal):
+    layer = _layer(spec, causal)
+    x = np.random.default_rng(0).normal(size=(B, N, WIDTH)).astype("float32")
+    mask = np.ones((B, N), bool)
+    mask[1, :3] = False  # left padding
+    mask[2, 5:] = False  # right padding
+    out = np_(layer(kt(x), query_mask=kt(mask)))
+    for r in range(B):
+        alone = np_(layer(kt(x[r : r + 1, mask[r]])))
+        np.testing.assert_allclose(out[r, mask[r]], alone[0], atol=1e-5)
+        assert (out[r, ~mask[r]] == 0).all()
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("spec", SCHEMES, ids=str)
+def test_packed_documents_equal_separate_rows(spec, causal):
+    layer = _layer(spec, causal)
+    x = np.random.default_rng(1).normal(size=(1, N, WIDTH)).astype("float32")
+    seg = np.array([[0, 0, 0, 1, 1, 2, 2, -1]], "int32")
+    out = np_(layer(kt(x), segment_ids=kt(seg)))
+    for s in range(3):
+        sel = seg[0] == s
+        alone = np_(layer(kt(x[:, sel])))
+        np.testing.assert_allclose(out[0, sel], alone[0], atol=1e-5)
+
+
+@pytest.mark.parametrize("spec", SCHEMES, ids=str)
+def test_cached_decoding_equals_full_forward(spec):
+    """Left-padded prompts, a prefill, then one token at a time: every step's output equals the
+    full causal forward pass at that token."""
+    layer = _layer(spec, causal=True)
+    x = np.random.default_rng(2).normal(size=(B, N, WIDTH)).astype("float32")
+    mask = np.ones((B, N), bool)
+    mask[1, :2] = False
+    mask[2, :4] = False
+    full = np_(layer(kt(x), query_mask=kt(mask)))
+    cache = kt(np.zeros((B, 2, N, HEADS, WIDTH // HEADS), "float32"))
+    prompt = 5
+    slots = np.arange(N)[None]
+    out, cache = layer(
+        kt(x[:, :prompt]), cache=cache, cache_update_index=0,
+        cache_mask=kt(mask & (slots < prompt)),
+    )
+    steps = [np_(out)]
+    for t in range(prompt, N):
+        out, cache = layer(
+            kt(x[:, t : t + 1]), cache=cache, cache_update_index=t,
+            cache_mask=kt(mask & (slots < t + 1)),
+        )
+        steps.append(np_(out))
+    np.testing.assert_allclose(np.concatenate(steps, 1), full, atol=1e-5)
+
+
+@pytest.mark.parametrize("spec", SCHEMES, ids=str)
+def test_cache_index_per_row_continues_each_prompt(spec):
+    """Right-padded prompts of different lengths: each row writes its next token at its own slot
+    (``cache_update_index`` per row) and matches the row decoded alone."""
+    layer = _layer(spec, causal=True)
+    x = np.random.default_rng(3).normal(size=(B, N, WIDTH)).astype("float32")
+    lengths = np.array([3, 5, 2])
+    cache = kt(np.zeros((B, 2, N, HEADS, WIDTH // HEADS), "float32"))
+    slots = np.arange(N)[None]
+    prompt = np.where(slots < lengths[:, None], 1, 0).astype(bool)
+    xs = x * prompt[..., None]
+    _, cache = layer(
+        kt(xs[:, :5]), cache=cache, cache_update_index=0, cache_mask=kt(prompt & (slots < 5))
+    )
+    new = x[np.arange(B), lengths][:, None]  # each row's next token
+    out, cache = layer(kt(new), cache=cache, cache_update_index=kt(lengths.astype("int32")))
+    for r in range(B):
+        seq = np.concatenate([x[r, : lengths[r]], new[r]], 0)[None]
+        alone = np_(layer(kt(seq)))
+        np.testing.assert_allclose(np_(out)[r, 0], alone[0, -1], atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: PositionEmbedding(16),
+        lambda: SinePositionEncoding(),
+        lambda: RotaryEmbedding(),
+        lambda: T5RelativeBias(2, 8, 6),
+    ],
+    ids=["learned", "sine", "rotary", "t5"],
+)
+def test_position_layers_read_each_rows_mask(make):
+    layer = make()
+    x = np.random.default_rng(4).normal(size=(2, 6, 4, 8)).astype("float32")
+    if not isinstance(layer, RotaryEmbedding):
+        x = x[:, :, 0]
+    mask = np.array([[True] * 6, [False, False, True, True, True, True]])
+    out = np_(layer(kt(x), mask=kt(mask)))
+    alone = np_(layer(kt(x[1:, 2:])))
+    got = out[1][:, 2:, 2:] if isinstance(layer, T5RelativeBias) else out[1, 2:]
+    np.testing.assert_allclose(got, alone[0], atol=1e-6)
+    # A start index per row is the same as explicit positions.
+    starts = np.array([0, 3], "int32")
+    pos = np.arange(6)[None] + starts[:, None]
+    np.testing.assert_allclose(
+        np_(layer(kt(x), start_index=kt(starts))), np_(layer(kt(x), positions=kt(pos))), atol=1e-6
+    )

@@ -1,0 +1,67 @@
+"""Shared helpers of the Keras suite: conversions, the layouts every property is checked on, and
+gradients on the active backend."""
+
+from __future__ import annotations
+
+import keras
+import numpy as np
+import torch
+from keras import ops
+
+BACKEND = keras.backend.backend()
+
+#: Layouts of a (3, n) batch: which tokens are real, and how rows are split into documents.
+LAYOUTS = ("plain", "left", "right", "packed")
+
+
+def np_(x) -> np.ndarray:
+    if isinstance(x, keras.Variable):
+        x = x.value
+    return np.asarray(ops.convert_to_numpy(x))
+
+
+def kt(x, dtype=None):
+    """A numpy array or torch tensor as a Keras backend tensor."""
+    if isinstance(x, torch.Tensor):
+        x = x.numpy()
+    return ops.convert_to_tensor(x, dtype=dtype)
+
+
+def layout(kind: str, b: int, n: int, seed: int = 0) -> dict[str, np.ndarray]:
+    """Padding mask ``(b, n)`` bool and segment ids ``(b, n)`` (-1 padding) of one layout."""
+    rng = np.random.default_rng(seed)
+    mask = np.ones((b, n), dtype=bool)
+    seg = np.zeros((b, n), dtype=np.int32)
+    for r in range(b):
+        pad = int(rng.integers(1, n // 2 + 1)) if r else 0  # row 0 stays full
+        if kind == "left":
+            mask[r, :pad] = False
+        elif kind == "right":
+            mask[r, n - pad :] = False
+        elif kind == "packed":
+            cut = sorted(rng.choice(np.arange(1, n), size=2, replace=False))
+            seg[r] = np.searchsorted(cut, np.arange(n), side="right")
+            mask[r, n - pad :] = False
+    seg = np.where(mask, seg, -1).astype(np.int32)
+    return {"mask": mask, "seg": seg}
+
+
+def grads(fn, variables):
+    """Gradients of the scalar ``fn()`` with respect to Keras ``variables`` on this backend."""
+    if BACKEND == "tensorflow":
+        import tensorflow as tf
+
+        with tf.GradientTape() as tape:
+            loss = fn()
+        return tape.gradient(loss, [v.value for v in variables])
+    if BACKEND == "torch":
+        loss = fn()
+        return list(torch.autograd.grad(loss, [v.value for v in variables], allow_unused=True))
+    import jax
+
+    # Keras variables are read at trace time: differentiate through a stateless scope.
+    def loss_of(vals):
+        with keras.StatelessScope(state_mapping=list(zip(variables, vals))):
+            return fn()
+
+    return jax.grad(loss_of)([v.value for v in variables])
