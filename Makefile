@@ -3,6 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+KERAS_STAMP := $(VENV)/.installed-keras
 
 .PHONY: run test test-all lint bench clean
 
@@ -12,19 +13,28 @@ $(STAMP): pyproject.toml constraints-cpu.txt
 	$(BIN)/python -m pip install -q -c constraints-cpu.txt -e '.[music,dev]'
 	touch $(STAMP)
 
+# Keras 3 and its three backends, for the Keras suite only (`make run` does not need them).
+$(KERAS_STAMP): $(STAMP)
+	$(BIN)/python -m pip install -q -c constraints-cpu.txt -e '.[keras-dev]'
+	touch $(KERAS_STAMP)
+
 run: $(STAMP)
 	$(BIN)/relpos demo --run-dir runs/demo
 
-test: $(STAMP)
-	$(BIN)/ruff check src tests benchmarks
-	$(BIN)/python -m pytest -m "not slow" -q
+# The PyTorch suite, then the Keras suite once per backend (jax, tensorflow, torch), each in its
+# own process, side by side.
+test: $(KERAS_STAMP)
+	$(BIN)/ruff check src tests benchmarks examples
+	$(BIN)/python -m pytest -m "not slow" -q --ignore=tests/keras
+	$(BIN)/python tests/keras/run_backends.py -- -m "not slow"
 
-test-all: $(STAMP)
-	$(BIN)/python -m pytest -q
+test-all: $(KERAS_STAMP)
+	$(BIN)/python -m pytest -q --ignore=tests/keras
+	$(BIN)/python tests/keras/run_backends.py
 
-lint: $(STAMP)
-	$(BIN)/ruff check src tests benchmarks
-	$(BIN)/ruff format --check src tests benchmarks
+lint: $(KERAS_STAMP)
+	$(BIN)/ruff check src tests benchmarks examples
+	$(BIN)/ruff format --check src tests benchmarks examples
 
 clean:
 	rm -rf $(VENV) build *.egg-info src/*.egg-info

@@ -58,7 +58,9 @@ def test_every_scheme_and_layer_is_covered():
     import relpos.keras as rk
 
     layer_classes = {
-        n for n in rk.__all__ if isinstance(getattr(rk, n), type)
+        n
+        for n in rk.__all__
+        if isinstance(getattr(rk, n), type)
         and issubclass(getattr(rk, n), keras.layers.Layer)
         and n not in ("AttentionScheme", "ReversibleEmbedding", "Transformer")
     }
@@ -140,7 +142,7 @@ def test_gradients_reach_every_weight(name):
         y = layer(x)
         return ops.sum(ops.square(ops.cast(y, "float32")))
 
-    for v, g in zip(layer.trainable_variables, grads(loss, layer.trainable_variables)):
+    for v, g in zip(layer.trainable_variables, grads(loss, layer.trainable_variables), strict=True):
         assert g is not None, v.path
         assert float(np.abs(np_(g)).sum()) > 0, v.path
 
@@ -161,4 +163,4 @@ def test_jit_compiled_training_step(spec):
     before = [np_(w).copy() for w in model.trainable_weights]
     history = model.fit(data, data, batch_size=B, epochs=1, verbose=0)
     assert np.isfinite(history.history["loss"][0])
-    assert all((np_(w) != b).any() for w, b in zip(model.trainable_weights, before))
+    assert all((np_(w) != b).any() for w, b in zip(model.trainable_weights, before, strict=True))

@@ -15,86 +15,88 @@ X = np.zeros((2, 5, 8), "float32")
     [
         (
             lambda: rk.RelativeMultiHeadAttention(2, 4),
-            lambda l: l(kt(X[0])),
+            lambda layer: layer(kt(X[0])),
             ValueError,
             r"query must have shape \(b, i, D\), got \(5, 8\)",
         ),
         (
             lambda: rk.RelativeMultiHeadAttention(2, 4),
-            lambda l: l(kt(X), query_mask=kt(np.ones((2, 4), bool))),
+            lambda layer: layer(kt(X), query_mask=kt(np.ones((2, 4), bool))),
             ValueError,
             r"mask must have shape \(b, n\) = \(2, 5\), got \(2, 4\)",
         ),
         (
             lambda: rk.RelativeMultiHeadAttention(2, 4),
-            lambda l: l(kt(X), positions=kt(np.zeros((2, 5), "float32"))),
+            lambda layer: layer(kt(X), positions=kt(np.zeros((2, 5), "float32"))),
             TypeError,
             "positions must hold integers, got dtype float32",
         ),
         (
             lambda: rk.RelativeMultiHeadAttention(2, 4),
-            lambda l: l(kt(X), segment_ids=kt(np.zeros((2, 5), "float32"))),
+            lambda layer: layer(kt(X), segment_ids=kt(np.zeros((2, 5), "float32"))),
             TypeError,
             "segment_ids must hold integers",
         ),
         (
             lambda: rk.RelativeMultiHeadAttention(2, 4),
-            lambda l: l(kt(X), start_index=kt(np.zeros(3, "int32"))),
+            lambda layer: layer(kt(X), start_index=kt(np.zeros(3, "int32"))),
             ValueError,
             r"start_index must be an int or have shape \(b,\) = \(2,\), got shape \(3,\)",
         ),
         (
             lambda: rk.RelativeMultiHeadAttention(2, 4),
-            lambda l: l(kt(X), start_index=-1),
+            lambda layer: layer(kt(X), start_index=-1),
             ValueError,
             "start_index must be >= 0",
         ),
         (
             lambda: rk.RelativeMultiHeadAttention(2, 4, scheme="rope", causal=True),
-            lambda l: l(kt(X), cache=kt(np.zeros((2, 5, 2, 4), "float32")), cache_update_index=0),
+            lambda layer: layer(
+                kt(X), cache=kt(np.zeros((2, 5, 2, 4), "float32")), cache_update_index=0
+            ),
             ValueError,
             r"cache must have shape \(b, 2, S, h=2, d=4\), got \(2, 5, 2, 4\)",
         ),
         (
             lambda: rk.RelativeMultiHeadAttention(2, 4, causal=True),
-            lambda l: l(kt(X), cache=kt(np.zeros((2, 2, 5, 2, 4), "float32"))),
+            lambda layer: layer(kt(X), cache=kt(np.zeros((2, 2, 5, 2, 4), "float32"))),
             ValueError,
             "a cache needs cache_update_index",
         ),
         (
             lambda: rk.PositionEmbedding(4),
-            lambda l: l(kt(X)),
+            lambda layer: layer(kt(X)),
             ValueError,
             r"a sequence of 5 tokens starting at position 0 is longer than the learned table "
             r"\(sequence_length=4\)",
         ),
         (
             lambda: rk.PositionEmbedding(6),
-            lambda l: l(kt(X), start_index=2),
+            lambda layer: layer(kt(X), start_index=2),
             ValueError,
             "starting at position 2",
         ),
         (
             lambda: rk.SinePositionEncoding(),
-            lambda l: l(kt(np.zeros((2, 5, 7), "float32"))),
+            lambda layer: layer(kt(np.zeros((2, 5, 7), "float32"))),
             ValueError,
             "the feature dim must be even",
         ),
         (
             lambda: rk.TokenAndPositionEmbedding(10, 8, 4),
-            lambda l: l(kt(X)),
+            lambda layer: layer(kt(X)),
             ValueError,
             r"inputs must be token ids of shape \(b, n\), got \(2, 5, 8\)",
         ),
         (
             lambda: rk.RotaryEmbedding(rotary_dim=10),
-            lambda l: l(kt(np.zeros((2, 5, 2, 8), "float32"))),
+            lambda layer: layer(kt(np.zeros((2, 5, 2, 8), "float32"))),
             ValueError,
             r"the rotated features \(10\) must be even and <= the feature dim 8",
         ),
         (
             lambda: rk.AlibiBias(2),
-            lambda l: l(
+            lambda layer: layer(
                 kt(X), mask=kt(np.ones((2, 5), bool)), segment_ids=kt(np.zeros((2, 5), "int32"))
             ),
             ValueError,

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import relpos
+from relpos.functional import apply_rope, rope_angles, rope_frequencies
 from relpos.keras import (
     AlibiBias,
     RelativePositionEmbedding,
@@ -17,7 +18,6 @@ from relpos.keras import (
     from_torch,
 )
 from relpos.keras.positions import positions_from_segments
-from relpos.functional import apply_rope, rope_angles, rope_frequencies
 
 from .util import LAYOUTS, kt, layout, np_
 
@@ -84,8 +84,9 @@ def test_absolute_layers_equal_torch(kind):
         with torch.no_grad():
             want = module.embed(positions).expand(b, n, d).numpy()
         np.testing.assert_allclose(np_(from_torch(module)(x, **kw)), want, atol=1e-6)
-    tpe = relpos.TokenPositionEmbedding(20, d, {"name": "learned", "max_len": 10},
-                                        scale_tokens=False)
+    tpe = relpos.TokenPositionEmbedding(
+        20, d, {"name": "learned", "max_len": 10}, scale_tokens=False
+    )
     tokens = np.random.default_rng(0).integers(1, 20, size=(b, n))
     with torch.no_grad():
         want = tpe(torch.from_numpy(tokens), positions).numpy()
@@ -124,8 +125,9 @@ def test_rotary_equals_torch(kind, interleaved):
     # Padding tokens: positions are 0 on both sides.
     np.testing.assert_allclose(np_(got), want.numpy(), atol=1e-5)
     # The feature axis may sit anywhere: (b, h, d, n) with the sequence last.
-    moved = RotaryEmbedding(500, interleaved=interleaved, rotary_dim=r, sequence_axis=3,
-                            feature_axis=2)
+    moved = RotaryEmbedding(
+        500, interleaved=interleaved, rotary_dim=r, sequence_axis=3, feature_axis=2
+    )
     got2 = moved(kt(x.permute(0, 2, 3, 1).contiguous()), segment_ids=kt(lay["seg"]))
     np.testing.assert_allclose(np_(got2), want.permute(0, 2, 3, 1).numpy(), atol=1e-5)
 

@@ -73,13 +73,17 @@ def test_cached_decoding_equals_full_forward(spec):
     prompt = 5
     slots = np.arange(N)[None]
     out, cache = layer(
-        kt(x[:, :prompt]), cache=cache, cache_update_index=0,
+        kt(x[:, :prompt]),
+        cache=cache,
+        cache_update_index=0,
         cache_mask=kt(mask & (slots < prompt)),
     )
     steps = [np_(out)]
     for t in range(prompt, N):
         out, cache = layer(
-            kt(x[:, t : t + 1]), cache=cache, cache_update_index=t,
+            kt(x[:, t : t + 1]),
+            cache=cache,
+            cache_update_index=t,
             cache_mask=kt(mask & (slots < t + 1)),
         )
         steps.append(np_(out))

@@ -6,17 +6,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-keras = pytest.importorskip("keras")
+keras = pytest.importorskip("keras")  # conftest.py seeds every test (keras.utils.set_random_seed)
 
 from relpos.keras.transformer import Transformer  # noqa: E402
 
 SMALL = {"vocab_size": 11, "d_model": 16, "num_heads": 2, "num_layers": 2, "dropout": 0.0}
+ONE_LAYER = {**SMALL, "num_layers": 1}  # a smaller graph to compile (JAX)
 TOL = {"atol": 2e-5, "rtol": 1e-5}
-
-
-@pytest.fixture(autouse=True)
-def _seed():
-    keras.utils.set_random_seed(0)
 
 
 def _logits(model, tokens) -> np.ndarray:
@@ -28,7 +24,7 @@ def _logits(model, tokens) -> np.ndarray:
 
 @pytest.mark.parametrize(
     "scheme",
-    ["rope", "t5", "music", "sinusoidal", {"name": "learned", "max_len": 16}],
+    ["t5", "sinusoidal", {"name": "learned", "max_len": 16}],  # in attention; at the input
     ids=lambda s: s if isinstance(s, str) else s["name"],
 )
 def test_each_row_is_computed_alone(scheme):
@@ -79,11 +75,11 @@ def test_bad_arguments_are_refused():
 
 @pytest.mark.parametrize(
     ("scheme", "tie_weights"),
-    [("music", False), ({"name": "learned", "max_len": 16}, True)],
-    ids=["music", "learned-tied"],
+    [("t5", False), ({"name": "learned", "max_len": 16}, True)],
+    ids=["t5", "learned-tied"],
 )
 def test_keras_save_and_load_give_the_same_outputs(tmp_path, scheme, tie_weights):
-    model = Transformer(**SMALL, scheme=scheme, tie_weights=tie_weights)
+    model = Transformer(**ONE_LAYER, scheme=scheme, tie_weights=tie_weights)
     tokens = [[0, 0, 1, 2, 3, 4], [5, 6, 7, 8, 9, 10]]
     before = _logits(model, tokens)
     path = tmp_path / "model.keras"
@@ -94,7 +90,7 @@ def test_keras_save_and_load_give_the_same_outputs(tmp_path, scheme, tie_weights
 
 
 def test_fit_lowers_the_loss():
-    model = Transformer(**SMALL, scheme="rope")
+    model = Transformer(**ONE_LAYER, scheme="rope")
     model.compile(
         optimizer=keras.optimizers.AdamW(1e-2),
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),

@@ -61,7 +61,7 @@ def grads(fn, variables):
 
     # Keras variables are read at trace time: differentiate through a stateless scope.
     def loss_of(vals):
-        with keras.StatelessScope(state_mapping=list(zip(variables, vals))):
+        with keras.StatelessScope(state_mapping=list(zip(variables, vals, strict=True))):
             return fn()
 
     return jax.grad(loss_of)([v.value for v in variables])

@@ -20,8 +20,19 @@ from .schemes import make_attention_scheme, scheme_config
 __all__ = ["RelativeMultiHeadAttention", "attend"]
 
 
-def attend(q, k, v, scheme, q_positions: Positions, k_positions: Positions, *, allowed,
-           dropout=None, training=None, return_scores=False):
+def attend(
+    q,
+    k,
+    v,
+    scheme,
+    q_positions: Positions,
+    k_positions: Positions,
+    *,
+    allowed,
+    dropout=None,
+    training=None,
+    return_scores=False,
+):
     """Attention of ``q`` over ``k, v`` with a scheme's terms, masked to ``allowed`` pairs.
 
     Schemes that add no logit or value term (``nope``, ``rope``) run
@@ -144,7 +155,10 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
         config = scheme_config(scheme)
         self.scheme_spec = config.to_dict()
         self.position_scheme = make_attention_scheme(
-            config, num_heads=num_heads, head_dim=key_dim, causal=self.causal,
+            config,
+            num_heads=num_heads,
+            head_dim=key_dim,
+            causal=self.causal,
             dtype=self.dtype_policy,
         )
         has_values = config.name == "shaw" and config.values
@@ -227,8 +241,10 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
         v = self.value_dense(value)
         if cache is not None:
             if positions is not None or segment_ids is not None:
-                raise ValueError("with a cache, positions come from cache_mask; "
-                                 "do not pass positions or segment_ids")
+                raise ValueError(
+                    "with a cache, positions come from cache_mask; "
+                    "do not pass positions or segment_ids"
+                )
             q_pos, k_pos, index = self._cache_positions(cache, cache_update_index, cache_mask, n, b)
             q, k = self.position_scheme.rotate(q, k, q_pos, q_pos)
             k = _write_cache(cache[:, 0], k, index)
@@ -238,8 +254,12 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
             if cache_update_index is not None or cache_mask is not None:
                 raise ValueError("cache_update_index and cache_mask need a cache")
             q_pos = resolve_positions(
-                n, batch=query.shape[0], mask=query_mask, segment_ids=segment_ids,
-                positions=positions, start_index=start_index,
+                n,
+                batch=query.shape[0],
+                mask=query_mask,
+                segment_ids=segment_ids,
+                positions=positions,
+                start_index=start_index,
             )
             if self_attention:
                 k_pos = q_pos
@@ -251,8 +271,16 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
         if attention_mask is not None:
             allowed = ops.logical_and(allowed, ops.cast(attention_mask, "bool"))
         y, scores = attend(
-            q, k, v, self.position_scheme, q_pos, k_pos, allowed=allowed,
-            dropout=self.dropout, training=training, return_scores=return_attention_scores,
+            q,
+            k,
+            v,
+            self.position_scheme,
+            q_pos,
+            k_pos,
+            allowed=allowed,
+            dropout=self.dropout,
+            training=training,
+            return_scores=return_attention_scores,
         )
         y = self.output_dense(y)
         # Padding queries attend nowhere: their output is exactly zero (not the bias).

@@ -21,8 +21,13 @@ def _np(t) -> np.ndarray:
 def _attention(m: MultiheadAttention, dtype) -> RelativeMultiHeadAttention:
     h, d, width = m.num_heads, m.head_dim, m.d_model
     layer = RelativeMultiHeadAttention(
-        h, d, use_bias=m.qkv.bias is not None, scheme=m.scheme.config.to_dict(), causal=m.causal,
-        dropout=m.dropout, dtype=dtype,
+        h,
+        d,
+        use_bias=m.qkv.bias is not None,
+        scheme=m.scheme.config.to_dict(),
+        causal=m.causal,
+        dropout=m.dropout,
+        dtype=dtype,
     )
     layer.build((None, None, width))
     w = _np(m.qkv.weight).reshape(3, h, d, width).transpose(0, 3, 1, 2)  # (3, D, h, d)
@@ -63,9 +68,7 @@ def from_torch(module, *, dtype=None):
                 f"scale {module.scale}"
             )
         vocab, width = module.tokens.weight.shape
-        layer = TokenAndPositionEmbedding(
-            vocab, module.scheme.config.max_len, width, dtype=dtype
-        )
+        layer = TokenAndPositionEmbedding(vocab, module.scheme.config.max_len, width, dtype=dtype)
         layer.build((None, None))
         layer.token_embedding.embeddings.assign(_np(module.tokens.weight))
         layer.position_embedding.position_embeddings.assign(_np(module.scheme.table))
@@ -81,7 +84,10 @@ def from_torch(module, *, dtype=None):
     if isinstance(module, T5Bias):
         c = module.config
         layer = T5RelativeBias(
-            module.num_heads, c.num_buckets, c.max_distance, bidirectional=not module.causal,
+            module.num_heads,
+            c.num_buckets,
+            c.max_distance,
+            bidirectional=not module.causal,
             dtype=dtype,
         )
         layer.build()

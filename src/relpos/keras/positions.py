@@ -181,7 +181,9 @@ def resolve_positions(
             raise TypeError(f"positions must hold integers, got dtype {dtype}")
         if len(pos.shape) == 1:
             pos = ops.expand_dims(pos, 0)
-        if len(pos.shape) != 2 or (pos.shape[1] is not None and n is not None and pos.shape[1] != n):
+        if len(pos.shape) != 2 or (
+            pos.shape[1] is not None and n is not None and pos.shape[1] != n
+        ):
             raise ValueError(
                 f"positions must have shape (n,) or (b, n) with n={n}, got {tuple(pos.shape)}"
             )
@@ -202,7 +204,8 @@ def resolve_positions(
 def _check_shape(name, x, batch, n) -> None:
     shape = tuple(x.shape)
     ok = len(shape) == 2 and all(
-        want is None or got is None or got == want for got, want in zip(shape, (batch, n))
+        want is None or got is None or got == want
+        for got, want in zip(shape, (batch, n), strict=True)
     )
     if not ok:
         raise ValueError(f"{name} must have shape (b, n) = ({batch}, {n}), got {shape}")

@@ -26,8 +26,12 @@ def _positions(inputs, mask, segment_ids, positions, start_index):
     if len(inputs.shape) < 2:
         raise ValueError(f"inputs must have shape (b, n, ...), got {tuple(inputs.shape)}")
     return resolve_positions(
-        inputs.shape[1], batch=inputs.shape[0], mask=mask, segment_ids=segment_ids,
-        positions=positions, start_index=start_index,
+        inputs.shape[1],
+        batch=inputs.shape[0],
+        mask=mask,
+        segment_ids=segment_ids,
+        positions=positions,
+        start_index=start_index,
     )
 
 
@@ -79,8 +83,9 @@ class RelativePositionEmbedding(_PairLayer):
         ``(b, n, n, output_dim)``; 0 for pairs with padding or across segments.
     """
 
-    def __init__(self, max_distance: int, output_dim: int, embeddings_initializer="glorot_uniform",
-                 **kwargs) -> None:
+    def __init__(
+        self, max_distance: int, output_dim: int, embeddings_initializer="glorot_uniform", **kwargs
+    ) -> None:
         super().__init__(**kwargs)
         if isinstance(max_distance, bool) or not isinstance(max_distance, int) or max_distance < 0:
             raise ValueError(f"max_distance must be an int >= 0, got {max_distance!r}")
@@ -162,13 +167,22 @@ class T5RelativeBias(_PairLayer):
     Returns float32 ``(b, h, i, j)``.
     """
 
-    def __init__(self, num_heads: int, num_buckets: int = 32, max_distance: int = 128,
-                 bidirectional: bool = True, **kwargs) -> None:
+    def __init__(
+        self,
+        num_heads: int,
+        num_buckets: int = 32,
+        max_distance: int = 128,
+        bidirectional: bool = True,
+        **kwargs,
+    ) -> None:
         super().__init__(**kwargs)
         _positive_int("num_heads", num_heads)
         _positive_int("max_distance", max_distance)
-        if isinstance(num_buckets, bool) or not isinstance(num_buckets, int) or num_buckets < 2 or (
-            bidirectional and (num_buckets % 2 or num_buckets < 4)
+        if (
+            isinstance(num_buckets, bool)
+            or not isinstance(num_buckets, int)
+            or num_buckets < 2
+            or (bidirectional and (num_buckets % 2 or num_buckets < 4))
         ):
             raise ValueError(
                 "num_buckets must be an int >= 2 (even and >= 4 when bidirectional), "
@@ -194,7 +208,9 @@ class T5RelativeBias(_PairLayer):
 
     def pair_term(self, distance):
         buckets = t5_buckets(
-            distance, bidirectional=self.bidirectional, num_buckets=self.num_buckets,
+            distance,
+            bidirectional=self.bidirectional,
+            num_buckets=self.num_buckets,
             max_distance=self.max_distance,
         )
         return ops.transpose(ops.take(ops.cast(self.table, "float32"), buckets, 0), (0, 3, 1, 2))

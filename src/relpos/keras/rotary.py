@@ -1,4 +1,4 @@
-"""``RotaryEmbedding``: RoPE as a standalone Keras layer, keras-hub compatible, per-row positions."""
+"""``RotaryEmbedding``: RoPE as a standalone Keras layer, keras-hub compatible, per row."""
 
 from __future__ import annotations
 
@@ -50,7 +50,9 @@ class RotaryEmbedding(keras.layers.Layer):
             if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
                 raise ValueError(f"{name} must be a number > 0, got {value!r}")
         if rotary_dim is not None and (
-            isinstance(rotary_dim, bool) or not isinstance(rotary_dim, int) or rotary_dim < 2
+            isinstance(rotary_dim, bool)
+            or not isinstance(rotary_dim, int)
+            or rotary_dim < 2
             or rotary_dim % 2
         ):
             raise ValueError(f"rotary_dim must be a positive even int, got {rotary_dim!r}")
@@ -74,8 +76,12 @@ class RotaryEmbedding(keras.layers.Layer):
         if d is None or r > d or r % 2:
             raise ValueError(f"the rotated features ({r}) must be even and <= the feature dim {d}")
         pos = resolve_positions(
-            x.shape[1], batch=x.shape[0], mask=mask, segment_ids=segment_ids,
-            positions=positions, start_index=start_index,
+            x.shape[1],
+            batch=x.shape[0],
+            mask=mask,
+            segment_ids=segment_ids,
+            positions=positions,
+            start_index=start_index,
         ).pos
         inv_freq = rope_frequencies(r, float(self.max_wavelength)) / float(self.scaling_factor)
         y = apply_rope(x, rope_angles(pos, inv_freq), interleaved=self.interleaved)

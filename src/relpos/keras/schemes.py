@@ -157,8 +157,7 @@ class T5Scheme(AttentionScheme):
         super().__init__(config, **kwargs)
         if not self.causal and (config.num_buckets % 2 or config.num_buckets < 4):
             raise ValueError(
-                "bidirectional T5 bias needs an even num_buckets >= 4, "
-                f"got {config.num_buckets}"
+                f"bidirectional T5 bias needs an even num_buckets >= 4, got {config.num_buckets}"
             )
 
     def build(self, input_shape=None) -> None:
@@ -201,7 +200,9 @@ class ShawScheme(AttentionScheme):
 
     def build(self, input_shape=None) -> None:
         c = self.config
-        shape = (self.num_heads, self.rows, self.head_dim) if c.per_head else (self.rows, self.head_dim)
+        shape = (
+            (self.num_heads, self.rows, self.head_dim) if c.per_head else (self.rows, self.head_dim)
+        )
         init = keras.initializers.RandomNormal(stddev=self.head_dim**-0.5)
         self.key_table = (
             self.add_weight(name="key_table", shape=shape, initializer=init, dtype="float32")
@@ -288,8 +289,9 @@ def scheme_config(spec: str | dict[str, Any] | SchemeConfig | None) -> SchemeCon
         spec = "nope"
     if isinstance(spec, str):
         if spec not in SCHEMES:
-            raise ValueError(f"unknown scheme {spec!r}; Keras attention schemes: "
-                             f"{sorted(KERAS_SCHEMES)}")
+            raise ValueError(
+                f"unknown scheme {spec!r}; Keras attention schemes: {sorted(KERAS_SCHEMES)}"
+            )
         return SCHEMES[spec].config_class()
     if isinstance(spec, dict):
         return config_from_dict(spec)

@@ -28,6 +28,11 @@ __all__ = ["ABSOLUTE_SCHEMES", "Transformer", "TransformerBlock"]
 ABSOLUTE_SCHEMES = ("sinusoidal", "learned")
 
 
+def _check_tokens_shape(shape) -> None:
+    if len(shape) != 2:
+        raise ValueError(f"tokens must have shape (b, n), got {tuple(shape)}")
+
+
 @keras.saving.register_keras_serializable(package="relpos")
 class TransformerBlock(keras.layers.Layer):
     """``x + attn(ln(x))`` then ``x + mlp(ln(x))``, dropout on both residual branches.
@@ -148,6 +153,7 @@ class Transformer(keras.Model):
         self.supports_masking = True  # the logits carry the tokens' mask (compute_mask)
 
     def build(self, input_shape) -> None:
+        _check_tokens_shape(input_shape)
         self.token_embedding.build(input_shape)
         features = (*input_shape, self.cfg.d_model)
         if self.position_embedding is not None:
@@ -157,8 +163,7 @@ class Transformer(keras.Model):
         self.built = True
 
     def call(self, tokens, training=None):
-        if len(tokens.shape) != 2:
-            raise ValueError(f"tokens must have shape (b, n), got {tuple(tokens.shape)}")
+        _check_tokens_shape(tokens.shape)
         mask = self.token_embedding.compute_mask(tokens)  # (b, n): True for tokens (id != 0)
         x = self.token_embedding(tokens)
         if self.token_scale != 1.0:
