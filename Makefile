@@ -21,16 +21,14 @@ $(KERAS_STAMP): $(STAMP)
 run: $(STAMP)
 	$(BIN)/relpos demo --run-dir runs/demo
 
-# The PyTorch suite, then the Keras suite once per backend (jax, tensorflow, torch), each in its
-# own process, side by side.
+# The PyTorch suite and the Keras suite once per backend (jax, tensorflow, torch), side by side,
+# each in its own process (tests/run_suites.py).
 test: $(KERAS_STAMP)
 	$(BIN)/ruff check src tests benchmarks examples
-	$(BIN)/python -m pytest -m "not slow" -q --ignore=tests/keras
-	$(BIN)/python tests/keras/run_backends.py -- -m "not slow"
+	$(BIN)/python tests/run_suites.py -- -m "not slow"
 
 test-all: $(KERAS_STAMP)
-	$(BIN)/python -m pytest -q --ignore=tests/keras
-	$(BIN)/python tests/keras/run_backends.py
+	$(BIN)/python tests/run_suites.py
 
 lint: $(KERAS_STAMP)
 	$(BIN)/ruff check src tests benchmarks examples

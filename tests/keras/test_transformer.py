@@ -8,6 +8,7 @@ import pytest
 
 keras = pytest.importorskip("keras")  # conftest.py seeds every test (keras.utils.set_random_seed)
 
+from relpos.keras import from_torch  # noqa: E402
 from relpos.keras.transformer import Transformer  # noqa: E402
 
 SMALL = {"vocab_size": 11, "d_model": 16, "num_heads": 2, "num_layers": 2, "dropout": 0.0}
@@ -41,6 +42,42 @@ def test_each_row_is_computed_alone(scheme):
     other = _logits(model, changed)
     np.testing.assert_allclose(other[1, :6], logits[1, :6], **TOL)
     assert not np.allclose(other[1, 6:], logits[1, 6:])
+
+
+def _copy_torch_weights(torch_model, model) -> None:
+    """The weights of a :class:`relpos.Transformer` into a Keras one of the same config."""
+    sd = {k: v.detach().numpy() for k, v in torch_model.state_dict().items()}
+    model.token_embedding.embeddings.assign(sd["embed.tokens.weight"])
+    for i, (block, kblock) in enumerate(zip(torch_model.blocks, model.blocks, strict=True)):
+        for src, dst in zip(from_torch(block.attn).weights, kblock.attn.weights, strict=True):
+            dst.assign(keras.ops.convert_to_numpy(src.value))
+        for name in ("ln1", "ln2"):
+            getattr(kblock, name).gamma.assign(sd[f"blocks.{i}.{name}.weight"])
+            getattr(kblock, name).beta.assign(sd[f"blocks.{i}.{name}.bias"])
+        for k, dense in ((0, kblock.mlp_in), (2, kblock.mlp_out)):
+            dense.kernel.assign(sd[f"blocks.{i}.mlp.{k}.weight"].T)
+            dense.bias.assign(sd[f"blocks.{i}.mlp.{k}.bias"])
+    model.ln_f.gamma.assign(sd["ln_f.weight"])
+    model.ln_f.beta.assign(sd["ln_f.bias"])
+    model.head.kernel.assign(sd["head.weight"].T)
+
+
+def test_matches_the_pytorch_transformer_with_its_weights():
+    torch = pytest.importorskip("torch")
+    from relpos.models import Transformer as TorchTransformer
+    from relpos.models import TransformerConfig
+
+    scheme = {"name": "t5", "num_buckets": 8, "max_distance": 16}
+    torch.manual_seed(0)
+    torch_model = TorchTransformer(TransformerConfig(**SMALL, scheme=scheme)).eval()
+    model = Transformer(**SMALL, scheme=scheme)
+    model.build((None, None))
+    _copy_torch_weights(torch_model, model)
+    tokens = np.array([[0, 0, 1, 5, 6, 7, 8, 9], [2, 3, 4, 5, 6, 7, 8, 9]])
+    with torch.no_grad():
+        want = torch_model(torch.from_numpy(tokens), padding_mask=torch.from_numpy(tokens != 0))
+    real = tokens != 0
+    np.testing.assert_allclose(_logits(model, tokens)[real], want.numpy()[real], **TOL)
 
 
 def test_get_config_round_trip():

@@ -12,8 +12,11 @@ from keras import ops
 from .positions import (
     Positions,
     allowed_pairs,
+    dense_and_mask,
     positions_from_mask,
     resolve_positions,
+    restore_ragged,
+    sequence_length,
 )
 from .schemes import make_attention_scheme, scheme_config
 
@@ -226,15 +229,20 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
         cache_update_index=None,
         cache_mask=None,
     ):
+        self_attention = value is None or value is query
+        query, query_mask, lengths = dense_and_mask(query, query_mask)
         if len(query.shape) != 3:
             raise ValueError(f"query must have shape (b, i, D), got {tuple(query.shape)}")
-        self_attention = value is None or value is query
-        value = query if value is None else value
+        if not self_attention:
+            value, value_mask, _ = dense_and_mask(value, value_mask)
+            if key is not None:
+                key, key_mask, _ = dense_and_mask(key, key_mask)
+        value = query if value is None or self_attention else value
         key = value if key is None else key
         for name, t in (("value", value), ("key", key)):
             if len(t.shape) != 3:
                 raise ValueError(f"{name} must have shape (b, j, D), got {tuple(t.shape)}")
-        b, n = ops.shape(query)[0], query.shape[1]
+        b, n = ops.shape(query)[0], sequence_length(query)
         causal = self.causal or bool(use_causal_mask)
         q = self.query_dense(query)
         k = self.key_dense(key)
@@ -265,7 +273,7 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
                 k_pos = q_pos
             else:
                 kmask = value_mask if value_mask is not None else key_mask
-                k_pos = resolve_positions(key.shape[1], batch=key.shape[0], mask=kmask)
+                k_pos = resolve_positions(sequence_length(key), batch=key.shape[0], mask=kmask)
             q, k = self.position_scheme.rotate(q, k, q_pos, k_pos)
         allowed = allowed_pairs(q_pos, k_pos, causal=causal)
         if attention_mask is not None:
@@ -285,7 +293,7 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
         y = self.output_dense(y)
         # Padding queries attend nowhere: their output is exactly zero (not the bias).
         y = ops.where(ops.expand_dims(q_pos.valid, -1), y, ops.zeros_like(y))
-        outputs = (y,)
+        outputs = (restore_ragged(y, lengths),)
         if return_attention_scores:
             outputs += (scores,)
         if cache is not None:

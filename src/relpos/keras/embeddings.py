@@ -17,7 +17,7 @@ import keras
 from keras import ops
 
 from .ops import sinusoidal_table
-from .positions import resolve_positions
+from .positions import dense_and_mask, resolve_positions, restore_ragged, sequence_length
 
 __all__ = ["PositionEmbedding", "SinePositionEncoding", "TokenAndPositionEmbedding"]
 
@@ -30,7 +30,7 @@ def _check_sequence(inputs, name: str = "inputs") -> None:
 def _token_positions(inputs, mask, segment_ids, positions, start_index):
     """Per-row positions ``(b|1, n)`` of ``inputs (b, n, ...)``."""
     return resolve_positions(
-        inputs.shape[1],
+        sequence_length(inputs),
         batch=inputs.shape[0],
         mask=mask,
         segment_ids=segment_ids,
@@ -77,17 +77,20 @@ class PositionEmbedding(keras.layers.Layer):
         self.built = True
 
     def call(self, inputs, start_index=0, positions=None, mask=None, segment_ids=None):
+        inputs, mask, lengths = dense_and_mask(inputs, mask)
         _check_sequence(inputs)
         n = inputs.shape[1]
-        top = n + (start_index if isinstance(start_index, int) and positions is None else 0)
-        if n is not None and top > self.sequence_length:
+        top = None if n is None else n + (start_index if isinstance(start_index, int) else 0)
+        if top is not None and positions is None and top > self.sequence_length:
             raise ValueError(
                 f"a sequence of {n} tokens starting at position {top - n} is longer than the "
                 f"learned table (sequence_length={self.sequence_length})"
             )
         pos = _token_positions(inputs, mask, segment_ids, positions, start_index)
         table = ops.convert_to_tensor(self.position_embeddings)
-        return ops.broadcast_to(ops.take(table, pos, axis=0), ops.shape(inputs))
+        return restore_ragged(
+            ops.broadcast_to(ops.take(table, pos, axis=0), ops.shape(inputs)), lengths
+        )
 
     def compute_mask(self, inputs, mask=None):
         return mask
@@ -125,6 +128,7 @@ class SinePositionEncoding(keras.layers.Layer):
         self.supports_masking = True
 
     def call(self, inputs, start_index=0, positions=None, mask=None, segment_ids=None):
+        inputs, mask, lengths = dense_and_mask(inputs, mask)
         _check_sequence(inputs)
         dim = inputs.shape[-1]
         if dim is None or dim % 2:
@@ -133,7 +137,8 @@ class SinePositionEncoding(keras.layers.Layer):
         table = sinusoidal_table(
             pos, dim, base=float(self.max_wavelength), interleaved=self.interleaved
         )
-        return ops.broadcast_to(ops.cast(table, self.compute_dtype), ops.shape(inputs))
+        table = ops.broadcast_to(ops.cast(table, self.compute_dtype), ops.shape(inputs))
+        return restore_ragged(table, lengths)
 
     def compute_mask(self, inputs, mask=None):
         return mask
@@ -250,10 +255,13 @@ class TokenAndPositionEmbedding(keras.layers.Layer):
         self.built = True
 
     def call(self, inputs, start_index=0, positions=None, segment_ids=None):
+        inputs, ragged_mask, lengths = dense_and_mask(inputs)
         if len(inputs.shape) != 2:
             raise ValueError(f"inputs must be token ids of shape (b, n), got {tuple(inputs.shape)}")
         tokens = self.token_embedding(inputs)
         mask = self.token_embedding.compute_mask(inputs)
+        if ragged_mask is not None:
+            mask = ragged_mask if mask is None else ops.logical_and(mask, ragged_mask)
         pe = self.position_embedding(
             tokens,
             start_index=start_index,
@@ -261,7 +269,7 @@ class TokenAndPositionEmbedding(keras.layers.Layer):
             mask=None if segment_ids is not None else mask,
             segment_ids=segment_ids,
         )
-        return tokens + pe
+        return restore_ragged(tokens + pe, lengths)
 
     def compute_mask(self, inputs, mask=None):
         return self.token_embedding.compute_mask(inputs)

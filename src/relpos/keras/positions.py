@@ -24,10 +24,13 @@ __all__ = [
     "Positions",
     "allowed_pairs",
     "continue_positions",
+    "dense_and_mask",
     "plain_positions",
     "positions_from_mask",
     "positions_from_segments",
     "resolve_positions",
+    "restore_ragged",
+    "sequence_length",
 ]
 
 #: Segment id of padding tokens.
@@ -44,6 +47,40 @@ class Positions(NamedTuple):
     def valid(self):
         """``(b|1, n)`` bool: True for real tokens."""
         return ops.not_equal(self.seg, PAD_SEGMENT)
+
+
+def sequence_length(x, axis: int = 1):
+    """``x.shape[axis]`` when static, else the dynamic length (a scalar tensor)."""
+    return x.shape[axis] if x.shape[axis] is not None else ops.shape(x)[axis]
+
+
+def dense_and_mask(inputs, mask=None):
+    """Accept a ``tf.RaggedTensor`` ``(b, None, ...)`` on the TensorFlow backend: return it
+    zero-padded, a ``(b, n)`` mask of its real tokens (combined with ``mask``), and its row
+    lengths for :func:`restore_ragged`. Any other input passes through with lengths None."""
+    if keras.backend.backend() != "tensorflow":
+        return inputs, mask, None
+    import tensorflow as tf
+
+    if not isinstance(inputs, tf.RaggedTensor):
+        return inputs, mask, None
+    lengths = inputs.row_lengths()
+    dense = inputs.to_tensor()
+    valid = tf.sequence_mask(lengths, maxlen=tf.shape(dense)[1])
+    if mask is not None:
+        if isinstance(mask, tf.RaggedTensor):
+            mask = mask.to_tensor(default_value=False)
+        valid = tf.logical_and(valid, tf.cast(mask, tf.bool))
+    return dense, valid, lengths
+
+
+def restore_ragged(outputs, lengths):
+    """The inverse of :func:`dense_and_mask` for an output with the input's token axis."""
+    if lengths is None:
+        return outputs
+    import tensorflow as tf
+
+    return tf.RaggedTensor.from_tensor(outputs, lengths=lengths)
 
 
 def _is_int(x) -> bool:
@@ -181,9 +218,7 @@ def resolve_positions(
             raise TypeError(f"positions must hold integers, got dtype {dtype}")
         if len(pos.shape) == 1:
             pos = ops.expand_dims(pos, 0)
-        if len(pos.shape) != 2 or (
-            pos.shape[1] is not None and n is not None and pos.shape[1] != n
-        ):
+        if len(pos.shape) != 2 or (pos.shape[1] is not None and _is_int(n) and pos.shape[1] != n):
             raise ValueError(
                 f"positions must have shape (n,) or (b, n) with n={n}, got {tuple(pos.shape)}"
             )
@@ -204,7 +239,7 @@ def resolve_positions(
 def _check_shape(name, x, batch, n) -> None:
     shape = tuple(x.shape)
     ok = len(shape) == 2 and all(
-        want is None or got is None or got == want
+        not _is_int(want) or got is None or got == want
         for got, want in zip(shape, (batch, n), strict=True)
     )
     if not ok:

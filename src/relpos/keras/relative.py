@@ -17,7 +17,7 @@ from keras import ops
 
 from ..functional.alibi import alibi_slopes
 from .ops import alibi_bias, clipped_relative_index, relative_distance, t5_buckets
-from .positions import allowed_pairs, resolve_positions
+from .positions import allowed_pairs, dense_and_mask, resolve_positions, sequence_length
 
 __all__ = ["AlibiBias", "RelativePositionEmbedding", "T5RelativeBias"]
 
@@ -26,7 +26,7 @@ def _positions(inputs, mask, segment_ids, positions, start_index):
     if len(inputs.shape) < 2:
         raise ValueError(f"inputs must have shape (b, n, ...), got {tuple(inputs.shape)}")
     return resolve_positions(
-        inputs.shape[1],
+        sequence_length(inputs),
         batch=inputs.shape[0],
         mask=mask,
         segment_ids=segment_ids,
@@ -53,6 +53,7 @@ class _PairLayer(keras.layers.Layer):
         raise NotImplementedError
 
     def call(self, inputs, mask=None, segment_ids=None, positions=None, start_index=0):
+        inputs, mask, _ = dense_and_mask(inputs, mask)  # a ragged batch gives a dense term
         p = _positions(inputs, mask, segment_ids, positions, start_index)
         term = self.pair_term(relative_distance(p.pos, p.pos))
         term = ops.where(self.expand_allowed(allowed_pairs(p, p, causal=False)), term, 0.0)

@@ -8,7 +8,7 @@ import keras
 from keras import ops
 
 from .ops import apply_rope, rope_angles, rope_frequencies
-from .positions import resolve_positions
+from .positions import dense_and_mask, resolve_positions, restore_ragged, sequence_length
 
 __all__ = ["RotaryEmbedding"]
 
@@ -62,6 +62,7 @@ class RotaryEmbedding(keras.layers.Layer):
         self.supports_masking = True
 
     def call(self, inputs, start_index=0, positions=None, mask=None, segment_ids=None):
+        inputs, mask, lengths = dense_and_mask(inputs, mask)  # ragged: tokens on axis 1
         rank = len(inputs.shape)
         seq, feat = self.sequence_axis % rank, self.feature_axis % rank
         if rank < 3 or seq == feat or 0 in (seq, feat):
@@ -76,7 +77,7 @@ class RotaryEmbedding(keras.layers.Layer):
         if d is None or r > d or r % 2:
             raise ValueError(f"the rotated features ({r}) must be even and <= the feature dim {d}")
         pos = resolve_positions(
-            x.shape[1],
+            sequence_length(x),
             batch=x.shape[0],
             mask=mask,
             segment_ids=segment_ids,
@@ -85,7 +86,7 @@ class RotaryEmbedding(keras.layers.Layer):
         ).pos
         inv_freq = rope_frequencies(r, float(self.max_wavelength)) / float(self.scaling_factor)
         y = apply_rope(x, rope_angles(pos, inv_freq), interleaved=self.interleaved)
-        return ops.moveaxis(y, (1, -1), (seq, feat))
+        return restore_ragged(ops.moveaxis(y, (1, -1), (seq, feat)), lengths)
 
     def compute_mask(self, inputs, mask=None):
         return mask

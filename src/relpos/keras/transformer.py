@@ -28,6 +28,11 @@ __all__ = ["ABSOLUTE_SCHEMES", "Transformer", "TransformerBlock"]
 ABSOLUTE_SCHEMES = ("sinusoidal", "learned")
 
 
+def _linear_init(fan_in: int):
+    """PyTorch's ``nn.Linear`` default, ``U(±1/√fan_in)``: both frameworks' models start alike."""
+    return keras.initializers.RandomUniform(-(fan_in**-0.5), fan_in**-0.5)
+
+
 def _check_tokens_shape(shape) -> None:
     if len(shape) != 2:
         raise ValueError(f"tokens must have shape (b, n), got {tuple(shape)}")
@@ -48,11 +53,16 @@ class TransformerBlock(keras.layers.Layer):
         dtype, head_dim = self.dtype_policy, d_model // num_heads
         self.ln1 = keras.layers.LayerNormalization(epsilon=1e-5, dtype=dtype, name="ln1")
         self.attn = RelativeMultiHeadAttention(
-            num_heads, head_dim, dropout=dropout, scheme=scheme, causal=causal, dtype=dtype
-        )
+            num_heads, head_dim, dropout=dropout, scheme=scheme, causal=causal, dtype=dtype,
+            kernel_initializer=_linear_init(d_model)
+        )  # fmt: skip
         self.ln2 = keras.layers.LayerNormalization(epsilon=1e-5, dtype=dtype, name="ln2")
-        self.mlp_in = keras.layers.Dense(d_ff, activation="gelu", dtype=dtype, name="mlp_in")
-        self.mlp_out = keras.layers.Dense(d_model, dtype=dtype, name="mlp_out")
+        self.mlp_in = keras.layers.Dense(
+            d_ff, "gelu", kernel_initializer=_linear_init(d_model), dtype=dtype, name="mlp_in"
+        )
+        self.mlp_out = keras.layers.Dense(
+            d_model, kernel_initializer=_linear_init(d_ff), dtype=dtype, name="mlp_out"
+        )
         self.drop = keras.layers.Dropout(dropout, dtype=dtype)
         self.supports_masking = True  # the output keeps the input's Keras mask
 
@@ -149,7 +159,10 @@ class Transformer(keras.Model):
         self.ln_f = keras.layers.LayerNormalization(epsilon=1e-5, dtype=dtype, name="ln_f")
         self.head = None
         if not self.tie_weights:
-            self.head = keras.layers.Dense(vocab_size, use_bias=False, dtype=dtype, name="head")
+            self.head = keras.layers.Dense(
+                vocab_size, use_bias=False, kernel_initializer=_linear_init(d_model), dtype=dtype,
+                name="head",
+            )  # fmt: skip
         self.supports_masking = True  # the logits carry the tokens' mask (compute_mask)
 
     def build(self, input_shape) -> None:
