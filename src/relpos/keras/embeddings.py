@@ -17,30 +17,13 @@ import keras
 from keras import ops
 
 from .ops import sinusoidal_table
-from .positions import dense_and_mask, resolve_positions, restore_ragged, sequence_length
+from .positions import SameShapeLayer, dense_and_mask, restore_ragged, token_positions
 
 __all__ = ["PositionEmbedding", "SinePositionEncoding", "TokenAndPositionEmbedding"]
 
 
-def _check_sequence(inputs, name: str = "inputs") -> None:
-    if len(inputs.shape) < 2:
-        raise ValueError(f"{name} must have shape (b, n, ...), got {tuple(inputs.shape)}")
-
-
-def _token_positions(inputs, mask, segment_ids, positions, start_index):
-    """Per-row positions ``(b|1, n)`` of ``inputs (b, n, ...)``."""
-    return resolve_positions(
-        sequence_length(inputs),
-        batch=inputs.shape[0],
-        mask=mask,
-        segment_ids=segment_ids,
-        positions=positions,
-        start_index=start_index,
-    ).pos
-
-
 @keras.saving.register_keras_serializable(package="relpos")
-class PositionEmbedding(keras.layers.Layer):
+class PositionEmbedding(SameShapeLayer):
     """A learned table of ``sequence_length`` position embeddings (Devlin et al., 2019).
 
     Args:
@@ -78,7 +61,13 @@ class PositionEmbedding(keras.layers.Layer):
 
     def call(self, inputs, start_index=0, positions=None, mask=None, segment_ids=None):
         inputs, mask, lengths = dense_and_mask(inputs, mask)
-        _check_sequence(inputs)
+        pos = token_positions(
+            inputs,
+            mask=mask,
+            segment_ids=segment_ids,
+            positions=positions,
+            start_index=start_index,
+        ).pos
         n = inputs.shape[1]
         top = None if n is None else n + (start_index if isinstance(start_index, int) else 0)
         if top is not None and positions is None and top > self.sequence_length:
@@ -86,17 +75,10 @@ class PositionEmbedding(keras.layers.Layer):
                 f"a sequence of {n} tokens starting at position {top - n} is longer than the "
                 f"learned table (sequence_length={self.sequence_length})"
             )
-        pos = _token_positions(inputs, mask, segment_ids, positions, start_index)
         table = ops.convert_to_tensor(self.position_embeddings)
         return restore_ragged(
             ops.broadcast_to(ops.take(table, pos, axis=0), ops.shape(inputs)), lengths
         )
-
-    def compute_mask(self, inputs, mask=None):
-        return mask
-
-    def compute_output_shape(self, input_shape):
-        return input_shape
 
     def get_config(self) -> dict[str, Any]:
         config = super().get_config()
@@ -108,7 +90,7 @@ class PositionEmbedding(keras.layers.Layer):
 
 
 @keras.saving.register_keras_serializable(package="relpos")
-class SinePositionEncoding(keras.layers.Layer):
+class SinePositionEncoding(SameShapeLayer):
     """Fixed sinusoidal encoding of each token's own position (Vaswani et al., 2017, §3.5):
     ``sin(p·ω_k), cos(p·ω_k)`` interleaved, ``ω_k = max_wavelength^(-2k/d)``. No weights;
     computed in float32, returned in the layer's compute dtype.
@@ -129,22 +111,21 @@ class SinePositionEncoding(keras.layers.Layer):
 
     def call(self, inputs, start_index=0, positions=None, mask=None, segment_ids=None):
         inputs, mask, lengths = dense_and_mask(inputs, mask)
-        _check_sequence(inputs)
         dim = inputs.shape[-1]
         if dim is None or dim % 2:
             raise ValueError(f"the feature dim must be even (sin/cos pairs), got {dim}")
-        pos = _token_positions(inputs, mask, segment_ids, positions, start_index)
+        pos = token_positions(
+            inputs,
+            mask=mask,
+            segment_ids=segment_ids,
+            positions=positions,
+            start_index=start_index,
+        ).pos
         table = sinusoidal_table(
             pos, dim, base=float(self.max_wavelength), interleaved=self.interleaved
         )
         table = ops.broadcast_to(ops.cast(table, self.compute_dtype), ops.shape(inputs))
         return restore_ragged(table, lengths)
-
-    def compute_mask(self, inputs, mask=None):
-        return mask
-
-    def compute_output_shape(self, input_shape):
-        return input_shape
 
     def get_config(self) -> dict[str, Any]:
         config = super().get_config()

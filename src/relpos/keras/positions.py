@@ -22,6 +22,7 @@ from keras import ops
 __all__ = [
     "PAD_SEGMENT",
     "Positions",
+    "SameShapeLayer",
     "allowed_pairs",
     "continue_positions",
     "dense_and_mask",
@@ -31,6 +32,7 @@ __all__ = [
     "resolve_positions",
     "restore_ragged",
     "sequence_length",
+    "token_positions",
 ]
 
 #: Segment id of padding tokens.
@@ -250,3 +252,28 @@ def _check_mask(mask, batch, n):
     mask = ops.convert_to_tensor(mask)
     _check_shape("mask", mask, batch, n)
     return ops.cast(mask, "bool")
+
+
+def token_positions(inputs, *, mask=None, segment_ids=None, positions=None, start_index=0):
+    """The :class:`Positions` of the tokens of ``inputs (b, n, ...)``, from whichever the caller
+    gave (see :func:`resolve_positions`)."""
+    if len(inputs.shape) < 2:
+        raise ValueError(f"inputs must have shape (b, n, ...), got {tuple(inputs.shape)}")
+    return resolve_positions(
+        sequence_length(inputs),
+        batch=inputs.shape[0],
+        mask=mask,
+        segment_ids=segment_ids,
+        positions=positions,
+        start_index=start_index,
+    )
+
+
+class SameShapeLayer(keras.layers.Layer):
+    """A position layer whose output has its input's shape and keeps its Keras mask."""
+
+    def compute_mask(self, inputs, mask=None):
+        return mask
+
+    def compute_output_shape(self, input_shape):
+        return input_shape

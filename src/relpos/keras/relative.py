@@ -17,22 +17,9 @@ from keras import ops
 
 from ..functional.alibi import alibi_slopes
 from .ops import alibi_bias, clipped_relative_index, relative_distance, t5_buckets
-from .positions import allowed_pairs, dense_and_mask, resolve_positions, sequence_length
+from .positions import allowed_pairs, dense_and_mask, token_positions
 
 __all__ = ["AlibiBias", "RelativePositionEmbedding", "T5RelativeBias"]
-
-
-def _positions(inputs, mask, segment_ids, positions, start_index):
-    if len(inputs.shape) < 2:
-        raise ValueError(f"inputs must have shape (b, n, ...), got {tuple(inputs.shape)}")
-    return resolve_positions(
-        sequence_length(inputs),
-        batch=inputs.shape[0],
-        mask=mask,
-        segment_ids=segment_ids,
-        positions=positions,
-        start_index=start_index,
-    )
 
 
 def _positive_int(name: str, value) -> None:
@@ -54,7 +41,13 @@ class _PairLayer(keras.layers.Layer):
 
     def call(self, inputs, mask=None, segment_ids=None, positions=None, start_index=0):
         inputs, mask, _ = dense_and_mask(inputs, mask)  # a ragged batch gives a dense term
-        p = _positions(inputs, mask, segment_ids, positions, start_index)
+        p = token_positions(
+            inputs,
+            mask=mask,
+            segment_ids=segment_ids,
+            positions=positions,
+            start_index=start_index,
+        )
         term = self.pair_term(relative_distance(p.pos, p.pos))
         term = ops.where(self.expand_allowed(allowed_pairs(p, p, causal=False)), term, 0.0)
         return ops.broadcast_to(term, (ops.shape(inputs)[0], *ops.shape(term)[1:]))
@@ -125,8 +118,20 @@ class RelativePositionEmbedding(_PairLayer):
         return config
 
 
+class _HeadBias(_PairLayer):
+    """A per-head bias ``(b, h, i, j)``."""
+
+    num_heads: int
+
+    def expand_allowed(self, allowed):
+        return ops.expand_dims(allowed, 1)
+
+    def compute_output_shape(self, input_shape):
+        return (input_shape[0], self.num_heads, input_shape[1], input_shape[1])
+
+
 @keras.saving.register_keras_serializable(package="relpos")
-class AlibiBias(_PairLayer):
+class AlibiBias(_HeadBias):
     """The ALiBi bias (Press et al., 2022) from positions: ``slope_h·(p_j - p_i)`` when causal,
     ``-slope_h·|p_j - p_i|`` otherwise; slopes ``2^(-8/h)…`` (the paper's recipe for any ``h``).
 
@@ -143,12 +148,6 @@ class AlibiBias(_PairLayer):
         slopes = ops.convert_to_tensor(alibi_slopes(self.num_heads).tolist(), dtype="float32")
         return alibi_bias(slopes, distance, causal=self.causal)
 
-    def expand_allowed(self, allowed):
-        return ops.expand_dims(allowed, 1)
-
-    def compute_output_shape(self, input_shape):
-        return (input_shape[0], self.num_heads, input_shape[1], input_shape[1])
-
     def get_config(self) -> dict[str, Any]:
         config = super().get_config()
         config.update(num_heads=self.num_heads, causal=self.causal)
@@ -156,7 +155,7 @@ class AlibiBias(_PairLayer):
 
 
 @keras.saving.register_keras_serializable(package="relpos")
-class T5RelativeBias(_PairLayer):
+class T5RelativeBias(_HeadBias):
     """The T5 bias (Raffel et al., 2020, §2.1): a learned scalar per (bucket, head), buckets of
     ``p_j - p_i`` exact near the query and log-spaced up to ``max_distance``.
 
@@ -215,12 +214,6 @@ class T5RelativeBias(_PairLayer):
             max_distance=self.max_distance,
         )
         return ops.transpose(ops.take(ops.cast(self.table, "float32"), buckets, 0), (0, 3, 1, 2))
-
-    def expand_allowed(self, allowed):
-        return ops.expand_dims(allowed, 1)
-
-    def compute_output_shape(self, input_shape):
-        return (input_shape[0], self.num_heads, input_shape[1], input_shape[1])
 
     def get_config(self) -> dict[str, Any]:
         config = super().get_config()

@@ -8,13 +8,13 @@ import keras
 from keras import ops
 
 from .ops import apply_rope, rope_angles, rope_frequencies
-from .positions import dense_and_mask, resolve_positions, restore_ragged, sequence_length
+from .positions import SameShapeLayer, dense_and_mask, restore_ragged, token_positions
 
 __all__ = ["RotaryEmbedding"]
 
 
 @keras.saving.register_keras_serializable(package="relpos")
-class RotaryEmbedding(keras.layers.Layer):
+class RotaryEmbedding(SameShapeLayer):
     """Rotate feature pairs by ``p·ω_k``, ``ω_k = (max_wavelength^(-2k/r)) / scaling_factor``
     (Su et al., 2021, §3.4; linear position scaling as keras-hub's ``rope_type="linear"``).
 
@@ -76,23 +76,12 @@ class RotaryEmbedding(keras.layers.Layer):
         r = d if self.rotary_dim is None else self.rotary_dim
         if d is None or r > d or r % 2:
             raise ValueError(f"the rotated features ({r}) must be even and <= the feature dim {d}")
-        pos = resolve_positions(
-            sequence_length(x),
-            batch=x.shape[0],
-            mask=mask,
-            segment_ids=segment_ids,
-            positions=positions,
-            start_index=start_index,
+        pos = token_positions(
+            x, mask=mask, segment_ids=segment_ids, positions=positions, start_index=start_index
         ).pos
         inv_freq = rope_frequencies(r, float(self.max_wavelength)) / float(self.scaling_factor)
         y = apply_rope(x, rope_angles(pos, inv_freq), interleaved=self.interleaved)
         return restore_ragged(ops.moveaxis(y, (1, -1), (seq, feat)), lengths)
-
-    def compute_mask(self, inputs, mask=None):
-        return mask
-
-    def compute_output_shape(self, input_shape):
-        return input_shape
 
     def get_config(self) -> dict[str, Any]:
         config = super().get_config()
