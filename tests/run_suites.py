@@ -29,9 +29,13 @@ SUITES = ("torch", *(f"keras-{b}" for b in KERAS_BACKENDS))
 
 
 def main(argv: list[str]) -> int:
-    own, extra = (argv[: argv.index("--")], argv[argv.index("--") + 1 :]) if "--" in argv else (
-        argv,
-        [],
+    own, extra = (
+        (argv[: argv.index("--")], argv[argv.index("--") + 1 :])
+        if "--" in argv
+        else (
+            argv,
+            [],
+        )
     )
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", nargs="+", choices=SUITES, default=list(SUITES))

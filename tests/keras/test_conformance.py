@@ -62,7 +62,7 @@ def test_every_scheme_and_layer_is_covered():
         for n in rk.__all__
         if isinstance(getattr(rk, n), type)
         and issubclass(getattr(rk, n), keras.layers.Layer)
-        and n not in ("AttentionScheme", "ReversibleEmbedding", "Transformer")
+        and n not in ("AttentionScheme", "ReversibleEmbedding", "Transformer", "TransformerBlock")
     }
     assert layer_classes <= {k.split("[")[0] for k in LAYERS}
 
@@ -164,3 +164,19 @@ def test_jit_compiled_training_step(spec):
     history = model.fit(data, data, batch_size=B, epochs=1, verbose=0)
     assert np.isfinite(history.history["loss"][0])
     assert all((np_(w) != b).any() for w, b in zip(model.trainable_weights, before, strict=True))
+
+
+def test_attention_on_one_tensor_reads_its_keras_mask():
+    tokens = kt(_input("tokens"))  # row 1 is left-padded
+    x = TokenAndPositionEmbedding(10, N, WIDTH, mask_zero=True)(tokens)
+    attn = RelativeMultiHeadAttention(2, 4, scheme="rope", causal=True)
+    np.testing.assert_allclose(np_(attn(x)), np_(attn(x, x)), atol=1e-6)
+
+
+def test_reverse_embedding_keeps_the_token_mask():
+    emb = TokenAndPositionEmbedding(10, N, WIDTH, mask_zero=True)
+    tokens = kt(_input("tokens"))
+    x = emb(tokens)
+    logits = emb.token_embedding(x, reverse=True)
+    assert tuple(logits.shape) == (B, N, 10)
+    assert (np_(logits._keras_mask) == (np_(tokens) != 0)).all()

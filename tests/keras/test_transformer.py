@@ -13,6 +13,8 @@ from relpos.keras.transformer import Transformer  # noqa: E402
 
 SMALL = {"vocab_size": 11, "d_model": 16, "num_heads": 2, "num_layers": 2, "dropout": 0.0}
 ONE_LAYER = {**SMALL, "num_layers": 1}  # a smaller graph to compile (JAX)
+#: Row 0 left-padded, row 1 full. One shape for every test: JAX compiles per shape.
+BATCH = np.array([[0, 0, 0, 3, 4, 5, 6, 7], [1, 2, 3, 4, 5, 6, 7, 8]], "int32")
 TOL = {"atol": 2e-5, "rtol": 1e-5}
 
 
@@ -30,13 +32,12 @@ def _logits(model, tokens) -> np.ndarray:
 )
 def test_each_row_is_computed_alone(scheme):
     model = Transformer(**SMALL, scheme=scheme)
-    batch = np.array([[0, 0, 0, 3, 4, 5, 6, 7], [1, 2, 3, 4, 5, 6, 7, 8]])
-    logits = _logits(model, batch)
+    logits = _logits(model, BATCH)
     assert logits.shape == (2, 8, SMALL["vocab_size"]) and np.isfinite(logits).all()
     # The left-padded row's tokens get the logits of the row alone (positions from the mask).
     np.testing.assert_allclose(logits[0, 3:], _logits(model, [[3, 4, 5, 6, 7]])[0], **TOL)
     # Row 1 does not see row 0, and no token sees a later one (causal).
-    changed = batch.copy()
+    changed = BATCH.copy()
     changed[0] = 9
     changed[1, 6:] = [10, 10]
     other = _logits(model, changed)
@@ -73,11 +74,10 @@ def test_matches_the_pytorch_transformer_with_its_weights():
     model = Transformer(**SMALL, scheme=scheme)
     model.build((None, None))
     _copy_torch_weights(torch_model, model)
-    tokens = np.array([[0, 0, 1, 5, 6, 7, 8, 9], [2, 3, 4, 5, 6, 7, 8, 9]])
     with torch.no_grad():
-        want = torch_model(torch.from_numpy(tokens), padding_mask=torch.from_numpy(tokens != 0))
-    real = tokens != 0
-    np.testing.assert_allclose(_logits(model, tokens)[real], want.numpy()[real], **TOL)
+        want = torch_model(torch.from_numpy(BATCH), padding_mask=torch.from_numpy(BATCH != 0))
+    real = BATCH != 0
+    np.testing.assert_allclose(_logits(model, BATCH)[real], want.numpy()[real], **TOL)
 
 
 def test_get_config_round_trip():
@@ -117,13 +117,12 @@ def test_bad_arguments_are_refused():
 )
 def test_keras_save_and_load_give_the_same_outputs(tmp_path, scheme, tie_weights):
     model = Transformer(**ONE_LAYER, scheme=scheme, tie_weights=tie_weights)
-    tokens = [[0, 0, 1, 2, 3, 4], [5, 6, 7, 8, 9, 10]]
-    before = _logits(model, tokens)
+    before = _logits(model, BATCH)
     path = tmp_path / "model.keras"
     model.save(path)
     loaded = keras.saving.load_model(path)
     assert isinstance(loaded, Transformer) and loaded.get_config() == model.get_config()
-    np.testing.assert_allclose(_logits(loaded, tokens), before, atol=1e-6, rtol=1e-6)
+    np.testing.assert_allclose(_logits(loaded, BATCH), before, atol=1e-6, rtol=1e-6)
 
 
 def test_fit_lowers_the_loss():

@@ -16,6 +16,7 @@ from .positions import Positions, resolve_positions
 from .relative import AlibiBias, RelativePositionEmbedding, T5RelativeBias
 from .rotary import RotaryEmbedding
 from .schemes import KERAS_SCHEMES, AttentionScheme, make_attention_scheme
+from .transformer import Transformer, TransformerBlock
 
 __all__ = [
     "KERAS_SCHEMES",
@@ -30,6 +31,8 @@ __all__ = [
     "SinePositionEncoding",
     "T5RelativeBias",
     "TokenAndPositionEmbedding",
+    "Transformer",
+    "TransformerBlock",
     "from_torch",
     "make_attention_scheme",
     "resolve_positions",

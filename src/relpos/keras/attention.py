@@ -113,7 +113,8 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
     Call arguments:
         query: ``(b, i, D)``. value: ``(b, j, D)``, or None (or ``query`` itself) for
             self-attention, where keys share the query's positions. key: default ``value``.
-        query_mask, value_mask: ``(b, i)``/``(b, j)`` True for tokens (filled from Keras masks).
+        query_mask, value_mask: ``(b, i)``/``(b, j)`` True for tokens (filled from Keras masks;
+            ``mask`` is the query's when the layer is called on one tensor, ``attn(x)``).
         attention_mask: ``(b, i, j)`` bool, pairs that may attend (combined with the positions').
         use_causal_mask: mask future keys (by position, not index).
         return_attention_scores: also return the probabilities ``(b, h, i, j)``.
@@ -228,7 +229,9 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
         cache=None,
         cache_update_index=None,
         cache_mask=None,
+        mask=None,
     ):
+        query_mask = mask if query_mask is None else query_mask  # `attn(x)`: Keras fills `mask`
         self_attention = value is None or value is query
         query, query_mask, lengths = dense_and_mask(query, query_mask)
         if len(query.shape) != 3:

@@ -161,6 +161,12 @@ class ReversibleEmbedding(keras.layers.Embedding):
         )
         return ops.matmul(inputs, ops.cast(kernel, inputs.dtype))
 
+    def compute_mask(self, inputs, mask=None):
+        # Reverse mode maps features to logits: the token mask passes through unchanged.
+        if "int" not in keras.backend.standardize_dtype(inputs.dtype):
+            return mask
+        return super().compute_mask(inputs, mask)
+
     def compute_output_shape(self, input_shape, reverse: bool = False):
         if reverse:
             return (*input_shape[:-1], self.input_dim)

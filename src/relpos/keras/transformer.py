@@ -93,8 +93,10 @@ class Transformer(keras.Model):
     """Token embedding (+ absolute positions), ``num_layers`` blocks, final LayerNorm, LM head.
 
     The arguments are those of :class:`relpos.TransformerConfig` (less ``backend``; checked by
-    it), so one config dict builds either framework's model. Trains with ``model.fit``; saves as
-    ``.keras``.
+    it), so one config dict builds either framework's model. Kernels start as PyTorch's
+    ``nn.Linear`` ones (``U(±1/√fan_in)``; biases at zero), embeddings at std 0.02; with the
+    PyTorch model's weights the logits agree to float32 rounding. Trains with ``model.fit``;
+    saves as ``.keras``.
 
     Args:
         vocab_size: token ids ``V``; id 0 is padding (masked, never attended to).
