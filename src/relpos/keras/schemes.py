@@ -147,8 +147,10 @@ class AlibiScheme(AttentionScheme):
 
 @_register
 class T5Scheme(AttentionScheme):
-    """T5 (Raffel et al., 2020): a learned scalar per (bucket, head), ``table (R, h)``. Builds one
-    ``(b|1, h, i, j)`` bias."""
+    """T5 (Raffel et al., 2020): a learned scalar per (bucket, head), ``table (R, h)``.
+
+    Materialises two ``(b|1, i, j)``-sized tensors per head: the gathered ``(b|1, i, j, h)`` values
+    and their transpose, the ``(b|1, h, i, j)`` bias (plus one ``(b|1, i, j)`` bucket index)."""
 
     scheme_name = "t5"
     adds_terms = True
@@ -186,9 +188,11 @@ class ShawScheme(AttentionScheme):
     """Shaw et al. (2018): ``e_ij = q_i·(k_j + a^K_ij)/√d``, ``z_i = Σ_j α_ij (v_j + a^V_ij)``,
     ``a_ij`` from ``2k+1``-row tables by clipped distance.
 
-    The key term is ``q·Wᵀ`` ``(b, h, i, 2k+1)`` gathered into one ``(b, h, i, j)`` bias. The value
-    term sums the probabilities per table row with one segment sum (a ``(b, h, i, j)`` index
-    beside the probabilities), then multiplies by the table: never an ``(i, j, d)`` tensor.
+    The key term is ``q·Wᵀ`` ``(b, h, i, 2k+1)`` gathered into a ``(b, h, i, j)`` bias, through a
+    ``(b, h, i, j)`` int32 index (``take_along_axis`` wants it full size). The value term sums the
+    probabilities per table row with one segment sum (another ``(b, h, i, j)`` index), then
+    multiplies by the table. So up to three ``(b, h, i, j)`` tensors beside the logits; never an
+    ``(i, j, d)`` one.
     """
 
     scheme_name = "shaw"
@@ -248,7 +252,8 @@ class MusicScheme(AttentionScheme):
     with a per-head table ``Er`` (``M+1`` rows causal, ``2M+1`` bidirectional).
 
     ``q·Erᵀ`` over the rows the batch can reach (sliced to the sequence length when it is
-    static), gathered by clipped distance into one ``(b, h, i, j)`` bias.
+    static), gathered by clipped distance into a ``(b, h, i, j)`` bias through a ``(b, h, i, j)``
+    int32 index: two ``(b, h, i, j)`` tensors beside the logits.
     """
 
     scheme_name = "music"
