@@ -64,6 +64,12 @@ X = np.zeros((2, 5, 8), "float32")
             "a cache needs cache_update_index",
         ),
         (
+            lambda: rk.RelativeMultiHeadAttention(2, 4),
+            lambda layer: layer(kt(X), attention_mask=kt(np.ones((2, 5, 4), bool))),
+            ValueError,
+            r"attention_mask must have shape \(b, i, j\) = \(2, 5, 5\), got \(2, 5, 4\)",
+        ),
+        (
             lambda: rk.PositionEmbedding(4),
             lambda layer: layer(kt(X)),
             ValueError,

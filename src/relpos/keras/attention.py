@@ -124,7 +124,8 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
         cache_update_index: slot of the first new token, an int or one per row ``(b,)``.
         cache_mask: ``(b, S)`` True for slots holding tokens after this write (default: slots
             before ``cache_update_index + i``). Slot positions are counted from it per row, so a
-            left-padded prompt continues at its own positions.
+            left-padded prompt continues at its own positions. With a cache, ``query_mask`` is
+            not read: ``cache_mask`` says which of the new tokens are real.
 
     Returns:
         ``(b, i, output_shape)``; then the scores if asked, then the updated cache if given.
@@ -280,6 +281,12 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
             q, k = self.position_scheme.rotate(q, k, q_pos, k_pos)
         allowed = allowed_pairs(q_pos, k_pos, causal=causal)
         if attention_mask is not None:
+            want = (query.shape[0], query.shape[1], k.shape[1])
+            got = tuple(attention_mask.shape)
+            if len(got) != 3 or any(
+                g is not None and w is not None and g != w for g, w in zip(got, want, strict=True)
+            ):
+                raise ValueError(f"attention_mask must have shape (b, i, j) = {want}, got {got}")
             allowed = ops.logical_and(allowed, ops.cast(attention_mask, "bool"))
         y, scores = attend(
             q,
