@@ -22,6 +22,10 @@ SCHEME_SPECS: list[dict] = [
     {"name": "alibi"},
     {"name": "rope"},
     {"name": "rope", "interleaved": True, "rotary_dim": 4},
+    {
+        "name": "rope",
+        "scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16},
+    },
 ]
 
 

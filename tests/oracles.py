@@ -93,13 +93,59 @@ def rotate_vector(scheme: relpos.Scheme, x: Tensor, p: int) -> Tensor:
     if not isinstance(scheme, relpos.Rotary):
         return x
     r, theta = scheme.rotary_dim, scheme.config.theta
+    scaling = scheme.config.scaling_dict
     out = list(x.unbind(0))
     for m in range(r // 2):
         a, b = (2 * m, 2 * m + 1) if scheme.config.interleaved else (m, m + r // 2)
-        angle = p * theta ** (-2 * m / r)
+        angle = p * rope_frequency(m, r, theta, scaling)
         c, s = math.cos(angle), math.sin(angle)
         out[a], out[b] = x[a] * c - x[b] * s, x[a] * s + x[b] * c
-    return torch.stack(out)
+    return torch.stack(out) * rope_attention_factor(scaling)
+
+
+def rope_frequency(m: int, r: int, theta: float, scaling: dict | None) -> float:
+    """Frequency of feature pair ``m`` of ``r`` rotated features, from each scaling's paper."""
+    omega = theta ** (-2 * m / r)
+    kind = None if scaling is None else scaling["rope_type"]
+    if kind is None or kind == "default":
+        return omega
+    factor = scaling["factor"]
+    if kind == "linear":  # Chen et al., 2023: positions divided by the factor
+        return omega / factor
+    if kind == "ntk":  # the base grows so that the slowest pair is interpolated by the factor
+        return (theta * factor ** (r / (r - 2))) ** (-2 * m / r)
+    length = scaling["original_max_position_embeddings"]
+    if kind == "llama3":
+        wavelength = 2 * math.pi / omega
+        lo, hi = scaling["low_freq_factor"], scaling["high_freq_factor"]
+        if wavelength < length / hi:
+            return omega
+        if wavelength > length / lo:
+            return omega / factor
+        t = (length / wavelength - lo) / (hi - lo)
+        return (1 - t) * omega / factor + t * omega
+
+    # YaRN (Peng et al., 2023, §3.2): pair m turns length·ω_m/2π times over the original
+    # context; at least beta_fast turns: kept, at most beta_slow: interpolated, linear between,
+    # the boundaries taken as whole dims (floor / ceil) unless truncate is off.
+    def dim(turns: float) -> float:
+        return r * math.log(length / (turns * 2 * math.pi)) / (2 * math.log(theta))
+
+    lo, hi = dim(scaling["beta_fast"]), dim(scaling["beta_slow"])
+    if scaling["truncate"]:
+        lo, hi = math.floor(lo), math.ceil(hi)
+    lo, hi = max(lo, 0), min(hi, r - 1)
+    ramp = min(max((m - lo) / (hi - lo), 0.0), 1.0)
+    return ramp * omega / factor + (1 - ramp) * omega
+
+
+def rope_attention_factor(scaling: dict | None) -> float:
+    """YaRN's scale on q and k: ``0.1·ln(factor) + 1`` (or the given attention_factor)."""
+    if scaling is None or scaling["rope_type"] != "yarn":
+        return 1.0
+    if scaling["attention_factor"] is not None:
+        return scaling["attention_factor"]
+    return 0.1 * math.log(scaling["factor"]) + 1.0 if scaling["factor"] > 1 else 1.0
 
 
 def embedding(scheme: relpos.Scheme, p: int) -> Tensor | None:

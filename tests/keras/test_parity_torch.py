@@ -25,6 +25,10 @@ SCHEMES = [
     "nope",
     "rope",
     {"name": "rope", "rotary_dim": 4, "interleaved": True},
+    {
+        "name": "rope",
+        "scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 8},
+    },
     "alibi",
     {"name": "t5", "num_buckets": 8, "max_distance": 6},
     {"name": "shaw", "max_distance": 3},

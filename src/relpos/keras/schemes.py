@@ -26,6 +26,7 @@ import keras
 from keras import ops
 
 from ..functional.alibi import alibi_slopes
+from ..functional.rope_scaling import scaled_rope_frequencies
 from ..schemes import SCHEMES, SchemeConfig, config_from_dict
 from .ops import (
     alibi_bias,
@@ -34,7 +35,6 @@ from .ops import (
     gather_relative,
     relative_distance,
     rope_angles,
-    rope_frequencies,
     scatter_relative,
     t5_buckets,
 )
@@ -111,8 +111,9 @@ class NoPositions(AttentionScheme):
 
 @_register
 class RotaryScheme(AttentionScheme):
-    """RoPE (Su et al., 2021): rotates queries and keys by ``p·θ^(-2k/r)`` from each token's
-    own position, before keys enter the cache."""
+    """RoPE (Su et al., 2021): rotates queries and keys by ``p·ω_k`` from each token's own
+    position, before keys enter the cache; ``ω`` with the config's long-context scaling (the
+    PyTorch side's frequencies), and YaRN's attention factor on q and k."""
 
     scheme_name = "rope"
 
@@ -122,12 +123,19 @@ class RotaryScheme(AttentionScheme):
         if r > self.head_dim:
             raise ValueError(f"rotary_dim must be <= head_dim ({self.head_dim}), got {r}")
         self.rotary_dim = r
+        inv_freq, self.attention_factor = scaled_rope_frequencies(
+            r, config.theta, config.scaling_dict
+        )
+        self.inv_freq = tuple(inv_freq.tolist())
 
     def rotate(self, q, k, q_positions, k_positions):
-        inv_freq = rope_frequencies(self.rotary_dim, self.config.theta)
+        inv_freq = ops.convert_to_tensor(self.inv_freq, dtype="float32")
         il = self.config.interleaved
         q = apply_rope(q, rope_angles(q_positions.pos, inv_freq), interleaved=il)
         k = apply_rope(k, rope_angles(k_positions.pos, inv_freq), interleaved=il)
+        if self.attention_factor != 1.0:
+            q = ops.cast(ops.cast(q, "float32") * self.attention_factor, q.dtype)
+            k = ops.cast(ops.cast(k, "float32") * self.attention_factor, k.dtype)
         return q, k
 
 

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from torch import Tensor
 
-from ..functional.rope import apply_rope, rope_angles, rope_frequencies
+from ..functional.rope import apply_rope, rope_angles
+from ..functional.rope_scaling import check_rope_scaling, scaled_rope_frequencies
 from ..positions import Positions
 from .base import Scheme, SchemeConfig, check_int, check_positive_float, register
 
@@ -21,12 +23,24 @@ class RotaryConfig(SchemeConfig):
         rotates all of them. The rest pass through (partial rotary, as in GPT-NeoX).
     interleaved: pair ``(x[2k], x[2k+1])`` (the paper, GPT-J) instead of ``(x[k], x[k + r/2])``
         (half-split, GPT-NeoX and Llama).
+    scaling: a long-context scaling as checkpoints ship it (a Hugging Face ``rope_scaling`` /
+        ``rope_parameters`` dict, pasted as is): ``rope_type`` ``linear``, ``ntk``, ``yarn`` or
+        ``llama3`` and its keys (:mod:`relpos.functional.rope_scaling`). Stored normalised, as
+        sorted ``(key, value)`` pairs so the config stays hashable; ``to_dict`` gives a dict.
     """
 
     name = "rope"
     theta: float = 10000.0
     rotary_dim: int | None = None
     interleaved: bool = False
+    scaling: Any = None
+
+    @property
+    def scaling_dict(self) -> dict[str, Any] | None:
+        return None if self.scaling is None else dict(self.scaling)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**super().to_dict(), "scaling": self.scaling_dict}
 
     def validate(self) -> None:
         check_positive_float("theta", self.theta)
@@ -36,12 +50,18 @@ class RotaryConfig(SchemeConfig):
                 raise ValueError(
                     f"rotary_dim must be even (features rotate in pairs), got {self.rotary_dim}"
                 )
+        if self.scaling is not None:
+            given = dict(self.scaling) if isinstance(self.scaling, tuple) else self.scaling
+            normal = check_rope_scaling(given, theta=self.theta)
+            object.__setattr__(self, "scaling", tuple(sorted(normal.items())))
 
 
 @register
 class Rotary(Scheme):
-    """Rotates queries and keys by angles ``p·θ^(-2k/r)`` from each token's own position, so
-    ``q_i·k_j`` depends on ``p_j - p_i`` only. Keys are rotated before they enter the KV cache.
+    """Rotates queries and keys by angles ``p·ω_k`` (``ω_k = θ^(-2k/r)``, or a long-context
+    scaling of it) from each token's own position, so ``q_i·k_j`` depends on ``p_j - p_i`` only.
+    Keys are rotated before they enter the KV cache. YaRN also scales q and k by its attention
+    factor (logits by its square), as the paper and Hugging Face do.
     """
 
     config_class = RotaryConfig
@@ -54,7 +74,8 @@ class Rotary(Scheme):
         if r > self.head_dim or r % 2:
             raise ValueError(f"rotary_dim must be even and <= head_dim ({self.head_dim}), got {r}")
         self.rotary_dim = r
-        self.register_buffer("inv_freq", rope_frequencies(r, c.theta), persistent=False)
+        inv_freq, self.attention_factor = scaled_rope_frequencies(r, c.theta, c.scaling_dict)
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
 
     def rotate(
         self, q: Tensor, k: Tensor, q_positions: Positions, k_positions: Positions
@@ -62,4 +83,6 @@ class Rotary(Scheme):
         il = self.config.interleaved
         q = apply_rope(q, rope_angles(q_positions.pos, self.inv_freq), interleaved=il)
         k = apply_rope(k, rope_angles(k_positions.pos, self.inv_freq), interleaved=il)
+        if self.attention_factor != 1.0:
+            q, k = q * self.attention_factor, k * self.attention_factor
         return q, k
