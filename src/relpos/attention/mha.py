@@ -8,7 +8,7 @@ import torch
 from torch import Tensor, nn
 
 from ..positions import Positions, resolve_positions
-from ..schemes.base import Scheme, SchemeConfig, check_heads, make_scheme
+from ..schemes.base import Scheme, SchemeConfig, check_heads, check_int, make_scheme
 from .backends import get_backend
 from .cache import KVCache
 
@@ -16,11 +16,15 @@ __all__ = ["MultiheadAttention"]
 
 
 class MultiheadAttention(nn.Module):
-    """Multi-head self-attention with a positional scheme.
+    """Multi-head self-attention with a positional scheme; grouped-query attention optional.
 
     Args:
         d_model: model width, divisible by ``num_heads``.
-        num_heads: number of heads ``h``; head dim ``d = d_model / h``.
+        num_heads: number of query heads ``h``; head dim ``d = d_model / h``.
+        num_kv_heads: key/value heads (default ``h``); ``h`` must be a multiple of it. Query head
+            ``i`` reads key/value head ``i // (h / num_kv_heads)`` (grouped-query attention,
+            Ainslie et al., 2023; 1 is multi-query attention, Shazeer, 2019). The KV cache holds
+            ``num_kv_heads`` heads; the backends receive them repeated per group.
         scheme: a scheme name, config dict, :class:`SchemeConfig` or built :class:`Scheme`
             (``None``: no positions).
         causal: a query sees only keys at positions ``<= `` its own (in its own sequence).
@@ -45,16 +49,25 @@ class MultiheadAttention(nn.Module):
         dropout: float = 0.0,
         bias: bool = True,
         backend: str = "auto",
+        num_kv_heads: int | None = None,
     ) -> None:
         super().__init__()
         check_heads(d_model, num_heads)
+        num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
+        check_int("num_kv_heads", num_kv_heads, minimum=1)
+        if num_heads % num_kv_heads:
+            raise ValueError(
+                f"num_heads ({num_heads}) must be a multiple of num_kv_heads ({num_kv_heads})"
+            )
         if not 0.0 <= dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {dropout}")
         get_backend(backend)  # fail early on an unknown name
         self.d_model, self.num_heads, self.head_dim = d_model, num_heads, d_model // num_heads
+        self.num_kv_heads = num_kv_heads
         self.causal, self.dropout, self.backend = causal, dropout, backend
         self.scheme = make_scheme(scheme, d_model=d_model, num_heads=num_heads, causal=causal)
-        self.qkv = nn.Linear(d_model, 3 * d_model, bias=bias)
+        # Queries, then keys, then values: (h + 2·num_kv_heads)·d outputs (3·d_model without GQA).
+        self.qkv = nn.Linear(d_model, (num_heads + 2 * num_kv_heads) * self.head_dim, bias=bias)
         self.out = nn.Linear(d_model, d_model, bias=bias)
 
     def forward(
@@ -90,11 +103,17 @@ class MultiheadAttention(nn.Module):
             cached=None if cache is None else cache.positions,
             device=x.device,
         )
-        q, k, v = self.qkv(x).view(b, n, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        h, kvh, d = self.num_heads, self.num_kv_heads, self.head_dim
+        q, k, v = self.qkv(x).split([h * d, kvh * d, kvh * d], dim=-1)
+        q = q.view(b, n, h, d).transpose(1, 2)
+        k = k.view(b, n, kvh, d).transpose(1, 2)
+        v = v.view(b, n, kvh, d).transpose(1, 2)
         q, k = self.scheme.rotate(q, k, positions, positions)
         k_positions = positions
         if cache is not None:
             k, v, k_positions = cache.update(k, v, positions)
+        if kvh != h:  # every query head of a group reads its group's key/value head
+            k, v = k.repeat_interleave(h // kvh, dim=1), v.repeat_interleave(h // kvh, dim=1)
         y = get_backend(self.backend)(
             q,
             k,
@@ -111,7 +130,8 @@ class MultiheadAttention(nn.Module):
         return torch.where(positions.valid.unsqueeze(-1), y, 0.0)
 
     def extra_repr(self) -> str:
+        kv = "" if self.num_kv_heads == self.num_heads else f", num_kv_heads={self.num_kv_heads}"
         return (
-            f"d_model={self.d_model}, num_heads={self.num_heads}, causal={self.causal}, "
+            f"d_model={self.d_model}, num_heads={self.num_heads}{kv}, causal={self.causal}, "
             f"backend={self.backend!r}"
         )

@@ -20,6 +20,11 @@ def _np(t) -> np.ndarray:
 
 def _attention(m: MultiheadAttention, dtype) -> RelativeMultiHeadAttention:
     h, d, width = m.num_heads, m.head_dim, m.d_model
+    if m.num_kv_heads != h:
+        raise ValueError(
+            f"from_torch: grouped-query attention (num_kv_heads={m.num_kv_heads} < "
+            f"num_heads={h}) has no Keras layer yet"
+        )
     layer = RelativeMultiHeadAttention(
         h,
         d,

@@ -30,6 +30,7 @@ class TransformerConfig:
     Args:
         vocab_size: number of token ids.
         d_model, num_heads, num_layers: width, heads, depth.
+        num_kv_heads: key/value heads for grouped-query attention (default ``num_heads``).
         d_ff: MLP hidden width (default ``4·d_model``).
         dropout: dropout on residual branches and attention probabilities.
         causal: decoder-only (True) or encoder (False).
@@ -42,6 +43,7 @@ class TransformerConfig:
     d_model: int = 256
     num_heads: int = 8
     num_layers: int = 4
+    num_kv_heads: int | None = None
     d_ff: int | None = None
     dropout: float = 0.1
     causal: bool = True
@@ -52,6 +54,13 @@ class TransformerConfig:
         for name in ("vocab_size", "num_layers"):
             check_int(name, getattr(self, name), minimum=1)
         check_heads(self.d_model, self.num_heads)
+        if self.num_kv_heads is not None:
+            check_int("num_kv_heads", self.num_kv_heads, minimum=1)
+            if self.num_heads % self.num_kv_heads:
+                raise ValueError(
+                    f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads "
+                    f"({self.num_kv_heads})"
+                )
         if self.d_ff is not None:
             check_int("d_ff", self.d_ff, minimum=1)
         if not 0.0 <= self.dropout < 1.0:
@@ -86,6 +95,7 @@ class Block(nn.Module):
             causal=cfg.causal,
             dropout=cfg.dropout,
             backend=cfg.backend,
+            num_kv_heads=cfg.num_kv_heads,
         )
         self.ln2 = nn.LayerNorm(cfg.d_model)
         d_ff = cfg.d_ff or 4 * cfg.d_model
