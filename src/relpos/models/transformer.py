@@ -18,7 +18,7 @@ from ..attention import KVCache, MultiheadAttention
 from ..attention.backends import get_backend
 from ..embedding import TokenPositionEmbedding
 from ..positions import Positions, resolve_positions
-from ..schemes.base import check_heads, check_int, config_from_dict, make_scheme
+from ..schemes.base import Scheme, check_heads, check_int, config_from_dict, make_scheme
 
 __all__ = ["Block", "Transformer", "TransformerConfig"]
 
@@ -35,6 +35,11 @@ class TransformerConfig:
         dropout: dropout on residual branches and attention probabilities.
         causal: decoder-only (True) or encoder (False).
         scheme: the positional scheme, as a dict ``{"name": ..., **fields}`` (or a bare name).
+        layer_schemes: one attention scheme per layer (``num_layers`` names or dicts), e.g. RoPE
+            in three layers and NoPE in the fourth; replaces ``scheme`` inside attention (an
+            absolute ``scheme`` still acts at the input).
+        share_relative: one scheme module, tables included, shared by every layer (T5's
+            choice); every layer must then have the same scheme.
         backend: attention backend (default ``"auto"``; see
             :class:`~relpos.attention.MultiheadAttention`).
     """
@@ -49,6 +54,8 @@ class TransformerConfig:
     causal: bool = True
     scheme: dict[str, Any] = field(default_factory=lambda: {"name": "nope"})
     backend: str = "auto"
+    layer_schemes: list[dict[str, Any]] | None = None
+    share_relative: bool = False
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "num_layers"):
@@ -69,6 +76,33 @@ class TransformerConfig:
         scheme = {"name": self.scheme} if isinstance(self.scheme, str) else self.scheme
         # Validate now (unknown names or keys fail here, not deep inside the model).
         object.__setattr__(self, "scheme", config_from_dict(scheme).to_dict())
+        if self.layer_schemes is not None:
+            if not isinstance(self.layer_schemes, list | tuple) or len(self.layer_schemes) != (
+                self.num_layers
+            ):
+                raise ValueError(
+                    f"layer_schemes must be a list of num_layers={self.num_layers} schemes, "
+                    f"got {self.layer_schemes!r}"
+                )
+            specs = [
+                config_from_dict({"name": s} if isinstance(s, str) else s).to_dict()
+                for s in self.layer_schemes
+            ]
+            absolute = [s["name"] for s in specs if s["name"] in ("sinusoidal", "learned")]
+            if absolute:
+                raise ValueError(
+                    f"layer_schemes are attention schemes; {absolute} act at the input: "
+                    "give them as scheme="
+                )
+            object.__setattr__(self, "layer_schemes", specs)
+        if not isinstance(self.share_relative, bool):
+            raise TypeError(f"share_relative must be a bool, got {self.share_relative!r}")
+        if (
+            self.share_relative
+            and self.layer_schemes is not None
+            and any(s != self.layer_schemes[0] for s in self.layer_schemes)
+        ):
+            raise ValueError("share_relative needs the same scheme in every layer")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -85,7 +119,7 @@ class TransformerConfig:
 class Block(nn.Module):
     """``x + attn(ln(x))`` then ``x + mlp(ln(x))``."""
 
-    def __init__(self, cfg: TransformerConfig, scheme: dict[str, Any] | None) -> None:
+    def __init__(self, cfg: TransformerConfig, scheme: dict[str, Any] | Scheme | None) -> None:
         super().__init__()
         self.ln1 = nn.LayerNorm(cfg.d_model)
         self.attn = MultiheadAttention(
@@ -128,8 +162,13 @@ class Transformer(nn.Module):
             cfg.vocab_size, cfg.d_model, cfg.scheme if absolute else None
         )
         self.drop = nn.Dropout(cfg.dropout)
-        layer_scheme = None if absolute else cfg.scheme
-        self.blocks = nn.ModuleList(Block(cfg, layer_scheme) for _ in range(cfg.num_layers))
+        specs = cfg.layer_schemes or [None if absolute else cfg.scheme] * cfg.num_layers
+        if cfg.share_relative:  # one module, so one set of tables, in every layer
+            shared = make_scheme(
+                specs[0], d_model=cfg.d_model, num_heads=cfg.num_heads, causal=cfg.causal
+            )
+            specs = [shared] * cfg.num_layers
+        self.blocks = nn.ModuleList(Block(cfg, spec) for spec in specs)
         self.ln_f = nn.LayerNorm(cfg.d_model)
         self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
 
