@@ -51,6 +51,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from relpos.cli.bench import positive_ints
+from relpos.runtime import cpu_name
+
 BACKENDS = ("jax", "tensorflow", "torch")
 DEFAULT_SCHEMES = "nope,rope,alibi,t5,shaw:16,music:1024"
 BASELINE = "keras-mha"
@@ -65,16 +68,6 @@ PASSES = {"fwd": ("fwd",), "fwd+bwd": ("fwd+bwd",), "both": ("fwd", "fwd+bwd")}
 
 
 # ----------------------------------------------------------------------------- arguments
-def _positive_ints(text: str) -> list[int]:
-    try:
-        values = [int(x) for x in text.split(",") if x]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated ints, got {text!r}") from None
-    if not values or any(v < 1 for v in values):
-        raise argparse.ArgumentTypeError(f"expected positive ints, got {text!r}")
-    return values
-
-
 def parse_schemes(text: str) -> list[dict[str, Any]]:
     """``name[:max_distance]`` comma-separated (``shaw:16,music:1024``), or a JSON list of names
     and config dicts (``'[{"name": "shaw", "max_distance": 16, "values": false}]'``)."""
@@ -123,8 +116,8 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="Keras backend (default: $KERAS_BACKEND, else jax); set before Keras is imported",
     )
-    p.add_argument("--lengths", type=_positive_ints, default=[1024], help="L values, e.g. 256,1024")
-    p.add_argument("--batch", type=_positive_ints, default=[1], help="b values (default 1)")
+    p.add_argument("--lengths", type=positive_ints, default=[1024], help="L values, e.g. 256,1024")
+    p.add_argument("--batch", type=positive_ints, default=[1], help="b values (default 1)")
     p.add_argument("--heads", type=int, default=4, help="attention heads h (default 4)")
     p.add_argument(
         "--d-model", type=int, default=256, help="model width; key_dim = d_model / heads"
@@ -152,24 +145,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 # ----------------------------------------------------------------------------- environment
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine() or "unknown CPU"
-
-
 def machine_line() -> str:
     try:
         usable = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         usable = os.cpu_count() or 0
     env = ", ".join(f"{k}={os.environ[k]}" for k in THREAD_ENV[:-1] if k in os.environ)
-    return f"{cpu_model()}, {os.cpu_count()} cores ({usable} usable); {env or 'no thread env set'}"
+    return f"{cpu_name()}, {os.cpu_count()} cores ({usable} usable); {env or 'no thread env set'}"
 
 
 def versions(backend: str) -> dict[str, str]:
@@ -595,7 +577,7 @@ def main(argv: list[str] | None = None) -> int:
             "backend": backend,
             "command": f"KERAS_BACKEND={backend} {command}",
             "machine": machine_line(),
-            "cpu": cpu_model(),
+            "cpu": cpu_name(),
             "thread_env": {k: os.environ.get(k) for k in THREAD_ENV},
             "versions": vers,
             "compilation": compiler,

@@ -590,7 +590,8 @@ def write_outputs(results: list[Result], out: Path, header: str, plot: bool = Tr
 
 
 # ----------------------------------------------------------------------------- command line
-def _positive_ints(text: str) -> list[int]:
+def positive_ints(text: str) -> list[int]:
+    """argparse type: comma-separated positive ints (``--lengths 256,1024``)."""
     try:
         values = [int(x) for x in text.split(",") if x]
     except ValueError:
@@ -618,12 +619,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--lengths",
-        type=_positive_ints,
+        type=positive_ints,
         default=None,
         help=f"comma-separated L (default {DEFAULT_LENGTHS}; --all: {ALL_LENGTHS})",
     )
     p.add_argument("--all", action="store_true", help="every L in 256..8192 and B in 1,4")
-    p.add_argument("--batch", type=_positive_ints, default=None, help="comma-separated B (1)")
+    p.add_argument("--batch", type=positive_ints, default=None, help="comma-separated B (1)")
     p.add_argument("--mask", choices=["causal", "bidirectional", "both"], default="causal")
     p.add_argument("--schemes", type=_names(SCHEMES), default=SCHEMES)
     impls = [i for i in IMPLEMENTATIONS if i != "sdpa-plain"]
