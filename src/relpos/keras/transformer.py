@@ -92,7 +92,8 @@ class TransformerBlock(keras.layers.Layer):
 class Transformer(keras.Model):
     """Token embedding (+ absolute positions), ``num_layers`` blocks, final LayerNorm, LM head.
 
-    The arguments are those of :class:`relpos.TransformerConfig` (less ``backend``; checked by
+    The arguments are those of :class:`relpos.TransformerConfig` (less ``backend``,
+    ``num_kv_heads``, ``layer_schemes`` and ``share_relative``, not in Keras yet; checked by
     it), so one config dict builds either framework's model. Kernels start as PyTorch's
     ``nn.Linear`` ones (``U(±1/√fan_in)``; biases at zero), embeddings at std 0.02; with the
     PyTorch model's weights the logits agree to float32 rounding. Trains with ``model.fit``;
@@ -131,8 +132,9 @@ class Transformer(keras.Model):
     ) -> None:
         super().__init__(**kwargs)
         cfg = TransformerConfig(
-            vocab_size, d_model, num_heads, num_layers, d_ff, dropout, causal, scheme
-        )
+            vocab_size=vocab_size, d_model=d_model, num_heads=num_heads, num_layers=num_layers,
+            d_ff=d_ff, dropout=dropout, causal=causal, scheme=scheme,
+        )  # fmt: skip
         self.cfg, self.tie_weights = cfg, bool(tie_weights)
         d_ff, dtype, name = cfg.d_ff or 4 * d_model, self.dtype_policy, cfg.scheme["name"]
 
@@ -202,8 +204,9 @@ class Transformer(keras.Model):
 
     def get_config(self) -> dict[str, Any]:
         config = super().get_config()
-        config.update(self.cfg.to_dict(), tie_weights=self.tie_weights)
-        del config["backend"]  # a PyTorch attention backend; Keras picks its own kernels
+        names = ("vocab_size", "d_model", "num_heads", "num_layers", "d_ff", "dropout", "causal")
+        config.update({k: getattr(self.cfg, k) for k in names}, scheme=self.cfg.scheme)
+        config.update(tie_weights=self.tie_weights)  # not the PyTorch-only fields (backend, GQA)
         return config
 
     @classmethod

@@ -30,30 +30,30 @@ class TransformerConfig:
     Args:
         vocab_size: number of token ids.
         d_model, num_heads, num_layers: width, heads, depth.
-        num_kv_heads: key/value heads for grouped-query attention (default ``num_heads``).
         d_ff: MLP hidden width (default ``4·d_model``).
         dropout: dropout on residual branches and attention probabilities.
         causal: decoder-only (True) or encoder (False).
         scheme: the positional scheme, as a dict ``{"name": ..., **fields}`` (or a bare name).
+        backend: attention backend (default ``"auto"``; see
+            :class:`~relpos.attention.MultiheadAttention`).
+        num_kv_heads: key/value heads for grouped-query attention (default ``num_heads``).
         layer_schemes: one attention scheme per layer (``num_layers`` names or dicts), e.g. RoPE
             in three layers and NoPE in the fourth; replaces ``scheme`` inside attention (an
             absolute ``scheme`` still acts at the input).
         share_relative: one scheme module, tables included, shared by every layer (T5's
             choice); every layer must then have the same scheme.
-        backend: attention backend (default ``"auto"``; see
-            :class:`~relpos.attention.MultiheadAttention`).
     """
 
     vocab_size: int
     d_model: int = 256
     num_heads: int = 8
     num_layers: int = 4
-    num_kv_heads: int | None = None
     d_ff: int | None = None
     dropout: float = 0.1
     causal: bool = True
     scheme: dict[str, Any] = field(default_factory=lambda: {"name": "nope"})
     backend: str = "auto"
+    num_kv_heads: int | None = None  # new fields go last: the order is positional API
     layer_schemes: list[dict[str, Any]] | None = None
     share_relative: bool = False
 
