@@ -166,10 +166,9 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
             causal=self.causal,
             dtype=self.dtype_policy,
         )
-        has_values = config.name == "shaw" and config.values
-        if has_values and self.value_dim != key_dim:
+        if self.position_scheme.has_value_term and self.value_dim != key_dim:
             raise ValueError(
-                f"scheme 'shaw' with values needs value_dim == key_dim ({key_dim}), "
+                f"scheme {config.name!r} with values needs value_dim == key_dim ({key_dim}), "
                 f"got {self.value_dim}"
             )
         self.dropout = keras.layers.Dropout(dropout, dtype="float32")

@@ -89,11 +89,17 @@ def _is_int(x) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
 
 
-def _check_integer_tensor(name: str, x, *, rank: int) -> Any:
+def _integer_tensor(name: str, x) -> Any:
+    """``x`` as a tensor, or a TypeError naming it unless it holds integers."""
     x = ops.convert_to_tensor(x)
     dtype = keras.backend.standardize_dtype(x.dtype)
     if "int" not in dtype:
         raise TypeError(f"{name} must hold integers, got dtype {dtype}")
+    return x
+
+
+def _check_integer_tensor(name: str, x, *, rank: int) -> Any:
+    x = _integer_tensor(name, x)
     if len(x.shape) != rank:
         raise ValueError(f"{name} must have rank {rank}, got shape {tuple(x.shape)}")
     return ops.cast(x, "int32")
@@ -109,10 +115,7 @@ def _offset(start_index, batch) -> Any:
         raise TypeError(
             f"start_index must be an int or an integer tensor, got {type(start_index).__name__}"
         )
-    off = ops.convert_to_tensor(start_index)
-    dtype = keras.backend.standardize_dtype(off.dtype)
-    if "int" not in dtype:
-        raise TypeError(f"start_index must hold integers, got dtype {dtype}")
+    off = _integer_tensor("start_index", start_index)
     if len(off.shape) == 0:
         return ops.reshape(ops.cast(off, "int32"), (1, 1))
     rows = off.shape[0]
@@ -214,10 +217,7 @@ def resolve_positions(
     if segment_ids is not None and mask is not None:
         raise ValueError("pass segment_ids or a mask, not both (segment -1 marks padding)")
     if positions is not None:
-        pos = ops.convert_to_tensor(positions)
-        dtype = keras.backend.standardize_dtype(pos.dtype)
-        if "int" not in dtype:
-            raise TypeError(f"positions must hold integers, got dtype {dtype}")
+        pos = _integer_tensor("positions", positions)
         if len(pos.shape) == 1:
             pos = ops.expand_dims(pos, 0)
         if len(pos.shape) != 2 or (pos.shape[1] is not None and _is_int(n) and pos.shape[1] != n):

@@ -142,10 +142,11 @@ class AlibiBias(_HeadBias):
         super().__init__(**kwargs)
         _positive_int("num_heads", num_heads)
         self.num_heads, self.causal = num_heads, bool(causal)
+        self.slopes = tuple(alibi_slopes(num_heads).tolist())  # fixed: computed once
         self.built = True
 
     def pair_term(self, distance):
-        slopes = ops.convert_to_tensor(alibi_slopes(self.num_heads).tolist(), dtype="float32")
+        slopes = ops.convert_to_tensor(self.slopes, dtype="float32")
         return alibi_bias(slopes, distance, causal=self.causal)
 
     def get_config(self) -> dict[str, Any]:

@@ -28,6 +28,7 @@ from keras import ops
 from ..functional.alibi import alibi_slopes
 from ..functional.rope_scaling import scaled_rope_frequencies
 from ..schemes import SCHEMES, SchemeConfig, config_from_dict
+from ..schemes import scheme_config as shared_scheme_config
 from .ops import (
     alibi_bias,
     apply_rope,
@@ -65,6 +66,8 @@ class AttentionScheme(keras.layers.Layer):
     scheme_name: ClassVar[str] = ""
     #: Whether :meth:`score_bias` or :meth:`value_term` add a term (else the fused kernel runs).
     adds_terms: ClassVar[bool] = False
+    #: Whether :meth:`value_term` adds a term (its head dim is then ``head_dim``).
+    has_value_term: bool = False
 
     def __init__(
         self, config: SchemeConfig, *, num_heads: int, head_dim: int, causal: bool, **kwargs
@@ -147,8 +150,12 @@ class AlibiScheme(AttentionScheme):
     scheme_name = "alibi"
     adds_terms = True
 
+    def __init__(self, config, **kwargs) -> None:
+        super().__init__(config, **kwargs)
+        self.slopes = tuple(alibi_slopes(self.num_heads).tolist())  # fixed: computed once
+
     def score_bias(self, q, q_positions, k_positions):
-        slopes = ops.convert_to_tensor(alibi_slopes(self.num_heads).tolist(), dtype="float32")
+        slopes = ops.convert_to_tensor(self.slopes, dtype="float32")
         distance = relative_distance(q_positions.pos, k_positions.pos)
         return alibi_bias(slopes, distance, causal=self.causal)
 
@@ -208,6 +215,7 @@ class ShawScheme(AttentionScheme):
     def __init__(self, config, **kwargs) -> None:
         super().__init__(config, **kwargs)
         self.adds_terms = config.keys or config.values
+        self.has_value_term = config.values
         self.rows = 2 * config.max_distance + 1
 
     def build(self, input_shape=None) -> None:
@@ -297,22 +305,12 @@ class MusicScheme(AttentionScheme):
 
 
 def scheme_config(spec: str | dict[str, Any] | SchemeConfig | None) -> SchemeConfig:
-    """A scheme config from a name, a config dict or a config (``None``: ``"nope"``)."""
-    if spec is None:
-        spec = "nope"
-    if isinstance(spec, str):
-        if spec not in SCHEMES:
-            raise ValueError(
-                f"unknown scheme {spec!r}; Keras attention schemes: {sorted(KERAS_SCHEMES)}"
-            )
-        return SCHEMES[spec].config_class()
-    if isinstance(spec, dict):
-        return config_from_dict(spec)
-    if isinstance(spec, SchemeConfig):
-        return spec
-    raise TypeError(
-        f"scheme must be a name, a config dict or a SchemeConfig, got {type(spec).__name__}"
-    )
+    """:func:`relpos.schemes.scheme_config`, with the Keras schemes listed for an unknown name."""
+    if isinstance(spec, str) and spec not in SCHEMES:
+        raise ValueError(
+            f"unknown scheme {spec!r}; Keras attention schemes: {sorted(KERAS_SCHEMES)}"
+        )
+    return shared_scheme_config(spec)
 
 
 def make_attention_scheme(

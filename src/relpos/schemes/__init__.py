@@ -11,6 +11,7 @@ from .base import (
     config_from_dict,
     make_scheme,
     register,
+    scheme_config,
 )
 from .music import MusicConfig, MusicRelative
 from .nope import NoPE, NoPEConfig
@@ -43,4 +44,5 @@ __all__ = [
     "config_from_dict",
     "make_scheme",
     "register",
+    "scheme_config",
 ]

@@ -49,6 +49,7 @@ __all__ = [
     "config_from_dict",
     "make_scheme",
     "register",
+    "scheme_config",
 ]
 
 #: Registered scheme modules by name.
@@ -294,6 +295,23 @@ def config_from_dict(data: dict[str, Any]) -> SchemeConfig:
     return config_class(**fields)
 
 
+def scheme_config(spec: str | dict[str, Any] | SchemeConfig | None) -> SchemeConfig:
+    """The config of a scheme given by name, config dict or config; ``None`` means ``"nope"``.
+
+    Shared by :func:`make_scheme` and the Keras schemes, so a spec means the same in both."""
+    if spec is None:
+        spec = "nope"
+    if isinstance(spec, str):
+        return _lookup(spec).config_class()
+    if isinstance(spec, dict):
+        return config_from_dict(spec)
+    if isinstance(spec, SchemeConfig):
+        return spec
+    raise TypeError(
+        f"scheme must be a name, a config dict or a SchemeConfig, got {type(spec).__name__}"
+    )
+
+
 def make_scheme(
     spec: str | dict[str, Any] | SchemeConfig | Scheme | None,
     *,
@@ -314,17 +332,10 @@ def make_scheme(
         if spec.causal != causal:
             raise ValueError(f"scheme was built with causal={spec.causal}; the layer has {causal}")
         return spec
-    if spec is None:
-        spec = "nope"
-    if isinstance(spec, str):
-        config: SchemeConfig = _lookup(spec).config_class()
-    elif isinstance(spec, dict):
-        config = config_from_dict(spec)
-    elif isinstance(spec, SchemeConfig):
-        config = spec
-    else:
+    if spec is not None and not isinstance(spec, str | dict | SchemeConfig):
         raise TypeError(
             "scheme must be a name, a config dict, a SchemeConfig or a Scheme, "
             f"got {type(spec).__name__}"
         )
+    config = scheme_config(spec)
     return _lookup(config.name)(config, d_model=d_model, num_heads=num_heads, causal=causal)
