@@ -5,12 +5,19 @@ Every positional scheme is a function of *token positions*, never of array indic
 and the id of the sequence (segment) it belongs to. Padding tokens belong to no segment
 (``segment == -1``): they have no position, attend nowhere and are attended by nobody.
 
-Shape legend: ``b`` batch, ``n`` tokens, ``i`` query, ``j`` key. A ``Positions`` may have batch size
-1 and stand for every row of a batch (the plain ``from_length`` case): its tensors broadcast.
+A token may also carry *coordinates*, one per axis (row and column of an image patch; time, height
+and width of a video token), for the multi-axis rotary embeddings (M-RoPE, axial RoPE). ``pos`` and
+``seg`` keep their meaning (the position is the token's rank inside its segment), so masks, caches
+and every one-axis scheme work unchanged on such positions.
+
+Shape legend: ``b`` batch, ``n`` tokens, ``a`` axes, ``i`` query, ``j`` key. A ``Positions`` may
+have batch size 1 and stand for every row of a batch (the plain ``from_length`` case): its tensors
+broadcast.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -60,12 +67,15 @@ class Positions:
     """Where every token is: position inside its own sequence and the sequence it belongs to.
 
     Build one with a constructor rather than by hand: :meth:`from_length`,
-    :meth:`from_padding_mask`, :meth:`from_segments`, :meth:`from_lengths`; continue one for
-    KV-cache decoding with :meth:`continued` or an ``offset``.
+    :meth:`from_padding_mask`, :meth:`from_segments`, :meth:`from_lengths`, :meth:`from_grids`;
+    give tokens coordinates with :meth:`with_coords`; continue one for KV-cache decoding with
+    :meth:`continued` or an ``offset``.
 
     Attributes:
         pos: ``(b, n)`` int64, the token's position inside its own sequence (0 for padding).
         seg: ``(b, n)`` int64, the token's sequence id within its row; ``-1`` for padding.
+        coords: ``(b, n, a)`` int64 coordinates, one per axis, or None (one axis: ``pos``).
+            Padding tokens have coordinates 0. Only multi-axis schemes read them.
 
     ``b`` may be 1 for a batch whose rows all share the same positions.
     """
@@ -80,6 +90,7 @@ class Positions:
     #: Every constructor knows it (positions are ranks inside a row: ``n - 1``), so kernels can
     #: size relative tables to the distances that can occur without reading the data.
     span: int | None = None
+    coords: Tensor | None = None
 
     def __post_init__(self) -> None:
         _check_int_tensor("pos", self.pos, 2)
@@ -89,6 +100,13 @@ class Positions:
                 f"pos and seg must have the same shape, got {tuple(self.pos.shape)} "
                 f"and {tuple(self.seg.shape)}"
             )
+        if self.coords is not None:
+            _check_int_tensor("coords", self.coords, 3)
+            if self.coords.shape[:2] != self.pos.shape or self.coords.shape[2] < 1:
+                raise ValueError(
+                    f"coords must have shape (b, n, a) with (b, n) = {tuple(self.pos.shape)} "
+                    f"and a >= 1, got {tuple(self.coords.shape)}"
+                )
 
     # ------------------------------------------------------------------ constructors
     @classmethod
@@ -178,6 +196,65 @@ class Positions:
             raise ValueError("lengths must hold at least one row")
         return cls.from_segments(torch.tensor(rows, dtype=torch.long, device=device))
 
+    @classmethod
+    def from_grids(
+        cls,
+        grids: Sequence[Sequence[Sequence[int]]],
+        n: int,
+        *,
+        device: torch.device | str | None = None,
+    ) -> Positions:
+        """Positions for packed rows of grids (images, videos), padding the rest of each row.
+
+        Each grid is one segment; its tokens come in row-major order, so a token's coordinates
+        are its multi-index in the grid and its position its flat rank (causal attention then
+        follows raster order). ``from_grids([[(2, 3), (1, 2)], [(3, 3)]], n=9)`` packs a 2×3 and a
+        1×2 image into row 0 (then one padding token) and a 3×3 image into row 1.
+
+        Args:
+            grids: per row, the shapes of its grids, every shape with the same number of axes.
+            n: tokens per row.
+        """
+        for r, row in enumerate(grids):
+            for s, shape in enumerate(row):
+                if not isinstance(shape, Sequence) or any(
+                    isinstance(x, bool) or not isinstance(x, int) or x < 0 for x in shape
+                ):
+                    raise ValueError(
+                        f"grids[{r}][{s}] must be a shape of non-negative ints, got {shape!r}"
+                    )
+        axes = {len(shape) for row in grids for shape in row}
+        if len(axes) != 1 or 0 in axes:
+            raise ValueError(
+                "grids must hold at least one grid, and every grid the same number (>= 1) of "
+                f"axes; got {[[tuple(shape) for shape in row] for row in grids]}"
+            )
+        (a,) = axes
+        lengths, parts = [], []
+        for row in grids:
+            lengths.append([math.prod(shape) for shape in row])
+            for shape in row:
+                axis_ranges = [torch.arange(x, device=device) for x in shape]
+                grid = torch.meshgrid(*axis_ranges, indexing="ij")
+                parts.append(torch.stack(grid, -1).reshape(-1, a))
+        positions = cls.from_lengths(lengths, n, device=device)
+        coords = torch.zeros(positions.batch, n, a, dtype=torch.long, device=positions.device)
+        coords[positions.valid] = torch.cat(parts).to(positions.device)
+        return positions.with_coords(coords)
+
+    def with_coords(self, coords: Tensor) -> Positions:
+        """A copy with explicit coordinates ``(b, n, a)`` (any layout: e.g. M-RoPE's text, image
+        and video tokens in one row); padding tokens get coordinates 0. A batch-1 value expands
+        to the coordinates' batch, and batch-1 coordinates to this value's batch."""
+        _check_int_tensor("coords", coords, 3)
+        b = max(self.batch, coords.shape[0])
+        base = self.expand(b)
+        if coords.shape[0] == 1 and b > 1:
+            coords = coords.expand(b, -1, -1)
+        checked = Positions(base.pos, base.seg, base.contiguous, base.span, coords.long())
+        zeroed = torch.where(checked.valid.unsqueeze(-1), checked.coords, 0)
+        return Positions(base.pos, base.seg, base.contiguous, base.span, zeroed)
+
     # ------------------------------------------------------------------ views
     @property
     def batch(self) -> int:
@@ -195,8 +272,16 @@ class Positions:
         """``(b, n)`` bool: True for real tokens, False for padding."""
         return self.seg != PAD_SEGMENT
 
+    @property
+    def num_axes(self) -> int | None:
+        """Coordinates per token, or None when the positions have one axis (no ``coords``)."""
+        return None if self.coords is None else self.coords.shape[-1]
+
     def to(self, device: torch.device | str) -> Positions:
-        return Positions(self.pos.to(device), self.seg.to(device), self.contiguous, self.span)
+        coords = None if self.coords is None else self.coords.to(device)
+        return Positions(
+            self.pos.to(device), self.seg.to(device), self.contiguous, self.span, coords
+        )
 
     def expand(self, batch: int) -> Positions:
         """The same positions for ``batch`` rows (only a batch-1 value can expand)."""
@@ -204,8 +289,13 @@ class Positions:
             return self
         if self.batch != 1:
             raise ValueError(f"cannot expand Positions of batch {self.batch} to batch {batch}")
+        coords = None if self.coords is None else self.coords.expand(batch, -1, -1)
         return Positions(
-            self.pos.expand(batch, -1), self.seg.expand(batch, -1), self.contiguous, self.span
+            self.pos.expand(batch, -1),
+            self.seg.expand(batch, -1),
+            self.contiguous,
+            self.span,
+            coords,
         )
 
     def __getitem__(self, tokens: slice) -> Positions:
@@ -215,19 +305,32 @@ class Positions:
                 f"Positions can be sliced along tokens only, got {type(tokens).__name__}"
             )
         contiguous = self.contiguous and tokens.step in (None, 1)
-        return Positions(self.pos[:, tokens], self.seg[:, tokens], contiguous, self.span)
+        coords = None if self.coords is None else self.coords[:, tokens]
+        return Positions(self.pos[:, tokens], self.seg[:, tokens], contiguous, self.span, coords)
 
     def cat(self, other: Positions) -> Positions:
-        """Concatenate along the token axis (cached keys followed by new keys)."""
+        """Concatenate along the token axis (cached keys followed by new keys).
+
+        Both or neither must have coordinates, with the same number of axes."""
+        if self.num_axes != other.num_axes:
+            raise ValueError(
+                "cannot concatenate positions with different coordinate axes: "
+                f"{self.num_axes} and {other.num_axes} (None: no coords)"
+            )
         b = max(self.batch, other.batch)
         a, o = self.expand(b), other.expand(b)
-        return Positions(torch.cat([a.pos, o.pos], 1), torch.cat([a.seg, o.seg], 1))
+        coords = None if a.coords is None else torch.cat([a.coords, o.coords], 1)
+        return Positions(torch.cat([a.pos, o.pos], 1), torch.cat([a.seg, o.seg], 1), coords=coords)
 
     def continued(self, n: int) -> Positions:
         """Positions of ``n`` new tokens that continue each row's last sequence (KV decoding).
 
         The new tokens join the segment of the row's last real token, at the next positions. A row
         with no real token yet starts segment 0 at position 0.
+
+        With coordinates, new token ``t`` has the coordinate ``c + 1 + t`` on every axis, ``c`` the
+        largest coordinate (any axis) of the row's last segment: M-RoPE's rule for text after an
+        image or video (Wang et al., 2024, "Qwen2-VL", §2.1; Hugging Face's ``rope_deltas``).
         """
         if n < 0:
             raise ValueError(f"n must be >= 0, got {n}")
@@ -241,7 +344,14 @@ class Positions:
         start = torch.where(has_any, last_pos + 1, 0)
         seg = torch.where(has_any, last_seg, 0)
         new = torch.arange(n, device=self.device).unsqueeze(0)
-        return Positions(start + new, seg.expand(-1, n).clone())
+        coords = None
+        if self.coords is not None:
+            in_last = (valid & (self.seg == last_seg)).unsqueeze(-1)
+            low = torch.iinfo(self.coords.dtype).min
+            top = torch.where(in_last, self.coords, low).amax(dim=(1, 2)).unsqueeze(-1)
+            first = torch.where(has_any, top + 1, 0)
+            coords = (first + new).unsqueeze(-1).expand(-1, -1, self.coords.shape[-1]).clone()
+        return Positions(start + new, seg.expand(-1, n).clone(), coords=coords)
 
     # ------------------------------------------------------------------ pairs
     def distance(self, keys: Positions | None = None) -> Tensor:
@@ -263,7 +373,8 @@ class Positions:
         return ok
 
     def __repr__(self) -> str:
-        return f"Positions(pos={self.pos.tolist()}, seg={self.seg.tolist()})"
+        coords = "" if self.coords is None else f", coords={self.coords.tolist()}"
+        return f"Positions(pos={self.pos.tolist()}, seg={self.seg.tolist()}{coords})"
 
 
 def resolve_positions(
