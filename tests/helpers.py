@@ -26,6 +26,10 @@ SCHEME_SPECS: list[dict] = [
         "name": "rope",
         "scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16},
     },
+    # Multi-axis rotary on 1-D positions (every axis reads pos); tests/test_multi_axis.py gives
+    # them coordinates. rotary_dim 4 fits every head dim the suites draw.
+    {"name": "rope", "rotary_dim": 4, "sections": [1, 1]},
+    {"name": "rope", "rotary_dim": 4, "sections": [1, 1], "axial": True, "interleaved": True},
 ]
 
 

@@ -88,19 +88,37 @@ def value_vector(scheme: relpos.Scheme, h: int, pi: int, pj: int) -> Tensor | No
     return None
 
 
-def rotate_vector(scheme: relpos.Scheme, x: Tensor, p: int) -> Tensor:
-    """RoPE: rotate each feature pair m by angle ``p·θ^(-2m/r)`` with an explicit 2×2 rotation."""
+def rotate_vector(
+    scheme: relpos.Scheme, x: Tensor, p: int, coords: list[int] | None = None
+) -> Tensor:
+    """RoPE: rotate each feature pair m by angle ``p·θ^(-2m/r)`` with an explicit 2×2 rotation;
+    with sections and coordinates, by ``coords[axis(m)]·ω'_m`` (M-RoPE, axial RoPE)."""
     if not isinstance(scheme, relpos.Rotary):
         return x
-    r, theta = scheme.rotary_dim, scheme.config.theta
+    r = scheme.rotary_dim
     scaling = scheme.config.scaling_dict
     out = list(x.unbind(0))
     for m in range(r // 2):
         a, b = (2 * m, 2 * m + 1) if scheme.config.interleaved else (m, m + r // 2)
-        angle = p * rope_frequency(m, r, theta, scaling)
+        axis, omega = rope_pair(m, r, scheme.config)
+        angle = (p if coords is None else coords[axis]) * omega
         c, s = math.cos(angle), math.sin(angle)
         out[a], out[b] = x[a] * c - x[b] * s, x[a] * s + x[b] * c
     return torch.stack(out) * rope_attention_factor(scaling)
+
+
+def rope_pair(m: int, r: int, config: relpos.RotaryConfig) -> tuple[int, float]:
+    """Axis and frequency of rotary pair ``m``. Section ``s`` (a run of ``S`` pairs) reads axis
+    ``s``; M-RoPE keeps the one-axis ladder (Qwen2-VL §2.1), axial RoPE restarts a full ladder
+    ``θ^(-2m'/(2S))`` in every section, ``m'`` the pair's index in it (Heo et al., 2024)."""
+    sections = config.sections or (r // 2,)
+    axis = 0
+    while m >= sum(sections[: axis + 1]):
+        axis += 1
+    start, size = sum(sections[:axis]), sections[axis]
+    if config.axial:
+        return axis, config.theta ** (-2 * (m - start) / (2 * size))
+    return axis, rope_frequency(m, r, config.theta, config.scaling_dict)
 
 
 def rope_frequency(m: int, r: int, theta: float, scaling: dict | None) -> float:
@@ -179,11 +197,14 @@ def attention(
     k_seg: list[list[int]],
     *,
     causal: bool,
+    q_coords: list[list[list[int]]] | None = None,
+    k_coords: list[list[list[int]]] | None = None,
 ) -> Tensor:
     """Attention of un-rotated ``q (b, h, i, d)`` over ``k, v (b, h, j, d)``, one pair at a time.
 
     Query i may see key j when both are real tokens (segment != -1) of the same segment and, if
-    causal, ``k_pos <= q_pos``. A query that sees nothing outputs zeros.
+    causal, ``k_pos <= q_pos``. A query that sees nothing outputs zeros. ``q_coords`` /
+    ``k_coords`` ``(b, n, a)``: per-axis coordinates for multi-axis RoPE (both or neither).
     """
     n_b, n_h, n_i, D = q.shape
     n_j = k.shape[2]
@@ -202,10 +223,10 @@ def attention(
                 if not keys:
                     outs.append(q.new_zeros(D))
                     continue
-                qi = rotate_vector(scheme, q[b, h, i], pi)
+                qi = rotate_vector(scheme, q[b, h, i], pi, q_coords and q_coords[b][i])
                 logits = []
                 for j in keys:
-                    kj = rotate_vector(scheme, k[b, h, j], k_pos[b][j])
+                    kj = rotate_vector(scheme, k[b, h, j], k_pos[b][j], k_coords and k_coords[b][j])
                     logit = torch.dot(qi, kj) / math.sqrt(D)
                     logits.append(logit + logit_term(scheme, qi, h, pi, k_pos[b][j]))
                 probs = torch.softmax(torch.stack(logits), dim=0)

@@ -29,6 +29,7 @@ SCHEMES = [
         "name": "rope",
         "scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 8},
     },
+    {"name": "rope", "sections": [1, 3], "axial": True},  # one-axis positions: both read pos
     "alibi",
     {"name": "t5", "num_buckets": 8, "max_distance": 6},
     {"name": "shaw", "max_distance": 3},

@@ -26,6 +26,7 @@ import keras
 from keras import ops
 
 from ..functional.alibi import alibi_slopes
+from ..functional.rope_axes import axis_frequencies
 from ..functional.rope_scaling import scaled_rope_frequencies
 from ..schemes import SCHEMES, SchemeConfig, config_from_dict
 from ..schemes import scheme_config as shared_scheme_config
@@ -129,6 +130,8 @@ class RotaryScheme(AttentionScheme):
         inv_freq, self.attention_factor = scaled_rope_frequencies(
             r, config.theta, config.scaling_dict
         )
+        # Keras positions have one axis: every section reads ``pos`` (M-RoPE is then plain RoPE).
+        inv_freq = axis_frequencies(inv_freq, r, config.theta, config.sections, axial=config.axial)
         self.inv_freq = tuple(inv_freq.tolist())
 
     def rotate(self, q, k, q_positions, k_positions):
