@@ -88,28 +88,56 @@ def value_vector(scheme: relpos.Scheme, h: int, pi: int, pj: int) -> Tensor | No
     return None
 
 
-def rotate_vector(scheme: relpos.Scheme, x: Tensor, p: int) -> Tensor:
-    """RoPE: rotate each feature pair m by angle ``p·θ^(-2m/r)`` with an explicit 2×2 rotation."""
+def rotate_vector(
+    scheme: relpos.Scheme, x: Tensor, p: int, *, length: int = 0, key: bool = False
+) -> Tensor:
+    """RoPE: rotate each feature pair m by angle ``p·ω_m`` with an explicit 2×2 rotation.
+
+    ``length``: the length of the token's sequence (dynamic NTK, LongRoPE choose ``ω`` by it).
+    xPos scales pair m by ``ζ_m^(p/γ)`` for a query and ``ζ_m^(-p/γ)`` for a key (``key``).
+    Learned frequencies are read from the scheme's parameter.
+    """
     if not isinstance(scheme, relpos.Rotary):
         return x
-    r, theta = scheme.rotary_dim, scheme.config.theta
-    scaling = scheme.config.scaling_dict
+    c = scheme.config
+    r, scaling = scheme.rotary_dim, c.scaling_dict
     out = list(x.unbind(0))
     for m in range(r // 2):
-        a, b = (2 * m, 2 * m + 1) if scheme.config.interleaved else (m, m + r // 2)
-        angle = p * rope_frequency(m, r, theta, scaling)
-        c, s = math.cos(angle), math.sin(angle)
-        out[a], out[b] = x[a] * c - x[b] * s, x[a] * s + x[b] * c
+        a, b = (2 * m, 2 * m + 1) if c.interleaved else (m, m + r // 2)
+        if c.learned_freq:
+            omega = scheme.inv_freq[m]
+            c_, s_ = torch.cos(p * omega), torch.sin(p * omega)
+        else:
+            angle = p * rope_frequency(m, r, c.theta, scaling, length=length)
+            c_, s_ = math.cos(angle), math.sin(angle)
+        scale = 1.0
+        if c.xpos_scale_base is not None:  # Sun et al., 2022, §3.2
+            zeta = (2 * m / r + 0.4) / 1.4
+            scale = zeta ** ((-p if key else p) / c.xpos_scale_base)
+        out[a], out[b] = (
+            (x[a] * c_ - x[b] * s_) * scale,
+            (x[a] * s_ + x[b] * c_) * scale,
+        )
     return torch.stack(out) * rope_attention_factor(scaling)
 
 
-def rope_frequency(m: int, r: int, theta: float, scaling: dict | None) -> float:
-    """Frequency of feature pair ``m`` of ``r`` rotated features, from each scaling's paper."""
+def rope_frequency(m: int, r: int, theta: float, scaling: dict | None, *, length: int = 0) -> float:
+    """Frequency of feature pair ``m`` of ``r`` rotated features, from each scaling's paper;
+    ``length``: the length of the token's sequence, for the length-dependent types."""
     omega = theta ** (-2 * m / r)
     kind = None if scaling is None else scaling["rope_type"]
     if kind is None or kind == "default":
         return omega
+    if kind == "longrope":  # Ding et al., 2024: per-pair factors, long ones past the original
+        long = length > scaling["original_max_position_embeddings"]
+        return omega / scaling["long_factor" if long else "short_factor"][m]
     factor = scaling["factor"]
+    if kind == "dynamic":  # NTK base change sized to the sequence once it outgrows the original
+        original = scaling["original_max_position_embeddings"]
+        if length <= original:
+            return omega
+        base = theta * (factor * length / original - factor + 1) ** (r / (r - 2))
+        return base ** (-2 * m / r)
     if kind == "linear":  # Chen et al., 2023: positions divided by the factor
         return omega / factor
     if kind == "ntk":  # the base grows so that the slowest pair is interpolated by the factor
@@ -140,11 +168,17 @@ def rope_frequency(m: int, r: int, theta: float, scaling: dict | None) -> float:
 
 
 def rope_attention_factor(scaling: dict | None) -> float:
-    """YaRN's scale on q and k: ``0.1·ln(factor) + 1`` (or the given attention_factor)."""
-    if scaling is None or scaling["rope_type"] != "yarn":
+    """YaRN's scale on q and k, ``0.1·ln(factor) + 1``, and LongRoPE's,
+    ``√(1 + ln(factor)/ln(L))`` (or the given attention_factor)."""
+    kind = None if scaling is None else scaling["rope_type"]
+    if kind not in ("yarn", "longrope"):
         return 1.0
     if scaling["attention_factor"] is not None:
         return scaling["attention_factor"]
+    if kind == "longrope":
+        length = scaling["original_max_position_embeddings"]
+        factor = scaling["factor"] or scaling["max_position_embeddings"] / length
+        return math.sqrt(1 + math.log(factor) / math.log(length)) if factor > 1 else 1.0
     return 0.1 * math.log(scaling["factor"]) + 1.0 if scaling["factor"] > 1 else 1.0
 
 
@@ -189,6 +223,10 @@ def attention(
     n_j = k.shape[2]
     rows = []
     for b in range(n_b):
+        # Length of each sequence: one more than the largest position of its queries and keys.
+        length: dict[int, int] = {}
+        for p, s in [*zip(q_pos[b], q_seg[b], strict=True), *zip(k_pos[b], k_seg[b], strict=True)]:
+            length[s] = max(length.get(s, 0), p + 1)
         heads = []
         for h in range(n_h):
             outs = []
@@ -202,10 +240,10 @@ def attention(
                 if not keys:
                     outs.append(q.new_zeros(D))
                     continue
-                qi = rotate_vector(scheme, q[b, h, i], pi)
+                qi = rotate_vector(scheme, q[b, h, i], pi, length=length[si])
                 logits = []
                 for j in keys:
-                    kj = rotate_vector(scheme, k[b, h, j], k_pos[b][j])
+                    kj = rotate_vector(scheme, k[b, h, j], k_pos[b][j], length=length[si], key=True)
                     logit = torch.dot(qi, kj) / math.sqrt(D)
                     logits.append(logit + logit_term(scheme, qi, h, pi, k_pos[b][j]))
                 probs = torch.softmax(torch.stack(logits), dim=0)
