@@ -6,6 +6,8 @@ import random
 
 import torch
 
+import relpos
+
 #: Scheme configurations under test: every registered scheme, plus its important variants. Sizes
 #: are small so that clipping and bucketing edges are reached by short sequences.
 SCHEME_SPECS: list[dict] = [
@@ -26,11 +28,36 @@ SCHEME_SPECS: list[dict] = [
         "name": "rope",
         "scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16},
     },
+    # Length-dependent scalings switch at 5 tokens, so short test sequences cross the switch.
+    {
+        "name": "rope",
+        "scaling": {"rope_type": "dynamic", "factor": 3.0, "original_max_position_embeddings": 5},
+    },
+    {
+        "name": "rope",
+        "rotary_dim": 4,
+        "scaling": {
+            "rope_type": "longrope",
+            "short_factor": [1.0, 1.5],
+            "long_factor": [3.0, 5.0],
+            "original_max_position_embeddings": 5,
+            "factor": 4.0,
+        },
+    },
+    {"name": "rope", "learned_freq": True},
     # Multi-axis rotary on 1-D positions (every axis reads pos); tests/test_multi_axis.py gives
     # them coordinates. rotary_dim 4 fits every head dim the suites draw.
     {"name": "rope", "rotary_dim": 4, "sections": [1, 1]},
     {"name": "rope", "rotary_dim": 4, "sections": [1, 1], "axial": True, "interleaved": True},
 ]
+
+
+def length_dependent(spec: dict) -> bool:
+    """Whether a spec's frequencies follow each sequence's length (dynamic NTK, LongRoPE)."""
+    return (
+        spec["name"] == "rope"
+        and relpos.RotaryConfig(**{k: v for k, v in spec.items() if k != "name"}).length_dependent
+    )
 
 
 def spec_id(spec: dict) -> str:

@@ -89,25 +89,47 @@ def value_vector(scheme: relpos.Scheme, h: int, pi: int, pj: int) -> Tensor | No
 
 
 def rotate_vector(
-    scheme: relpos.Scheme, x: Tensor, p: int, coords: list[int] | None = None
+    scheme: relpos.Scheme,
+    x: Tensor,
+    p: int,
+    *,
+    length: int = 0,
+    key: bool = False,
+    coords: list[int] | None = None,
 ) -> Tensor:
-    """RoPE: rotate each feature pair m by angle ``p·θ^(-2m/r)`` with an explicit 2×2 rotation;
-    with sections and coordinates, by ``coords[axis(m)]·ω'_m`` (M-RoPE, axial RoPE)."""
+    """RoPE: rotate each feature pair m by angle ``p·ω_m`` with an explicit 2×2 rotation.
+
+    ``length``: the length of the token's sequence (dynamic NTK, LongRoPE choose ``ω`` by it).
+    xPos scales pair m by ``ζ_m^(p/γ)`` for a query and ``ζ_m^(-p/γ)`` for a key (``key``).
+    Learned frequencies are read from the scheme's parameter. ``coords``: with sections, pair m
+    turns by ``coords[axis(m)]·ω'_m`` instead (M-RoPE, axial RoPE; :func:`rope_pair`).
+    """
     if not isinstance(scheme, relpos.Rotary):
         return x
-    r = scheme.rotary_dim
-    scaling = scheme.config.scaling_dict
+    c = scheme.config
+    r, scaling = scheme.rotary_dim, c.scaling_dict
     out = list(x.unbind(0))
     for m in range(r // 2):
-        a, b = (2 * m, 2 * m + 1) if scheme.config.interleaved else (m, m + r // 2)
-        axis, omega = rope_pair(m, r, scheme.config)
-        angle = (p if coords is None else coords[axis]) * omega
-        c, s = math.cos(angle), math.sin(angle)
-        out[a], out[b] = x[a] * c - x[b] * s, x[a] * s + x[b] * c
+        a, b = (2 * m, 2 * m + 1) if c.interleaved else (m, m + r // 2)
+        axis, omega = rope_pair(m, r, c, length=length)
+        at = p if coords is None else coords[axis]
+        if c.learned_freq:
+            omega = scheme.inv_freq[m]
+            c_, s_ = torch.cos(at * omega), torch.sin(at * omega)
+        else:
+            c_, s_ = math.cos(at * omega), math.sin(at * omega)
+        scale = 1.0
+        if c.xpos_scale_base is not None:  # Sun et al., 2022, §3.2
+            zeta = (2 * m / r + 0.4) / 1.4
+            scale = zeta ** ((-p if key else p) / c.xpos_scale_base)
+        out[a], out[b] = (
+            (x[a] * c_ - x[b] * s_) * scale,
+            (x[a] * s_ + x[b] * c_) * scale,
+        )
     return torch.stack(out) * rope_attention_factor(scaling)
 
 
-def rope_pair(m: int, r: int, config: relpos.RotaryConfig) -> tuple[int, float]:
+def rope_pair(m: int, r: int, config: relpos.RotaryConfig, *, length: int = 0) -> tuple[int, float]:
     """Axis and frequency of rotary pair ``m``. Section ``s`` (a run of ``S`` pairs) reads axis
     ``s``; M-RoPE keeps the one-axis ladder (Qwen2-VL §2.1), axial RoPE restarts a full ladder
     ``θ^(-2m'/(2S))`` in every section, ``m'`` the pair's index in it (Heo et al., 2024)."""
@@ -118,16 +140,26 @@ def rope_pair(m: int, r: int, config: relpos.RotaryConfig) -> tuple[int, float]:
     start, size = sum(sections[:axis]), sections[axis]
     if config.axial:
         return axis, config.theta ** (-2 * (m - start) / (2 * size))
-    return axis, rope_frequency(m, r, config.theta, config.scaling_dict)
+    return axis, rope_frequency(m, r, config.theta, config.scaling_dict, length=length)
 
 
-def rope_frequency(m: int, r: int, theta: float, scaling: dict | None) -> float:
-    """Frequency of feature pair ``m`` of ``r`` rotated features, from each scaling's paper."""
+def rope_frequency(m: int, r: int, theta: float, scaling: dict | None, *, length: int = 0) -> float:
+    """Frequency of feature pair ``m`` of ``r`` rotated features, from each scaling's paper;
+    ``length``: the length of the token's sequence, for the length-dependent types."""
     omega = theta ** (-2 * m / r)
     kind = None if scaling is None else scaling["rope_type"]
     if kind is None or kind == "default":
         return omega
+    if kind == "longrope":  # Ding et al., 2024: per-pair factors, long ones past the original
+        long = length > scaling["original_max_position_embeddings"]
+        return omega / scaling["long_factor" if long else "short_factor"][m]
     factor = scaling["factor"]
+    if kind == "dynamic":  # NTK base change sized to the sequence once it outgrows the original
+        original = scaling["original_max_position_embeddings"]
+        if length <= original:
+            return omega
+        base = theta * (factor * length / original - factor + 1) ** (r / (r - 2))
+        return base ** (-2 * m / r)
     if kind == "linear":  # Chen et al., 2023: positions divided by the factor
         return omega / factor
     if kind == "ntk":  # the base grows so that the slowest pair is interpolated by the factor
@@ -158,11 +190,17 @@ def rope_frequency(m: int, r: int, theta: float, scaling: dict | None) -> float:
 
 
 def rope_attention_factor(scaling: dict | None) -> float:
-    """YaRN's scale on q and k: ``0.1·ln(factor) + 1`` (or the given attention_factor)."""
-    if scaling is None or scaling["rope_type"] != "yarn":
+    """YaRN's scale on q and k, ``0.1·ln(factor) + 1``, and LongRoPE's,
+    ``√(1 + ln(factor)/ln(L))`` (or the given attention_factor)."""
+    kind = None if scaling is None else scaling["rope_type"]
+    if kind not in ("yarn", "longrope"):
         return 1.0
     if scaling["attention_factor"] is not None:
         return scaling["attention_factor"]
+    if kind == "longrope":
+        length = scaling["original_max_position_embeddings"]
+        factor = scaling["factor"] or scaling["max_position_embeddings"] / length
+        return math.sqrt(1 + math.log(factor) / math.log(length)) if factor > 1 else 1.0
     return 0.1 * math.log(scaling["factor"]) + 1.0 if scaling["factor"] > 1 else 1.0
 
 
@@ -210,6 +248,10 @@ def attention(
     n_j = k.shape[2]
     rows = []
     for b in range(n_b):
+        # Length of each sequence: one more than the largest position of its queries and keys.
+        length: dict[int, int] = {}
+        for p, s in [*zip(q_pos[b], q_seg[b], strict=True), *zip(k_pos[b], k_seg[b], strict=True)]:
+            length[s] = max(length.get(s, 0), p + 1)
         heads = []
         for h in range(n_h):
             outs = []
@@ -223,10 +265,14 @@ def attention(
                 if not keys:
                     outs.append(q.new_zeros(D))
                     continue
-                qi = rotate_vector(scheme, q[b, h, i], pi, q_coords and q_coords[b][i])
+                qc = None if q_coords is None else q_coords[b][i]
+                qi = rotate_vector(scheme, q[b, h, i], pi, length=length[si], coords=qc)
                 logits = []
                 for j in keys:
-                    kj = rotate_vector(scheme, k[b, h, j], k_pos[b][j], k_coords and k_coords[b][j])
+                    kc = None if k_coords is None else k_coords[b][j]
+                    kj = rotate_vector(
+                        scheme, k[b, h, j], k_pos[b][j], length=length[si], key=True, coords=kc
+                    )
                     logit = torch.dot(qi, kj) / math.sqrt(D)
                     logits.append(logit + logit_term(scheme, qi, h, pi, k_pos[b][j]))
                 probs = torch.softmax(torch.stack(logits), dim=0)

@@ -204,6 +204,19 @@ def test_config_round_trips_through_json(spec):
             ValueError,
             r"sections \[2, 2\] differ from the scaling's mrope_section \[1, 3\]",
         ),
+        (
+            {
+                "sections": [2, 2],
+                "scaling": {
+                    "rope_type": "dynamic",
+                    "factor": 2.0,
+                    "original_max_position_embeddings": 8,
+                },
+            },
+            ValueError,
+            "sections cannot be combined with rope_type 'dynamic'",
+        ),
+        ({"sections": [2, 2], "xpos_scale_base": 512.0}, ValueError, "xPos is defined on one axis"),
         (  # Qwen3-VL's interleaved M-RoPE: not supported, refused rather than run sectioned
             {"scaling": {"rope_type": "default", "mrope_section": [1, 1], "mrope_interleaved": 1}},
             ValueError,
@@ -225,7 +238,7 @@ def test_sections_must_fit_the_head_and_the_positions():
 
 
 # ------------------------------------------------------------------------------ the oracle
-VARIANTS = ["mrope", "mrope-yarn", "axial"]
+VARIANTS = ["mrope", "mrope-yarn", "axial", "axial-learned"]
 
 
 def random_case(rng: random.Random, variant: str) -> tuple[dict, int, Positions]:
@@ -239,8 +252,9 @@ def random_case(rng: random.Random, variant: str) -> tuple[dict, int, Positions]
         "theta": rng.choice([100.0, 10000.0]),
         "rotary_dim": r,
         "sections": sections,
-        "axial": variant == "axial",
+        "axial": variant.startswith("axial"),
         "interleaved": rng.random() < 0.5,
+        "learned_freq": variant.endswith("learned"),
     }
     if variant == "mrope-yarn":
         yarn = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 8}

@@ -8,7 +8,7 @@ from . import checks, functional
 from .attention import BACKENDS, KVCache, MultiheadAttention, eager_attention
 from .embedding import TokenPositionEmbedding
 from .models import Transformer, TransformerConfig
-from .positions import PAD_SEGMENT, Positions, resolve_positions
+from .positions import PAD_SEGMENT, Positions, resolve_positions, sequence_lengths
 from .schemes import (
     SCHEMES,
     ALiBi,
@@ -76,4 +76,5 @@ __all__ = [
     "make_scheme",
     "register",
     "resolve_positions",
+    "sequence_lengths",
 ]

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-__all__ = ["PAD_SEGMENT", "Positions", "as_offset", "resolve_positions"]
+__all__ = ["PAD_SEGMENT", "Positions", "as_offset", "resolve_positions", "sequence_lengths"]
 
 #: Segment id of padding tokens.
 PAD_SEGMENT = -1
@@ -375,6 +375,32 @@ class Positions:
     def __repr__(self) -> str:
         coords = "" if self.coords is None else f", coords={self.coords.tolist()}"
         return f"Positions(pos={self.pos.tolist()}, seg={self.seg.tolist()}{coords})"
+
+
+def sequence_lengths(*parts: Positions) -> tuple[Tensor, ...]:
+    """The length of the sequence every token belongs to, over the tokens of ``parts`` together.
+
+    A sequence is one segment of one row; its length is one more than the largest position any of
+    its tokens in ``parts`` has (queries and keys of one attention call, or everything a KV cache
+    has seen), so a packed document gets its own length and a decoded row its length so far.
+    Padding tokens get 0. Used by length-dependent RoPE scalings (dynamic NTK, LongRoPE).
+
+    Returns:
+        one ``(b, n_p)`` int64 tensor per part (``b`` the largest batch of the parts).
+    """
+    b = max(p.batch for p in parts)
+    parts = tuple(p.expand(b) for p in parts)
+    pos = torch.cat([p.pos for p in parts], 1)
+    seg = torch.cat([p.seg for p in parts], 1)
+    # Dense group ids: sort by segment, a new group wherever the id changes, then scatter back.
+    order = torch.sort(seg, dim=-1, stable=True).indices
+    sorted_seg = torch.gather(seg, -1, order)
+    starts = torch.ones_like(sorted_seg, dtype=torch.bool)
+    starts[:, 1:] = sorted_seg[:, 1:] != sorted_seg[:, :-1]
+    group = torch.empty_like(seg).scatter_(-1, order, starts.long().cumsum(-1) - 1)
+    last = torch.zeros_like(seg).scatter_reduce_(-1, group, pos, "amax", include_self=False)
+    lengths = torch.where(seg == PAD_SEGMENT, 0, torch.gather(last, -1, group) + 1)
+    return tuple(lengths.split([len(p) for p in parts], dim=1))
 
 
 def resolve_positions(

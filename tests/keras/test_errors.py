@@ -150,6 +150,29 @@ def test_bad_call_arguments(make, call, error, match):
             "scheme must be a name, a config dict or a SchemeConfig, got int",
         ),
         (lambda: rk.RelativeMultiHeadAttention(2, 4, dropout=1.0), ValueError, "dropout"),
+        (
+            lambda: rk.RelativeMultiHeadAttention(
+                2,
+                4,
+                scheme={
+                    "name": "rope",
+                    "scaling": {
+                        "rope_type": "dynamic",
+                        "factor": 2.0,
+                        "original_max_position_embeddings": 8,
+                    },
+                },
+            ),
+            ValueError,
+            r"RoPE with a length-dependent scaling \(dynamic, longrope\) is PyTorch-only",
+        ),
+        (
+            lambda: rk.RelativeMultiHeadAttention(
+                2, 4, scheme={"name": "rope", "learned_freq": True}
+            ),
+            ValueError,
+            r"learned frequencies \(learned_freq\) is PyTorch-only",
+        ),
         (lambda: rk.PositionEmbedding(None), ValueError, "sequence_length must be an int"),
         (lambda: rk.T5RelativeBias(2, num_buckets=3), ValueError, "num_buckets must be"),
         (

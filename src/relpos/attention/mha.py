@@ -108,10 +108,15 @@ class MultiheadAttention(nn.Module):
         q = q.view(b, n, h, d).transpose(1, 2)
         k = k.view(b, n, kvh, d).transpose(1, 2)
         v = v.view(b, n, kvh, d).transpose(1, 2)
-        q, k = self.scheme.rotate(q, k, positions, positions)
         k_positions = positions
-        if cache is not None:
-            k, v, k_positions = cache.update(k, v, positions)
+        if self.scheme.rotates_cached_keys:  # the cache holds raw keys; rotate all of them
+            if cache is not None:
+                k, v, k_positions = cache.update(k, v, positions)
+            q, k = self.scheme.rotate(q, k, positions, k_positions)
+        else:  # rotate the new keys once, before they enter the cache
+            q, k = self.scheme.rotate(q, k, positions, positions)
+            if cache is not None:
+                k, v, k_positions = cache.update(k, v, positions)
         if kvh != h:  # every query head of a group reads its group's key/value head
             k, v = k.repeat_interleave(h // kvh, dim=1), v.repeat_interleave(h // kvh, dim=1)
         y = get_backend(self.backend)(

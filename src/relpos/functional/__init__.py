@@ -4,9 +4,11 @@ from .alibi import alibi_bias, alibi_slopes
 from .dtypes import compute_dtype
 from .relative import clipped_relative_index, relative_distance
 from .rope import apply_rope, rope_angles, rope_frequencies
+from .rope_scaling import scaled_rope_frequencies, sequence_rope_frequencies
 from .sinusoidal import sinusoid_frequencies, sinusoidal_table
 from .skew import gather_relative, scatter_relative, skew
 from .t5 import t5_buckets
+from .xpos import xpos_decay, xpos_max_position, xpos_scale
 
 __all__ = [
     "alibi_bias",
@@ -18,9 +20,14 @@ __all__ = [
     "relative_distance",
     "rope_angles",
     "rope_frequencies",
+    "scaled_rope_frequencies",
     "scatter_relative",
+    "sequence_rope_frequencies",
     "sinusoid_frequencies",
     "sinusoidal_table",
     "skew",
     "t5_buckets",
+    "xpos_decay",
+    "xpos_max_position",
+    "xpos_scale",
 ]

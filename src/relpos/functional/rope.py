@@ -20,27 +20,34 @@ def rope_frequencies(rotary_dim: int, theta: float = 10000.0, device=None) -> Te
 
 
 def rope_angles(pos: Tensor, inv_freq: Tensor) -> Tensor:
-    """Rotation angle ``pos · ω_i`` per token and pair, at least float32, ``(..., n, d/2)``."""
+    """Rotation angle ``pos · ω_i`` per token and pair, at least float32, ``(..., n, d/2)``.
+
+    ``inv_freq``: ``(d/2,)``, or per token ``(..., n, d/2)`` (length-dependent scalings)."""
     dtype = compute_dtype(inv_freq.dtype)
     return pos.to(dtype).unsqueeze(-1) * inv_freq.to(dtype)
 
 
-def apply_rope(x: Tensor, angles: Tensor, *, interleaved: bool = False) -> Tensor:
+def apply_rope(
+    x: Tensor, angles: Tensor, *, interleaved: bool = False, scale: Tensor | None = None
+) -> Tensor:
     """Rotate pairs of features of ``x`` by ``angles``; features past ``2·angles.shape[-1]`` pass.
 
     Pairing: ``interleaved=False`` rotates ``(x[k], x[k + r/2])`` (half-split, GPT-NeoX/Llama);
     ``interleaved=True`` rotates ``(x[2k], x[2k+1])`` (the RoFormer paper, GPT-J).
+    ``scale`` (e.g. xPos's decay) multiplies both features of each rotated pair.
 
     Shapes:
-        x: ``(b, h, n, d)``; angles: ``(b|1, n, r/2)`` with ``r <= d``; returns ``x``'s shape and
-        dtype (the rotation itself runs in at least float32).
+        x: ``(b, h, n, d)``; angles, scale: ``(b|1, n, r/2)`` with ``r <= d``; returns ``x``'s
+        shape and dtype (the rotation itself runs in at least float32).
     """
     half = angles.shape[-1]
     if 2 * half > x.shape[-1]:
         raise ValueError(f"rotary dim {2 * half} exceeds the head dim {x.shape[-1]}")
     cos = angles.cos().unsqueeze(1)  # (b|1, 1, n, r/2)
     sin = angles.sin().unsqueeze(1)
-    if angles.requires_grad:  # learned angles: let autograd differentiate the products
+    if scale is not None:  # s·R: its transpose s·Rᵀ is the rotation by -angles, scaled alike
+        cos, sin = cos * scale.unsqueeze(1), sin * scale.unsqueeze(1)
+    if cos.requires_grad:  # learned angles: let autograd differentiate the products
         return _rope_autograd(x, cos, sin, interleaved)
     return _Rope.apply(x, cos, sin, interleaved)
 

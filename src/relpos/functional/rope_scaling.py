@@ -13,10 +13,17 @@ rope_type     frequencies ``ω'_m`` from ``ω_m = θ^(-2m/r)``
               q and k scaled by ``0.1·ln(factor) + 1`` (Peng et al., 2023, "YaRN", §3)
 ``llama3``    wavelengths ``λ = 2π/ω`` below ``L/high_freq_factor`` kept, above
               ``L/low_freq_factor`` divided by ``factor``, smooth in between (Llama 3.1)
+``dynamic``   for a sequence of length ``n > L``: base ``θ·(factor·n/L - factor + 1)^(r/(r-2))``;
+              plain RoPE up to ``L`` (dynamic NTK; emozilla, 2023)
+``longrope``  ``ω_m / short_factor[m]`` for sequences up to ``L``, ``ω_m / long_factor[m]``
+              beyond; q and k scaled by ``√(1 + ln(factor)/ln(L))`` (Ding et al., 2024,
+              "LongRoPE"; Phi-3)
 ============  ==============================================================================
 
-``L`` is ``original_max_position_embeddings``. Scalings are static: they do not depend on the
-batch, so every row and every cached key sees the same frequencies.
+``L`` is ``original_max_position_embeddings``. The first four are static: every row and every
+cached key sees the same frequencies. ``dynamic`` and ``longrope`` depend on the length ``n`` of
+each token's own sequence (:func:`sequence_rope_frequencies`): the rotary scheme then rotates
+keys after they enter the KV cache, with the frequencies of the sequence's current length.
 """
 
 from __future__ import annotations
@@ -27,7 +34,13 @@ from typing import Any
 import torch
 from torch import Tensor
 
-__all__ = ["ROPE_TYPES", "check_rope_scaling", "scaled_rope_frequencies"]
+__all__ = [
+    "LENGTH_DEPENDENT",
+    "ROPE_TYPES",
+    "check_rope_scaling",
+    "scaled_rope_frequencies",
+    "sequence_rope_frequencies",
+]
 
 #: Required and optional keys of each supported ``rope_type`` (optional ones with defaults).
 ROPE_TYPES: dict[str, tuple[tuple[str, ...], dict[str, Any]]] = {
@@ -49,13 +62,21 @@ ROPE_TYPES: dict[str, tuple[tuple[str, ...], dict[str, Any]]] = {
         ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),
         {},
     ),
+    "dynamic": (("factor", "original_max_position_embeddings"), {}),
+    "longrope": (
+        ("short_factor", "long_factor", "original_max_position_embeddings"),
+        {"factor": None, "attention_factor": None, "max_position_embeddings": None},
+    ),
 }
-#: Types checkpoints use that relpos does not compute yet: refused, never silently unscaled.
-_NOT_YET = {
-    "dynamic": "dynamic NTK depends on each row's length",
-    "longrope": "LongRoPE switches factors with the sequence length",
-}
+#: Types whose frequencies depend on the length of each token's sequence.
+LENGTH_DEPENDENT = frozenset({"dynamic", "longrope"})
+_LISTS = ("short_factor", "long_factor")
 _IGNORED = ("rope_theta", "partial_rotary_factor")
+
+
+def _check_positive(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+        raise ValueError(f"{name} must be a number > 0, got {value!r}")
 
 
 def check_rope_scaling(scaling: dict[str, Any], *, theta: float) -> dict[str, Any]:
@@ -70,8 +91,6 @@ def check_rope_scaling(scaling: dict[str, Any], *, theta: float) -> dict[str, An
     s = dict(scaling)
     kind = s.pop("rope_type", None) or s.pop("type", None)
     s.pop("type", None)
-    if kind in _NOT_YET:
-        raise ValueError(f"rope_type {kind!r} is not supported yet ({_NOT_YET[kind]})")
     if kind not in ROPE_TYPES:
         raise ValueError(f"unknown rope_type {kind!r}; supported: {sorted(ROPE_TYPES)}")
     if "rope_theta" in s and float(s.pop("rope_theta")) != float(theta):
@@ -91,10 +110,26 @@ def check_rope_scaling(scaling: dict[str, Any], *, theta: float) -> dict[str, An
             f"{sorted([*required, *optional])}"
         )
     for k in required:
-        if isinstance(s[k], bool) or not isinstance(s[k], int | float) or not s[k] > 0:
-            raise ValueError(f"{k} must be a number > 0, got {s[k]!r}")
+        if k in _LISTS:  # stored as tuples: the config stays hashable
+            if not isinstance(s[k], list | tuple) or not s[k]:
+                raise ValueError(f"{k} must be a non-empty list of numbers, got {s[k]!r}")
+            for m, value in enumerate(s[k]):
+                _check_positive(f"{k}[{m}]", value)
+            s[k] = tuple(float(value) for value in s[k])
+        else:
+            _check_positive(k, s[k])
     if kind == "llama3" and not s["high_freq_factor"] > s["low_freq_factor"]:
         raise ValueError("high_freq_factor must exceed low_freq_factor")
+    if kind == "longrope":
+        given = [k for k in optional if s.get(k) is not None]
+        if not given:
+            raise ValueError(
+                "rope_type 'longrope' needs factor, attention_factor or max_position_embeddings "
+                "(the attention scale √(1 + ln(factor)/ln(original_max_position_embeddings)) "
+                "comes from factor = max_position_embeddings / original_max_position_embeddings)"
+            )
+        for k in given:
+            _check_positive(k, s[k])
     return {
         "rope_type": kind,
         **{k: s[k] for k in required},
@@ -106,16 +141,37 @@ def _yarn_mscale(factor: float, mscale: float = 1.0) -> float:
     return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
 
 
+def _ladder(rotary_dim: int) -> Tensor:
+    """Exponents ``2m/r`` of the frequency ladder, float64 ``(r/2,)``."""
+    return torch.arange(0, rotary_dim, 2, dtype=torch.float64) / rotary_dim
+
+
+def _longrope_factors(rotary_dim: int, scaling: dict[str, Any]) -> tuple[Tensor, Tensor]:
+    """LongRoPE's short and long per-pair factors, float64 ``(r/2,)`` each."""
+    factors = []
+    for key in _LISTS:
+        values = scaling[key]
+        if len(values) != rotary_dim // 2:
+            raise ValueError(
+                f"{key} has {len(values)} entries; rotary_dim {rotary_dim} needs one per rotated "
+                f"pair ({rotary_dim // 2})"
+            )
+        factors.append(torch.tensor(values, dtype=torch.float64))
+    return factors[0], factors[1]
+
+
 def scaled_rope_frequencies(
     rotary_dim: int, theta: float, scaling: dict[str, Any] | None
 ) -> tuple[Tensor, float]:
     """The inverse frequencies ``(r/2,)`` float32 of a scaled RoPE and its attention factor (the
-    scale applied to both q and k; 1 except for YaRN). ``scaling``: a dict normalised by
-    :func:`check_rope_scaling`, or None."""
-    exponent = torch.arange(0, rotary_dim, 2, dtype=torch.float64) / rotary_dim
+    scale applied to both q and k; 1 except for YaRN and LongRoPE). ``scaling``: a dict normalised
+    by :func:`check_rope_scaling`, or None. For a length-dependent type (``dynamic``,
+    ``longrope``) these are the frequencies of sequences up to ``original_max_position_embeddings``;
+    :func:`sequence_rope_frequencies` gives them per sequence length."""
+    exponent = _ladder(rotary_dim)
     inv = theta ** (-exponent)
     kind = "default" if scaling is None else scaling["rope_type"]
-    factor = 1.0 if scaling is None else float(scaling.get("factor", 1.0))
+    factor = 1.0 if scaling is None else float(scaling.get("factor") or 1.0)
     attention = 1.0
     if kind == "linear":
         inv = inv / factor
@@ -148,4 +204,45 @@ def scaled_rope_frequencies(
                 if m and m_all
                 else _yarn_mscale(factor)
             )
+    elif kind == "longrope":
+        inv = inv / _longrope_factors(rotary_dim, scaling)[0]
+        length = scaling["original_max_position_embeddings"]
+        attention = scaling["attention_factor"]
+        if attention is None:
+            if scaling["factor"] is None:
+                factor = scaling["max_position_embeddings"] / length
+            attention = 1.0 if factor <= 1 else math.sqrt(1 + math.log(factor) / math.log(length))
     return inv.to(torch.float32), float(attention)
+
+
+def sequence_rope_frequencies(
+    rotary_dim: int, theta: float, scaling: dict[str, Any], lengths: Tensor
+) -> Tensor:
+    """Per-token inverse frequencies of a length-dependent scaling (``dynamic``, ``longrope``),
+    from the length of each token's own sequence.
+
+    Args:
+        lengths: ``(b, n)`` int, the length of the sequence each token belongs to (its document in
+            a packed row; everything seen so far when decoding).
+
+    Returns:
+        ``(b, n, r/2)`` float32. Sequences up to ``original_max_position_embeddings`` get exactly
+        :func:`scaled_rope_frequencies`.
+    """
+    kind = scaling["rope_type"]
+    if kind not in LENGTH_DEPENDENT:
+        raise ValueError(f"rope_type {kind!r} does not depend on the sequence length")
+    exponent = _ladder(rotary_dim).to(lengths.device)
+    original = scaling["original_max_position_embeddings"]
+    n = lengths.to(torch.float64).unsqueeze(-1)  # (b, n, 1)
+    long = n > original
+    if kind == "dynamic":
+        factor, r = scaling["factor"], rotary_dim
+        # ln θ' = ln θ + r/(r-2)·ln(factor·n/L - factor + 1), for n > L (the argument is > 1)
+        growth = (factor * n.clamp_min(original) / original - factor + 1).log()
+        log_base = math.log(theta) + r / (r - 2) * growth
+        inv = torch.where(long, (-exponent * log_base).exp(), theta ** (-exponent))
+    else:
+        short_f, long_f = (f.to(lengths.device) for f in _longrope_factors(rotary_dim, scaling))
+        inv = theta ** (-exponent) / torch.where(long, long_f, short_f)
+    return inv.to(torch.float32)

@@ -126,6 +126,14 @@ class RotaryScheme(AttentionScheme):
         r = self.head_dim if config.rotary_dim is None else config.rotary_dim
         if r > self.head_dim:
             raise ValueError(f"rotary_dim must be <= head_dim ({self.head_dim}), got {r}")
+        pytorch_only = {
+            "a length-dependent scaling (dynamic, longrope)": config.length_dependent,
+            "xPos (xpos_scale_base)": config.xpos_scale_base is not None,
+            "learned frequencies (learned_freq)": config.learned_freq,
+        }
+        for what, used in pytorch_only.items():
+            if used:
+                raise ValueError(f"RoPE with {what} is PyTorch-only so far; not in relpos.keras")
         self.rotary_dim = r
         inv_freq, self.attention_factor = scaled_rope_frequencies(
             r, config.theta, config.scaling_dict

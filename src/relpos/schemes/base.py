@@ -6,7 +6,8 @@ A scheme contributes to a transformer through at most four hooks (every default 
 hook                      contract
 ========================  ====================================================================
 ``embed(positions)``      ``(b|1, n, d_model)`` encoding the caller adds to token embeddings
-``rotate(q, k, qp, kp)``  rotated ``(q, k)``, applied before keys enter the KV cache
+``rotate(q, k, qp, kp)``  rotated ``(q, k)``, applied before keys enter the KV cache (after,
+                          to every key, when ``rotates_cached_keys``)
 ``score_bias(q, qp, kp)`` float32 ``(b|1, h|1, i, j)`` added to the *scaled* logits ``q·k/√d``
 ``value_term(p, qp, kp)`` float32 ``(b, h, i, d)`` added to the attention output ``p·v``
 ========================  ====================================================================
@@ -109,6 +110,10 @@ class Scheme(nn.Module):
     config_class: ClassVar[type[SchemeConfig]] = SchemeConfig
     #: The hooks this scheme implements, for backends and docs.
     hooks: ClassVar[frozenset[str]] = frozenset()
+    #: Whether a key's rotation depends on the other keys (e.g. on its sequence's current length:
+    #: dynamic NTK, LongRoPE). Then keys enter the KV cache unrotated and ``rotate`` receives every
+    #: key, cached ones included, at every call. Set per instance by the scheme.
+    rotates_cached_keys: bool = False
 
     def __init__(
         self, config: SchemeConfig | None = None, *, d_model: int, num_heads: int, causal: bool
@@ -145,7 +150,8 @@ class Scheme(nn.Module):
     def rotate(
         self, q: Tensor, k: Tensor, q_positions: Positions, k_positions: Positions
     ) -> tuple[Tensor, Tensor]:
-        """Rotate ``q (b, h, i, d)`` and new keys ``k (b, h, j, d)`` by their positions."""
+        """Rotate ``q (b, h, i, d)`` and keys ``k (b, h, j, d)`` by their positions: the new keys,
+        or every key when :attr:`rotates_cached_keys`."""
         return q, k
 
     def score_bias(
