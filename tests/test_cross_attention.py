@@ -39,10 +39,12 @@ D = H * HEAD_DIM
 #: Schemes that act inside attention (an ``embed``-only scheme never reaches the layer).
 ATTENTION_SPECS = [s for s in SCHEME_SPECS if relpos.SCHEMES[s["name"]].hooks != {"embed"}]
 #: plain: both ``from_length``, more queries than keys; offsets: both ``from_length`` with
-#: different offsets, fewer queries than keys; padded: left/right padding on both sides (a
-#: context row all padding); packed: documents on both sides, some without context; shared: one
-#: ``Positions`` object for both sides (the self-attention fast paths, over different tokens).
-LAYOUTS = ["plain", "offsets", "padded", "packed", "shared"]
+#: different offsets, fewer queries than keys; aligned: both ``from_length``, as many queries as
+#: keys, different offsets (what a fast path that took equal lengths for self-attention would get
+#: wrong); padded: left/right padding on both sides (a context row all padding); packed:
+#: documents on both sides, some without context; shared: one ``Positions`` object for both sides
+#: (the self-attention fast paths, over different tokens).
+LAYOUTS = ["plain", "offsets", "aligned", "padded", "packed", "shared"]
 #: Every backend that differentiates on CPU, and ``chunked``'s general path with tiny tiles (so
 #: that tiles cut through documents, padding and the causal boundary).
 GRAD_BACKENDS = [name for name in BACKENDS if name not in ("eager", "flex")] + ["chunked-tiles"]
@@ -79,6 +81,10 @@ def make_layout(layout: str, rng: random.Random, b: int) -> tuple[Positions, Pos
             Positions.from_length(n, offset=q_off),
             Positions.from_length(n + rng.randint(1, 4), offset=k_off),
         )
+    if layout == "aligned":
+        n = rng.randint(3, 8)
+        q_off, k_off = rng.sample(range(0, 6), 2)
+        return Positions.from_length(n, offset=q_off), Positions.from_length(n, offset=k_off)
     if layout == "shared":
         p = Positions.from_length(rng.randint(3, 8), offset=rng.randint(0, 3))
         return p, p
@@ -204,11 +210,12 @@ def test_every_backend_matches_the_oracle(spec, causal, layout, monkeypatch):
     # the layouts reach what they are meant to: i > j, i < j, queries that see nothing
     assert layout != "plain" or len(qp) > len(kp)
     assert layout != "offsets" or len(qp) < len(kp)
+    assert layout != "aligned" or (len(qp) == len(kp) and not torch.equal(qp.pos, kp.pos))
     assert layout != "padded" or not any(sees[2])
 
 
 FLEX_CASES = [
-    (ATTENTION_SPECS[0], True, "offsets"),
+    ({"name": "nope"}, True, "aligned"),  # a block mask only (cached for self-attention)
     ({"name": "t5", "num_buckets": 8, "max_distance": 12}, False, "packed"),
     ({"name": "alibi"}, True, "padded"),
 ]

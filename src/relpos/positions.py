@@ -79,6 +79,8 @@ class Positions:
     #: Static bound on ``|pos_i - pos_j|`` for two tokens of the same row, or None if unknown.
     #: Every constructor knows it (positions are ranks inside a row: ``n - 1``), so kernels can
     #: size relative tables to the distances that can occur without reading the data.
+    #: It bounds pairs of *these* tokens only: a query and a key of two different ``Positions``
+    #: (cross-attention) may be farther apart.
     span: int | None = None
 
     def __post_init__(self) -> None:
