@@ -62,7 +62,7 @@ def supports(backend: str, scheme: relpos.Scheme, *, grad: bool) -> bool:
     return True
 
 
-def packed_ids(rng: random.Random, lengths: list[int], n: int, left: bool) -> list[int]:
+def packed_ids(lengths: list[int], n: int, *, left: bool) -> list[int]:
     """Segment ids of documents of ``lengths`` (document ``s`` = segment ``s``), padded to ``n``."""
     ids = [s for s, length in enumerate(lengths) for _ in range(length)]
     pad = [-1] * (n - len(ids))
@@ -103,11 +103,9 @@ def make_layout(layout: str, rng: random.Random, b: int) -> tuple[Positions, Pos
     k_len = [[rng.randint(0, 3) for _ in range(s)] for s in docs]
     n = max(map(sum, q_len)) + rng.randint(0, 2)
     m = max(map(sum, k_len)) + rng.randint(1, 2)
-    q_ids = [packed_ids(rng, lens, n, left=r % 2 == 1) for r, lens in enumerate(q_len)]
-    k_ids = [packed_ids(rng, lens, m, left=r % 2 == 0) for r, lens in enumerate(k_len)]
-    return Positions.from_segments(torch.tensor(q_ids)), Positions.from_segments(
-        torch.tensor(k_ids)
-    )
+    q_ids = torch.tensor([packed_ids(lens, n, left=r % 2 == 1) for r, lens in enumerate(q_len)])
+    k_ids = torch.tensor([packed_ids(lens, m, left=r % 2 == 0) for r, lens in enumerate(k_len)])
+    return Positions.from_segments(q_ids), Positions.from_segments(k_ids)
 
 
 def rows(p: Positions, b: int) -> tuple[list[list[int]], list[list[int]]]:
