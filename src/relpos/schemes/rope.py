@@ -132,7 +132,9 @@ class Rotary(Scheme):
         if lengths is None:
             return rope_angles(positions.pos, self.inv_freq)
         c = self.config
-        inv = sequence_rope_frequencies(self.rotary_dim, c.theta, c.scaling_dict, lengths)
+        inv = sequence_rope_frequencies(
+            self.rotary_dim, c.theta, c.scaling_dict, lengths, dtype=self.inv_freq.dtype
+        )
         return rope_angles(positions.pos, inv)
 
     def _xpos(self, positions: Positions, dtype: torch.dtype, *, key: bool) -> Tensor | None:
