@@ -86,3 +86,29 @@ def random_segments(
     for s, (a, b) in enumerate(zip([0, *cuts], [*cuts, body], strict=True)):
         ids += [s] * (b - a)
     return [-1] * left + ids + [-1] * right
+
+
+def gqa_and_repeated(
+    spec, kvh: int, causal: bool, backend: str, *, d_model: int, num_heads: int
+) -> tuple[relpos.MultiheadAttention, relpos.MultiheadAttention]:
+    """A grouped-query layer (``num_kv_heads=kvh``, random parameters) and the equal plain
+    multi-head ``eager`` layer whose key/value weights repeat each group's, both in eval mode."""
+    torch.manual_seed(0)
+    gqa = relpos.MultiheadAttention(
+        d_model, num_heads, spec, causal=causal, backend=backend, num_kv_heads=kvh
+    )
+    randomize_parameters(gqa)
+    full = relpos.MultiheadAttention(d_model, num_heads, spec, causal=causal, backend="eager")
+    h, d, g = num_heads, d_model // num_heads, num_heads // kvh
+    with torch.no_grad():
+        q, k, v = gqa.qkv.weight.split([h * d, kvh * d, kvh * d])
+        qb, kb, vb = gqa.qkv.bias.split([h * d, kvh * d, kvh * d])
+
+        def rep(t):
+            return t.view(kvh, d, *t.shape[1:]).repeat_interleave(g, 0).reshape(h * d, *t.shape[1:])
+
+        full.qkv.weight.copy_(torch.cat([q, rep(k), rep(v)]))
+        full.qkv.bias.copy_(torch.cat([qb, rep(kb), rep(vb)]))
+        full.out.load_state_dict(gqa.out.state_dict())
+        full.scheme.load_state_dict(gqa.scheme.state_dict())
+    return gqa.eval(), full.eval()

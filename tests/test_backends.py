@@ -29,12 +29,8 @@ from relpos.attention.chunked import chunked_attention, chunked_path, plan_tiles
 from relpos.attention.chunked import geometry as geometry_mod
 from relpos.attention.chunked import narrow as narrow_mod
 from relpos.attention.chunked.region import far_field
-from relpos.attention.flex import (
-    flex_attention_backend,
-    flex_available,
-    flex_supports,
-    rows_with_keys,
-)
+from relpos.attention.contract import rows_with_keys
+from relpos.attention.flex import flex_attention_backend, flex_available, flex_supports
 from relpos.attention.sdpa import sdpa_attention, sdpa_supports
 from tests.helpers import SCHEME_SPECS, random_segments, randomize_parameters, spec_id
 

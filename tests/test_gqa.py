@@ -10,7 +10,7 @@ import torch
 
 import relpos
 from relpos import KVCache, MultiheadAttention, Positions
-from tests.helpers import randomize_parameters
+from tests.helpers import gqa_and_repeated
 
 D, H = 32, 4
 SPECS = [
@@ -23,27 +23,6 @@ SPECS = [
 ]
 
 
-def _pair(spec, kvh, causal, backend):
-    """A GQA layer and the equal plain multi-head layer (its k/v weights repeated per group)."""
-    torch.manual_seed(0)
-    gqa = MultiheadAttention(D, H, spec, causal=causal, backend=backend, num_kv_heads=kvh)
-    randomize_parameters(gqa)
-    full = MultiheadAttention(D, H, spec, causal=causal, backend="eager")
-    d, g = D // H, H // kvh
-    with torch.no_grad():
-        q, k, v = gqa.qkv.weight.split([H * d, kvh * d, kvh * d])
-        qb, kb, vb = gqa.qkv.bias.split([H * d, kvh * d, kvh * d])
-
-        def rep(t):
-            return t.view(kvh, d, *t.shape[1:]).repeat_interleave(g, 0).reshape(H * d, *t.shape[1:])
-
-        full.qkv.weight.copy_(torch.cat([q, rep(k), rep(v)]))
-        full.qkv.bias.copy_(torch.cat([qb, rep(kb), rep(vb)]))
-        full.out.load_state_dict(gqa.out.state_dict())
-        full.scheme.load_state_dict(gqa.scheme.state_dict())
-    return gqa.eval(), full.eval()
-
-
 @pytest.mark.parametrize("backend", ["eager", "sdpa", "chunked", "auto"])
 @pytest.mark.parametrize("kvh", [1, 2])
 @pytest.mark.parametrize("causal", [False, True])
@@ -51,7 +30,7 @@ def _pair(spec, kvh, causal, backend):
 def test_gqa_equals_multi_head_with_repeated_kv_weights(spec, causal, kvh, backend):
     if backend == "sdpa" and isinstance(spec, dict) and spec["name"] == "shaw":
         pytest.skip("sdpa does not support a value term")
-    gqa, full = _pair(spec, kvh, causal, backend)
+    gqa, full = gqa_and_repeated(spec, kvh, causal, backend, d_model=D, num_heads=H)
     x = torch.randn(3, 11, D)
     segments = torch.tensor([[0] * 11, [0] * 4 + [1] * 5 + [-1] * 2, [-1] * 3 + [0] * 8])
     with torch.no_grad():
@@ -63,7 +42,7 @@ def test_gqa_equals_multi_head_with_repeated_kv_weights(spec, causal, kvh, backe
     "spec", ["rope", {"name": "t5", "num_buckets": 8, "max_distance": 12}], ids=str
 )
 def test_gqa_cached_decoding_equals_full_forward(spec):
-    gqa, _ = _pair(spec, 2, True, "auto")
+    gqa, _ = gqa_and_repeated(spec, 2, True, "auto", d_model=D, num_heads=H)
     x = torch.randn(2, 9, D)
     mask = torch.ones(2, 9, dtype=torch.bool)
     mask[1, :3] = False  # left-padded prompt
@@ -77,7 +56,7 @@ def test_gqa_cached_decoding_equals_full_forward(spec):
 
 
 def test_gqa_gradients_match_the_repeated_oracle():
-    gqa, full = _pair("rope", 2, True, "auto")
+    gqa, full = gqa_and_repeated("rope", 2, True, "auto", d_model=D, num_heads=H)
     gqa, full = gqa.double().train(), full.double().train()  # float64: no rounding to blur it
     x = torch.randn(2, 7, D, dtype=torch.float64, requires_grad=True)
     (gx,) = torch.autograd.grad(gqa(x).square().sum(), x)

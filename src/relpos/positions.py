@@ -89,6 +89,8 @@ class Positions:
     #: Static bound on ``|pos_i - pos_j|`` for two tokens of the same row, or None if unknown.
     #: Every constructor knows it (positions are ranks inside a row: ``n - 1``), so kernels can
     #: size relative tables to the distances that can occur without reading the data.
+    #: It bounds pairs of *these* tokens only: a query and a key of two different ``Positions``
+    #: (cross-attention) may be farther apart.
     span: int | None = None
     coords: Tensor | None = None
 
@@ -412,6 +414,7 @@ def resolve_positions(
     segment_ids: Tensor | None = None,
     cached: Positions | None = None,
     device: torch.device | None = None,
+    prefix: str = "",
 ) -> Positions:
     """The :class:`Positions` of ``n`` new tokens in ``batch`` rows, from whichever the caller gave.
 
@@ -419,9 +422,13 @@ def resolve_positions(
     With none, the tokens continue ``cached`` (the KV cache's positions) or start at 0. With a
     non-empty cache, a mask or segment ids would not say where the new tokens continue, so pass
     ``positions`` (e.g. ``cache.positions.continued(n)``) or nothing.
+
+    ``prefix`` goes before the argument names in error messages, so that a caller whose arguments
+    are called e.g. ``context_positions`` gets errors that name them (``prefix="context_"``).
     """
+    names = {a: prefix + a for a in ("positions", "padding_mask", "segment_ids")}
     given = [
-        name
+        names[name]
         for name, v in (
             ("positions", positions),
             ("padding_mask", padding_mask),
@@ -430,8 +437,8 @@ def resolve_positions(
         if v is not None
     ]
     if len(given) > 1:
-        raise ValueError(f"pass at most one of positions, padding_mask, segment_ids; got {given}")
-    if cached is not None and len(cached) and given and given[0] != "positions":
+        raise ValueError(f"pass at most one of {', '.join(names.values())}; got {given}")
+    if cached is not None and len(cached) and given and given[0] != names["positions"]:
         raise ValueError(
             f"{given[0]} cannot be combined with a non-empty KV cache: pass positions= "
             "(e.g. cache.positions.continued(n)) or nothing to continue each row"
@@ -440,14 +447,15 @@ def resolve_positions(
         if mask is None:
             continue
         if not isinstance(mask, Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(mask).__name__}")
+            raise TypeError(f"{names[name]} must be a torch.Tensor, got {type(mask).__name__}")
         if mask.ndim != 2 or tuple(mask.shape) != (batch, n):
             raise ValueError(
-                f"{name} must have shape (b, n) = ({batch}, {n}), got {tuple(mask.shape)}"
+                f"{names[name]} must have shape (b, n) = ({batch}, {n}), got {tuple(mask.shape)}"
             )
     if padding_mask is not None and padding_mask.dtype != torch.bool:
         raise TypeError(
-            f"padding_mask must be a bool tensor (True = token), got dtype {padding_mask.dtype}"
+            f"{names['padding_mask']} must be a bool tensor (True = token), got dtype "
+            f"{padding_mask.dtype}"
         )
     if padding_mask is not None:
         positions = Positions.from_padding_mask(padding_mask)
@@ -459,10 +467,10 @@ def resolve_positions(
         else:
             positions = Positions.from_length(n, device=device)
     if not isinstance(positions, Positions):
-        raise TypeError(f"positions must be a Positions, got {type(positions).__name__}")
+        raise TypeError(f"{names['positions']} must be a Positions, got {type(positions).__name__}")
     if len(positions) != n or positions.batch not in (1, batch):
         raise ValueError(
-            f"positions have shape (b, n) = {tuple(positions.pos.shape)}; expected "
+            f"{names['positions']} have shape (b, n) = {tuple(positions.pos.shape)}; expected "
             f"({batch}, {n}) or (1, {n})"
         )
     if device is not None and positions.device != torch.device(device):

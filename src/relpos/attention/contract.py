@@ -13,7 +13,7 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
-from ..positions import Positions
+from ..positions import PAD_SEGMENT, Positions
 from ..schemes.base import Scheme
 
 __all__ = [
@@ -21,6 +21,7 @@ __all__ = [
     "empty_attention",
     "is_empty",
     "needs_grad",
+    "rows_with_keys",
     "validate_attention_inputs",
     "zero_padding_keys",
 ]
@@ -76,6 +77,26 @@ def empty_attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
     """The result when :func:`is_empty`: ``(b, h, 0, d)``, or zeros for queries with no keys —
     ``eager``'s result, still connected to the graph."""
     return (q @ k.transpose(-1, -2) @ v).to(q.dtype)
+
+
+def rows_with_keys(q_positions: Positions, k_positions: Positions, causal: bool) -> Tensor:
+    """``(b, i)`` bool: queries with at least one key to attend to, in ``O(i + j)`` memory.
+
+    A query needs a real key of its own segment (at a position ``<=`` its own when causal): the
+    smallest key position of each segment decides. ``b`` is the larger of the two batches.
+    """
+    b = max(q_positions.batch, k_positions.batch)
+    qp, kp = q_positions.expand(b), k_positions.expand(b)
+    if len(qp) == 0 or len(kp) == 0:
+        return torch.zeros(b, len(qp), dtype=torch.bool, device=qp.device)
+    nseg = int(max(qp.seg.max(), kp.seg.max(), 0)) + 2  # slot 0 for padding (-1)
+    big = torch.iinfo(torch.int64).max
+    first = torch.full((b, nseg), big, dtype=torch.long, device=kp.pos.device)
+    first.scatter_reduce_(1, kp.seg + 1, kp.pos, reduce="amin")
+    first[:, 0] = big  # padding keys do not count
+    lowest = torch.gather(first, 1, qp.seg + 1)  # (b, i)
+    ok = (qp.seg != PAD_SEGMENT) & (lowest != big)
+    return ok & (lowest <= qp.pos) if causal else ok
 
 
 def needs_grad(scheme: Scheme, *tensors: Tensor) -> bool:

@@ -43,12 +43,13 @@ from .contract import (
     empty_attention,
     is_empty,
     needs_grad,
+    rows_with_keys,
     validate_attention_inputs,
     zero_padding_keys,
 )
 from .memo import BoundedCache
 
-__all__ = ["flex_attention_backend", "flex_available", "flex_supports", "rows_with_keys"]
+__all__ = ["flex_attention_backend", "flex_available", "flex_supports"]
 
 try:  # FlexAttention appeared in torch 2.5
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
@@ -238,21 +239,3 @@ def _pad_head_dim_on_cpu(q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
         return q, k
     pad = _CPU_SAFE_HEAD_DIM - d
     return torch.nn.functional.pad(q, (0, pad)), torch.nn.functional.pad(k, (0, pad))
-
-
-def rows_with_keys(q_positions: Positions, k_positions: Positions, causal: bool) -> Tensor:
-    """``(b, i)`` bool: queries with at least one key to attend to, in ``O(i + j)`` memory.
-
-    A query needs a real key of its own segment (at a position ``<=`` its own when causal): the
-    smallest key position of each segment decides.
-    """
-    b = max(q_positions.batch, k_positions.batch)
-    qp, kp = q_positions.expand(b), k_positions.expand(b)
-    nseg = int(max(qp.seg.max(), kp.seg.max(), 0)) + 2  # slot 0 for padding (-1)
-    big = torch.iinfo(torch.int64).max
-    first = torch.full((b, nseg), big, dtype=torch.long, device=kp.pos.device)
-    first.scatter_reduce_(1, kp.seg + 1, kp.pos, reduce="amin")
-    first[:, 0] = big  # padding keys do not count
-    lowest = torch.gather(first, 1, qp.seg + 1)  # (b, i)
-    ok = (qp.seg != PAD_SEGMENT) & (lowest != big)
-    return ok & (lowest <= qp.pos) if causal else ok

@@ -1,22 +1,33 @@
-"""Multi-head attention that takes any positional scheme, any masks and an optional KV cache."""
+"""Multi-head self- or cross-attention that takes any positional scheme, any masks and an optional
+KV cache."""
 
 from __future__ import annotations
 
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..positions import Positions, resolve_positions
 from ..schemes.base import Scheme, SchemeConfig, check_heads, check_int, make_scheme
 from .backends import get_backend
 from .cache import KVCache
+from .contract import rows_with_keys
 
 __all__ = ["MultiheadAttention"]
 
 
 class MultiheadAttention(nn.Module):
-    """Multi-head self-attention with a positional scheme; grouped-query attention optional.
+    """Multi-head self- or cross-attention with a positional scheme; grouped-query attention
+    optional.
+
+    Self-attention reads queries, keys and values from ``x``. Cross-attention (``context=``) reads
+    queries from ``x`` and keys and values from ``context``, each stream at its own
+    :class:`Positions`: the scheme sees the distance ``k_pos - q_pos`` between a query and a
+    context token (RoPE rotates each by its own position), segment ``s`` of the queries attends to
+    segment ``s`` of the context (packed pairs of documents), and ``causal`` keeps its meaning
+    (``k_pos <= q_pos``). Both uses share the same weights.
 
     Args:
         d_model: model width, divisible by ``num_heads``.
@@ -36,7 +47,10 @@ class MultiheadAttention(nn.Module):
             (see ``docs/performance.md``).
 
     Shapes:
-        ``x``: ``(b, n, d_model)``; returns ``(b, n, d_model)``. Outputs of padding tokens are 0.
+        ``b`` batch, ``n`` queries, ``m`` context tokens. ``x``: ``(b, n, d_model)``; ``context``:
+        ``(b, m, d_model)``; returns ``(b, n, d_model)``. The output of a query with no key to
+        attend to is exactly 0: padding, and in cross-attention also a query whose segment has no
+        context token (or, when causal, none at a position ``<=`` its own).
     """
 
     def __init__(
@@ -78,15 +92,24 @@ class MultiheadAttention(nn.Module):
         padding_mask: Tensor | None = None,
         segment_ids: Tensor | None = None,
         cache: KVCache | None = None,
+        context: Tensor | None = None,
+        context_positions: Positions | None = None,
+        context_padding_mask: Tensor | None = None,
+        context_segment_ids: Tensor | None = None,
     ) -> Tensor:
-        """Attend over ``x`` (and the cache's keys).
+        """Attend over ``x`` (and the cache's keys), or over ``context``.
 
         Args:
-            x: ``(b, n, d_model)``.
-            positions: where each token is; or give ``padding_mask`` (``(b, n)`` bool, True =
-                token) or ``segment_ids`` (``(b, n)`` int, -1 = padding). Default: ``0..n-1``, or
-                continuing the cache.
-            cache: a :class:`KVCache` to read and extend (incremental decoding).
+            x: ``(b, n, d_model)``, the queries' tokens (and the keys' without ``context``).
+            positions: where each token of ``x`` is; or give ``padding_mask`` (``(b, n)`` bool,
+                True = token) or ``segment_ids`` (``(b, n)`` int, -1 = padding). Default:
+                ``0..n-1``, or continuing the cache.
+            cache: a :class:`KVCache` to read and extend (incremental decoding). Not with
+                ``context``: a cross-attention layer takes the whole context at every step.
+            context: ``(b, m, d_model)``: cross-attention, keys and values from these tokens.
+            context_positions: where each context token is; or give ``context_padding_mask``
+                (``(b, m)`` bool) or ``context_segment_ids`` (``(b, m)`` int). Default:
+                ``0..m-1``. Only with ``context``.
         """
         if not isinstance(x, Tensor) or x.ndim != 3 or x.shape[-1] != self.d_model:
             shape = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
@@ -94,6 +117,17 @@ class MultiheadAttention(nn.Module):
         if not x.dtype.is_floating_point:
             raise TypeError(f"x must be a floating tensor, got dtype {x.dtype}")
         b, n, _ = x.shape
+        context_given = {
+            "context_positions": context_positions,
+            "context_padding_mask": context_padding_mask,
+            "context_segment_ids": context_segment_ids,
+        }
+        if context is None:
+            named = [name for name, v in context_given.items() if v is not None]
+            if named:
+                raise ValueError(f"{', '.join(named)} given without context=")
+        else:
+            self._check_context(x, context, cache)
         positions = resolve_positions(
             b,
             n,
@@ -104,17 +138,34 @@ class MultiheadAttention(nn.Module):
             device=x.device,
         )
         h, kvh, d = self.num_heads, self.num_kv_heads, self.head_dim
-        q, k, v = self.qkv(x).split([h * d, kvh * d, kvh * d], dim=-1)
+        if context is None:
+            q, k, v = self.qkv(x).split([h * d, kvh * d, kvh * d], dim=-1)
+            k_positions = positions
+        else:
+            k_positions = resolve_positions(
+                b,
+                context.shape[1],
+                positions=context_positions,
+                padding_mask=context_padding_mask,
+                segment_ids=context_segment_ids,
+                device=x.device,
+                prefix="context_",
+            )
+            # The fused weight's query rows on x, its key and value rows on the context.
+            weight, bias = self.qkv.weight, self.qkv.bias
+            q = F.linear(x, weight[: h * d], None if bias is None else bias[: h * d])
+            kv = F.linear(context, weight[h * d :], None if bias is None else bias[h * d :])
+            k, v = kv.split([kvh * d, kvh * d], dim=-1)
+        m = k.shape[1]  # keys: n, or the context's length
         q = q.view(b, n, h, d).transpose(1, 2)
-        k = k.view(b, n, kvh, d).transpose(1, 2)
-        v = v.view(b, n, kvh, d).transpose(1, 2)
-        k_positions = positions
+        k = k.view(b, m, kvh, d).transpose(1, 2)
+        v = v.view(b, m, kvh, d).transpose(1, 2)
         if self.scheme.rotates_cached_keys:  # the cache holds raw keys; rotate all of them
             if cache is not None:
                 k, v, k_positions = cache.update(k, v, positions)
             q, k = self.scheme.rotate(q, k, positions, k_positions)
         else:  # rotate the new keys once, before they enter the cache
-            q, k = self.scheme.rotate(q, k, positions, positions)
+            q, k = self.scheme.rotate(q, k, positions, k_positions)
             if cache is not None:
                 k, v, k_positions = cache.update(k, v, positions)
         if kvh != h:  # every query head of a group reads its group's key/value head
@@ -131,8 +182,34 @@ class MultiheadAttention(nn.Module):
             training=self.training,
         )
         y = self.out(y.transpose(1, 2).reshape(b, n, self.d_model))
-        # Padding tokens attend nowhere: their output is exactly zero (not the projection's bias).
-        return torch.where(positions.valid.unsqueeze(-1), y, 0.0)
+        # A query that attends nowhere outputs exactly zero (not the projection's bias). In
+        # self-attention that is padding; a cross-attention query may also find no context token.
+        attends = (
+            positions.valid
+            if context is None
+            else rows_with_keys(positions, k_positions, self.causal)
+        )
+        return torch.where(attends.unsqueeze(-1), y, 0.0)
+
+    def _check_context(self, x: Tensor, context: Tensor, cache: KVCache | None) -> None:
+        """Raise a clear error unless ``context`` fits ``x`` (``(b, m, d_model)``, ``x``'s dtype)
+        and no cache is given."""
+        b = x.shape[0]
+        if not isinstance(context, Tensor):
+            raise TypeError(f"context must be a torch.Tensor, got {type(context).__name__}")
+        if context.ndim != 3 or context.shape[0] != b or context.shape[-1] != self.d_model:
+            raise ValueError(
+                f"context must have shape (b={b}, m, d_model={self.d_model}), got "
+                f"{tuple(context.shape)}"
+            )
+        if context.dtype != x.dtype:
+            raise TypeError(f"context must have x's dtype {x.dtype}, got dtype {context.dtype}")
+        if cache is not None:
+            raise ValueError(
+                "cache cannot be combined with context: a cross-attention layer has no keys of "
+                "its own to cache; pass the context at every decoding step (with the queries' "
+                "positions=) and no cache"
+            )
 
     def extra_repr(self) -> str:
         kv = "" if self.num_kv_heads == self.num_heads else f", num_kv_heads={self.num_kv_heads}"

@@ -216,7 +216,12 @@ def scaled_rope_frequencies(
 
 
 def sequence_rope_frequencies(
-    rotary_dim: int, theta: float, scaling: dict[str, Any], lengths: Tensor
+    rotary_dim: int,
+    theta: float,
+    scaling: dict[str, Any],
+    lengths: Tensor,
+    *,
+    dtype: torch.dtype = torch.float32,
 ) -> Tensor:
     """Per-token inverse frequencies of a length-dependent scaling (``dynamic``, ``longrope``),
     from the length of each token's own sequence.
@@ -226,8 +231,8 @@ def sequence_rope_frequencies(
             a packed row; everything seen so far when decoding).
 
     Returns:
-        ``(b, n, r/2)`` float32. Sequences up to ``original_max_position_embeddings`` get exactly
-        :func:`scaled_rope_frequencies`.
+        ``(b, n, r/2)`` in ``dtype`` (float32; float64 for a float64 model). Sequences up to
+        ``original_max_position_embeddings`` get exactly :func:`scaled_rope_frequencies`.
     """
     kind = scaling["rope_type"]
     if kind not in LENGTH_DEPENDENT:
@@ -245,4 +250,4 @@ def sequence_rope_frequencies(
     else:
         short_f, long_f = (f.to(lengths.device) for f in _longrope_factors(rotary_dim, scaling))
         inv = theta ** (-exponent) / torch.where(long, long_f, short_f)
-    return inv.to(torch.float32)
+    return inv.to(dtype)

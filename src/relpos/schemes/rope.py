@@ -187,7 +187,9 @@ class Rotary(Scheme):
     def _angles(self, positions: Positions, lengths: Tensor | None) -> Tensor:
         c = self.config
         if lengths is not None:
-            inv = sequence_rope_frequencies(self.rotary_dim, c.theta, c.scaling_dict, lengths)
+            inv = sequence_rope_frequencies(
+                self.rotary_dim, c.theta, c.scaling_dict, lengths, dtype=self.inv_freq.dtype
+            )
             return rope_angles(positions.pos, inv)
         if c.sections is None or positions.coords is None:
             return rope_angles(positions.pos, self.inv_freq)
