@@ -32,7 +32,7 @@ from relpos.attention.chunked.region import far_field
 from relpos.attention.contract import rows_with_keys
 from relpos.attention.flex import flex_attention_backend, flex_available, flex_supports
 from relpos.attention.sdpa import sdpa_attention, sdpa_supports
-from tests.helpers import SCHEME_SPECS, random_segments, randomize_parameters, spec_id
+from tests.helpers import BACKEND_SPECS, random_segments, randomize_parameters, spec_id
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore::UserWarning"),
@@ -156,7 +156,7 @@ def supported(backend: str, spec: dict) -> bool:
 # ------------------------------------------------------------------------------ parity, float64
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
-@pytest.mark.parametrize("spec", SCHEME_SPECS, ids=spec_id)
+@pytest.mark.parametrize("spec", BACKEND_SPECS, ids=spec_id)
 @pytest.mark.parametrize("backend", FAST_BACKENDS)
 def test_backend_matches_eager(backend, spec, causal, layout):
     if not supported(backend, spec):
@@ -170,7 +170,7 @@ def test_backend_matches_eager(backend, spec, causal, layout):
 @pytest.mark.slow
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
-@pytest.mark.parametrize("spec", SCHEME_SPECS, ids=spec_id)
+@pytest.mark.parametrize("spec", BACKEND_SPECS, ids=spec_id)
 @pytest.mark.parametrize("backend", FAST_BACKENDS)
 def test_backend_matches_eager_longer(backend, spec, causal, layout):
     if not supported(backend, spec):
@@ -183,7 +183,7 @@ def test_backend_matches_eager_longer(backend, spec, causal, layout):
 
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
 @pytest.mark.parametrize(
-    "spec", [s for s in SCHEME_SPECS if s["name"] in ("shaw", "t5", "music", "alibi")], ids=spec_id
+    "spec", [s for s in BACKEND_SPECS if s["name"] in ("shaw", "t5", "music", "alibi")], ids=spec_id
 )
 def test_chunked_fast_paths_cover_far_field(spec, causal):
     """Long plain sequences: the region path hands clipped distances to the fused kernel (both
@@ -211,7 +211,7 @@ def test_chunked_tiles_any_block_sizes(seed, q_block, k_block, layout, causal):
     """Random shapes, layouts and tile sizes: tiles cut through documents, padding, diagonal."""
     if layout.startswith("cached"):
         causal = True
-    spec = SCHEME_SPECS[seed % len(SCHEME_SPECS)]
+    spec = BACKEND_SPECS[seed % len(BACKEND_SPECS)]
     rng = random.Random(seed)
     b, h, d, n = rng.randint(1, 3), rng.randint(1, 2), 2 * rng.randint(2, 3), rng.randint(2, 24)
     scheme = relpos.make_scheme(spec, d_model=h * d, num_heads=h, causal=causal).double()
@@ -232,7 +232,7 @@ def test_chunked_tiles_any_block_sizes(seed, q_block, k_block, layout, causal):
 
 # ------------------------------------------------------------------------------ parity, float32
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
-@pytest.mark.parametrize("spec", SCHEME_SPECS, ids=spec_id)
+@pytest.mark.parametrize("spec", BACKEND_SPECS, ids=spec_id)
 @pytest.mark.parametrize(
     ("backend", "layout"), [("sdpa", "packed"), ("chunked", "plain"), ("chunked-tiles", "packed")]
 )
@@ -245,7 +245,7 @@ def test_backend_matches_eager_float32(backend, spec, causal, layout):
 
 
 # ------------------------------------------------------------------------------ masked rows
-@pytest.mark.parametrize("spec", SCHEME_SPECS, ids=spec_id)
+@pytest.mark.parametrize("spec", BACKEND_SPECS, ids=spec_id)
 @pytest.mark.parametrize("backend", FAST_BACKENDS)
 def test_fully_masked_rows_give_zeros_and_finite_grads(backend, spec):
     if not supported(backend, spec):
@@ -528,7 +528,7 @@ FLEX_CASES = [
 ]
 FLEX_SLOW_CASES = [
     (spec, causal, layout)
-    for spec in SCHEME_SPECS
+    for spec in BACKEND_SPECS
     if not has_value_term(spec)
     for causal in (True, False)
     for layout in ("plain", "left-pad", "packed", "cached")

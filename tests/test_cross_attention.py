@@ -25,7 +25,7 @@ from relpos.attention.chunked import chunked_attention
 from relpos.attention.flex import flex_available, flex_supports
 from relpos.attention.sdpa import sdpa_supports
 from tests import oracles
-from tests.helpers import SCHEME_SPECS, gqa_and_repeated, randomize_parameters, spec_id
+from tests.helpers import BACKEND_SPECS, gqa_and_repeated, randomize_parameters, spec_id
 
 pytestmark = [
     pytest.mark.usefixtures("one_thread"),  # tiny shapes: threads only add overhead
@@ -37,7 +37,7 @@ pytestmark = [
 H, HEAD_DIM = 2, 4
 D = H * HEAD_DIM
 #: Schemes that act inside attention (an ``embed``-only scheme never reaches the layer).
-ATTENTION_SPECS = [s for s in SCHEME_SPECS if relpos.SCHEMES[s["name"]].hooks != {"embed"}]
+ATTENTION_SPECS = [s for s in BACKEND_SPECS if relpos.SCHEMES[s["name"]].hooks != {"embed"}]
 #: plain: both ``from_length``, more queries than keys; offsets: both ``from_length`` with
 #: different offsets, fewer queries than keys; aligned: both ``from_length``, as many queries as
 #: keys, different offsets (what a fast path that took equal lengths for self-attention would get
