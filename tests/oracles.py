@@ -73,6 +73,12 @@ def logit_term(scheme: relpos.Scheme, q: Tensor, h: int, pi: int, pj: int) -> Te
             max_distance=c.max_distance,
         )
         return scheme.table[b, h]
+    if isinstance(scheme, relpos.Kerple):  # Chi et al., 2022, §4, with the clamped parameters
+        r1, r2 = (t[h] for t in scheme.parameters_in_range())
+        distance = abs(pj - pi)
+        if scheme.config.variant == "log":
+            return -r1 * torch.log1p(r2 * distance)
+        return -r1 * distance**r2
     if isinstance(scheme, relpos.ALiBi):
         slope = alibi_slope(h, scheme.num_heads)
         return slope * (pj - pi) if scheme.causal else -slope * abs(pj - pi)

@@ -193,7 +193,7 @@ def test_torch_compile_smoke(spec):
     [
         s
         for s in SCHEME_SPECS
-        if s["name"] in ("shaw", "music", "t5", "learned") or s.get("learned_freq")
+        if s["name"] in ("shaw", "music", "t5", "learned", "kerple") or s.get("learned_freq")
     ],
     ids=spec_id,
 )

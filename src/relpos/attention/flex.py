@@ -8,7 +8,8 @@ relative table.
   their indices): ALiBi ``±slope_h·(p_j - p_i)``; relative-form schemes (T5, Shaw keys, Music
   Transformer) ``rel[b, h, i, r(p_j - p_i)]`` where ``rel = relative_logits(q)`` is ``(b, h, i, R)``
   (``q·Eᵀ`` for Shaw and the Music Transformer, the bucket table for T5) and ``r`` a lookup table
-  from distance to relative row, so nothing ``(i, j)`` is materialised.
+  from distance to relative row; a distance-function bias (KERPLE) ``table[h, p_j - p_i - lo]``
+  from its table over the distances the call can see, so nothing ``(i, j)`` is materialised.
 * The ``BlockMask`` says which pairs may attend (same segment, real tokens, and ``p_j <= p_i`` when
   causal); blocks with no allowed pair are skipped. For plain positions it is cached per shape.
 * Shaw's value term is not expressible (FlexAttention returns no probabilities): unsupported.
@@ -38,7 +39,7 @@ import torch
 from torch import Tensor
 
 from ..positions import PAD_SEGMENT, Positions
-from ..schemes.base import LinearBiasScheme, RelativeScheme, Scheme
+from ..schemes.base import DistanceBiasScheme, LinearBiasScheme, RelativeScheme, Scheme
 from .contract import (
     empty_attention,
     is_empty,
@@ -77,7 +78,8 @@ def flex_supports(
 
     Not with a value term (Shaw values), not with gradients on CPU (Inductor compiles
     FlexAttention's CPU kernel for inference only), and a bias only from a
-    :class:`~relpos.schemes.RelativeScheme` or a :class:`~relpos.schemes.LinearBiasScheme`.
+    :class:`~relpos.schemes.RelativeScheme`, a :class:`~relpos.schemes.LinearBiasScheme` or a
+    :class:`~relpos.schemes.DistanceBiasScheme`.
     """
     if not flex_available() or "value_term" in scheme.hooks:
         return False
@@ -86,7 +88,7 @@ def flex_supports(
         return False
     if "score_bias" not in scheme.hooks:
         return True
-    return isinstance(scheme, LinearBiasScheme | RelativeScheme)
+    return isinstance(scheme, LinearBiasScheme | RelativeScheme | DistanceBiasScheme)
 
 
 def _compiled_flex() -> Callable[..., Tensor]:
@@ -161,6 +163,15 @@ def _score_mod(scheme: Scheme, q: Tensor, q_positions: Positions, k_positions: P
             return score + slopes[h] * dist
 
         return alibi_mod
+    if isinstance(scheme, DistanceBiasScheme):
+        lo, table = scheme.distance_table(q_positions, k_positions)  # (h, D)
+        table = table.to(device=q.device, dtype=torch.float32)
+
+        def distance_mod(score, b, h, q_idx, kv_idx):
+            dist = kpos[b if kb > 1 else 0, kv_idx] - qpos[b if qb > 1 else 0, q_idx]
+            return score + table[h, dist - lo]
+
+        return distance_mod
     rel = scheme.relative_logits(q).float()  # (b|1, h, i|1, R)
     per_query, rb = rel.shape[2] > 1, rel.shape[0]
     lut, offset = _distance_lut(scheme, q_positions, k_positions, q.device)

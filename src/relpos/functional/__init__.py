@@ -2,6 +2,7 @@
 
 from .alibi import alibi_bias, alibi_slopes
 from .dtypes import compute_dtype
+from .kerple import kerple_bias
 from .relative import clipped_relative_index, relative_distance
 from .rope import apply_rope, rope_angles, rope_frequencies
 from .rope_scaling import scaled_rope_frequencies, sequence_rope_frequencies
@@ -17,6 +18,7 @@ __all__ = [
     "clipped_relative_index",
     "compute_dtype",
     "gather_relative",
+    "kerple_bias",
     "relative_distance",
     "rope_angles",
     "rope_frequencies",

@@ -4,6 +4,7 @@ from .absolute import LearnedAbsolute, LearnedAbsoluteConfig, Sinusoidal, Sinuso
 from .alibi import ALiBi, ALiBiConfig
 from .base import (
     SCHEMES,
+    DistanceBiasScheme,
     LinearBiasScheme,
     RelativeScheme,
     Scheme,
@@ -13,6 +14,7 @@ from .base import (
     register,
     scheme_config,
 )
+from .kerple import Kerple, KerpleConfig
 from .music import MusicConfig, MusicRelative
 from .nope import NoPE, NoPEConfig
 from .rope import Rotary, RotaryConfig
@@ -23,6 +25,9 @@ __all__ = [
     "SCHEMES",
     "ALiBi",
     "ALiBiConfig",
+    "DistanceBiasScheme",
+    "Kerple",
+    "KerpleConfig",
     "LearnedAbsolute",
     "LearnedAbsoluteConfig",
     "LinearBiasScheme",

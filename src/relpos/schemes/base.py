@@ -24,6 +24,8 @@ Two declared refinements tell the fast backends what else a scheme offers:
   ``flex`` gather those rows themselves and never build ``(i, j)``.
 * :class:`LinearBiasScheme` — the logit term is ``slope_h·(p_j - p_i)`` (causal) or
   ``-slope_h·|p_j - p_i|`` (bidirectional) with fixed per-head ``slopes``: ALiBi.
+* :class:`DistanceBiasScheme` — the logit term is any per-head function of the signed distance
+  (KERPLE), evaluated once per distinct distance and gathered.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ from ..positions import Positions
 
 __all__ = [
     "SCHEMES",
+    "DistanceBiasScheme",
     "LinearBiasScheme",
     "RelativeScheme",
     "Scheme",
@@ -247,6 +250,40 @@ class RelativeScheme(Scheme):
         mass = probs.new_zeros(*probs.shape[:-1], self.num_relative, dtype=dtype)
         scatter_relative(mass, index, probs.to(dtype))
         return self.relative_value(mass)
+
+
+class DistanceBiasScheme(Scheme):
+    """A scheme whose logit term is a per-head function of the signed distance only,
+    ``f_h(p_j - p_i)`` (KERPLE; the distance-function biases).
+
+    Subclasses implement :meth:`distance_bias`. ``score_bias`` evaluates it once per distance the
+    call can see (``D <= max(p) - min(p)`` over queries and keys, so ``O(h·D)`` work, never
+    ``O(h·i·j)`` evaluations of the function) and gathers the table by each pair's distance.
+    Reading the range of positions costs one device sync per call.
+    """
+
+    hooks: ClassVar[frozenset[str]] = frozenset({"score_bias"})
+
+    @abstractmethod
+    def distance_bias(self, distance: Tensor) -> Tensor:
+        """The bias of each distance for each head: ``(h, D)`` float32 for ``(D,)`` int64."""
+
+    def distance_table(self, q_positions: Positions, k_positions: Positions) -> tuple[int, Tensor]:
+        """``(lo, table)``: the bias of distance ``δ`` for head ``h`` is ``table[h, δ - lo]``, for
+        every distance between these queries and keys; ``table`` is ``(h, D)`` float32."""
+        qp, kp = q_positions.pos, k_positions.pos
+        lo = int(kp.min() - qp.max())  # every pair's distance lies in [lo, hi]
+        hi = int(kp.max() - qp.min())
+        table = self.distance_bias(torch.arange(lo, hi + 1, device=qp.device))
+        return lo, table.to(compute_dtype(table.dtype))
+
+    def score_bias(self, q: Tensor, q_positions: Positions, k_positions: Positions) -> Tensor:
+        dist = q_positions.distance(k_positions)  # (b|1, i, j)
+        if dist.numel() == 0:
+            shape = (dist.shape[0], self.num_heads, *dist.shape[1:])
+            return dist.new_zeros(shape, dtype=torch.float32)
+        lo, table = self.distance_table(q_positions, k_positions)
+        return gather_relative(table.unsqueeze(0).unsqueeze(2), dist - lo)
 
 
 class LinearBiasScheme(Scheme):

@@ -1,0 +1,63 @@
+"""KERPLE relative positional bias (Chi et al., 2022, §4)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from ..functional.dtypes import compute_dtype
+from ..functional.kerple import KERPLE_VARIANTS, kerple_bias
+from .base import DistanceBiasScheme, SchemeConfig, register
+
+__all__ = ["Kerple", "KerpleConfig"]
+
+#: Smallest value of ``r1`` and ``r2`` (and, for the power variant, largest ``r2``: 2).
+_EPS = 1e-2
+
+
+@dataclass(frozen=True)
+class KerpleConfig(SchemeConfig):
+    """Args:
+    variant: ``"log"`` (``-r1·log(1 + r2·|Δ|)``, the paper's better extrapolator) or ``"power"``
+        (``-r1·|Δ|^r2``).
+    """
+
+    name = "kerple"
+    variant: str = "log"
+
+    def validate(self) -> None:
+        if self.variant not in KERPLE_VARIANTS:
+            raise ValueError(f"variant must be one of {KERPLE_VARIANTS}, got {self.variant!r}")
+
+
+@register
+class Kerple(DistanceBiasScheme):
+    """A learned kernel of the distance per head added to the logits; ``r1`` and ``r2`` are
+    clamped into range at use (``r1, r2 >= 0.01``; ``r2 <= 2`` for the power variant), as in the
+    paper's code. Both directions use ``|Δ|``; the function is evaluated once per distinct
+    distance (:class:`~relpos.schemes.base.DistanceBiasScheme`).
+
+    Shapes:
+        ``score_bias`` returns float32 ``(b|1, h, i, j)``.
+    """
+
+    config_class = KerpleConfig
+
+    def __init__(self, config: KerpleConfig | None = None, **dims) -> None:
+        super().__init__(config, **dims)
+        h = self.num_heads
+        # The paper's initialisation: r1 ~ U(0, 2), r2 ~ U(0, 1), kept above _EPS.
+        self.r1 = nn.Parameter(torch.rand(h) * 2 + _EPS)
+        self.r2 = nn.Parameter(torch.rand(h) + _EPS)
+
+    def parameters_in_range(self) -> tuple[Tensor, Tensor]:
+        """``(r1, r2)`` clamped into their domain, in at least float32."""
+        dtype = compute_dtype(self.r1.dtype)
+        r2_max = 2.0 if self.config.variant == "power" else None
+        return self.r1.to(dtype).clamp(min=_EPS), self.r2.to(dtype).clamp(min=_EPS, max=r2_max)
+
+    def distance_bias(self, distance: Tensor) -> Tensor:
+        r1, r2 = self.parameters_in_range()
+        return kerple_bias(distance, r1, r2, variant=self.config.variant)
