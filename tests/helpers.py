@@ -22,6 +22,7 @@ SCHEME_SPECS: list[dict] = [
     {"name": "music", "max_distance": 4},
     {"name": "t5", "num_buckets": 8, "max_distance": 12},
     {"name": "alibi"},
+    {"name": "learned_alibi"},
     {"name": "kerple"},
     {"name": "kerple", "variant": "power"},
     {"name": "rope"},

@@ -79,8 +79,12 @@ def logit_term(scheme: relpos.Scheme, q: Tensor, h: int, pi: int, pj: int) -> Te
         if scheme.config.variant == "log":
             return -r1 * torch.log1p(r2 * distance)
         return -r1 * distance**r2
+    if isinstance(scheme, relpos.LearnedALiBi):
+        slope = scheme.slopes[h].clamp(min=0.0)
+        return slope * (pj - pi) if scheme.causal else -slope * abs(pj - pi)
     if isinstance(scheme, relpos.ALiBi):
-        slope = alibi_slope(h, scheme.num_heads)
+        given = scheme.config.slopes
+        slope = given[h] if given else alibi_slope(h, scheme.num_heads)
         return slope * (pj - pi) if scheme.causal else -slope * abs(pj - pi)
     return 0.0
 

@@ -3,6 +3,8 @@ the keys they skip, against eager attention and against the bound's own claim.""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 from hypothesis import given, settings
@@ -13,6 +15,7 @@ from relpos import Positions
 from relpos.attention.backends import BACKENDS
 from relpos.attention.chunked import alibi as alibi_parts
 from relpos.attention.chunked import chunked_path
+from tests import oracles
 from tests.test_backends import assert_same, run_case
 
 
@@ -114,3 +117,76 @@ def test_reach_bound_holds_in_float32(seed, n, block, log_slope, amp, adversaria
 def test_reach_has_no_bound_for_infinite_norms():
     q = torch.full((1, 1, 4, 2), float("inf"))
     assert alibi_parts.alibi_reach(torch.tensor([1.0]), q, q, 1.0, 2) == [[-1], [-1]]
+
+
+# ------------------------------------------------------------------ per-head slopes
+def _oracle_case(spec: dict, causal: bool, backend: str, n: int = 40):
+    """``backend``'s attention and the loop oracle's, for 4 heads over a packed row."""
+    torch.manual_seed(0)
+    scheme = relpos.make_scheme(spec, d_model=16, num_heads=4, causal=causal).double()
+    pos = Positions.from_segments(
+        torch.tensor([[0] * (n // 2) + [1] * (n - n // 2 - 3) + [-1] * 3])
+    )
+    q, k, v = (torch.randn(1, 4, n, 4, dtype=torch.float64) for _ in range(3))
+    out = BACKENDS[backend](q, k, v, scheme, pos, pos, causal=causal)
+    e = pos.expand(1)
+    ref = oracles.attention(
+        scheme,
+        q,
+        k,
+        v,
+        e.pos.tolist(),
+        e.seg.tolist(),
+        e.pos.tolist(),
+        e.seg.tolist(),
+        causal=causal,
+    )
+    return out, ref
+
+
+@pytest.mark.parametrize("backend", ["eager", "sdpa", "chunked"])
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
+def test_custom_slopes_bias_only_the_heads_given(backend, causal):
+    """Slopes (0.5, 0, 0.25, 0): heads 1 and 3 get no bias; every backend equals the oracle."""
+    spec = {"name": "alibi", "slopes": [0.5, 0, 0.25, 0]}
+    out, ref = _oracle_case(spec, causal, backend)
+    torch.testing.assert_close(out, ref, rtol=1e-7, atol=1e-7)
+    none, _ = _oracle_case({"name": "alibi", "slopes": [0.0] * 4}, causal, backend)
+    nope, _ = _oracle_case("nope", causal, backend)
+    torch.testing.assert_close(none, nope)  # all slopes 0: no positions at all
+
+
+def test_custom_slopes_take_the_fused_path_and_match_eager():
+    spec = {"name": "alibi", "slopes": [0.5, 0.0]}
+    scheme = relpos.make_scheme(spec, d_model=8, num_heads=2, causal=True).double()
+    pos = Positions.from_length(600)
+    assert chunked_path(scheme, torch.zeros(1, 2, 600, 4), pos, pos) == "alibi"
+    q, k, v = (torch.randn(1, 2, 600, 4, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    outs = [BACKENDS[b](q, k, v, scheme, pos, pos, causal=True) for b in ("eager", "chunked")]
+    grads = [torch.autograd.grad(o.square().sum(), (q, k, v)) for o in outs]
+    torch.testing.assert_close(outs[1], outs[0], rtol=1e-9, atol=1e-9)
+    for g_chunked, g_eager in zip(grads[1], grads[0], strict=True):
+        torch.testing.assert_close(g_chunked, g_eager, rtol=1e-9, atol=1e-9)
+
+
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
+def test_learned_slopes_match_the_oracle_and_train(causal):
+    spec = {"name": "learned_alibi", "slopes": [0.5, 0.1, 0.25, 1.0]}
+    out, ref = _oracle_case(spec, causal, "eager")
+    torch.testing.assert_close(out, ref, rtol=1e-7, atol=1e-7)
+    attn = relpos.MultiheadAttention(16, 4, spec, causal=causal)
+    attn(torch.randn(2, 7, 16)).square().sum().backward()
+    assert attn.scheme.slopes.grad is not None and attn.scheme.slopes.grad.abs().sum() > 0
+    assert torch.equal(attn.scheme.slopes.detach(), torch.tensor([0.5, 0.1, 0.25, 1.0]))
+
+
+def test_slopes_config_round_trip_and_errors():
+    config = relpos.ALiBiConfig(slopes=[1, 0.5])
+    assert config.slopes == (1.0, 0.5)
+    assert relpos.config_from_dict(json.loads(json.dumps(config.to_dict()))) == config
+    with pytest.raises(ValueError, match="slopes has 2 entries; the layer has 4 heads"):
+        relpos.MultiheadAttention(16, 4, {"name": "alibi", "slopes": [1, 0.5]})
+    with pytest.raises(ValueError, match=r"slopes\[1\] must be a number >= 0, got -1"):
+        relpos.ALiBiConfig(slopes=[1, -1])
+    with pytest.raises(ValueError, match="slopes must be a non-empty list"):
+        relpos.LearnedALiBiConfig(slopes=[])

@@ -135,11 +135,12 @@ def test_state_dict_round_trip(spec):
     assert not torch.allclose(a(tokens), b(tokens))
     b.load_state_dict(a.state_dict())
     torch.testing.assert_close(b(tokens), a(tokens))
-    # Caches (ALiBi slopes, fixed RoPE frequencies) are rebuilt, never saved; learned frequencies
-    # are weights.
+    # Caches (ALiBi's fixed slopes, fixed RoPE frequencies) are rebuilt, never saved; learned
+    # frequencies and slopes are weights.
     saved_freq = any(".inv_freq" in k for k in a.state_dict())
     assert saved_freq == bool(spec.get("learned_freq"))
-    assert all(".slopes" not in k for k in a.state_dict())
+    saved_slopes = any(".slopes" in k for k in a.state_dict())
+    assert saved_slopes == (spec["name"] == "learned_alibi")
 
 
 @pytest.mark.parametrize("spec", SCHEME_SPECS, ids=spec_id)
@@ -193,7 +194,8 @@ def test_torch_compile_smoke(spec):
     [
         s
         for s in SCHEME_SPECS
-        if s["name"] in ("shaw", "music", "t5", "learned", "kerple") or s.get("learned_freq")
+        if s["name"] in ("shaw", "music", "t5", "learned", "kerple", "learned_alibi")
+        or s.get("learned_freq")
     ],
     ids=spec_id,
 )

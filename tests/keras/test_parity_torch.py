@@ -108,7 +108,8 @@ def test_bias_layers_equal_torch(kind, causal):
     allowed = p.allowed(p).unsqueeze(1).numpy()
     x = kt(np.zeros((b, n, 8), "float32"))
     kw = {"segment_ids": kt(lay["seg"])}
-    for spec in ("alibi", {"name": "t5", "num_buckets": 8, "max_distance": 5}):
+    alibi_some_heads = {"name": "alibi", "slopes": [0.5, 0.0, 0.25, 0.0]}
+    for spec in ("alibi", alibi_some_heads, {"name": "t5", "num_buckets": 8, "max_distance": 5}):
         module = relpos.make_scheme(spec, d_model=8 * h, num_heads=h, causal=causal)
         with torch.no_grad():
             want = module.score_bias(None, p, p).expand(b, h, n, n).numpy()
@@ -173,3 +174,14 @@ def test_alibi_layer_counts_positions_not_indices():
     got = np_(AlibiBias(2, causal=True)(kt(np.zeros((1, 5, 4), "float32")), mask=left))
     alone = np_(AlibiBias(2, causal=True)(kt(np.zeros((1, 3, 4), "float32"))))
     np.testing.assert_allclose(got[:, :, 2:, 2:], alone)
+
+
+def test_attention_with_per_head_alibi_slopes_equals_torch():
+    """Custom slopes (0: no bias on that head) reach the Keras scheme, not the paper's slopes."""
+    torch.manual_seed(0)
+    spec = {"name": "alibi", "slopes": [0.5, 0.0]}
+    module = relpos.MultiheadAttention(16, 2, spec, causal=True, backend="eager").eval()
+    x = torch.randn(2, 7, 16)
+    with torch.no_grad():
+        want = module(x).numpy()
+    np.testing.assert_allclose(np_(from_torch(module)(kt(x))), want, atol=1e-5, rtol=1e-5)

@@ -18,8 +18,8 @@ def _power_of_two_slopes(n: int) -> list[float]:
     return [start ** (i + 1) for i in range(n)]
 
 
-def alibi_slopes(num_heads: int) -> Tensor:
-    """Per-head slopes, float32, shape ``(h,)``.
+def alibi_slopes(num_heads: int, given: tuple[float, ...] | None = None) -> Tensor:
+    """Per-head slopes, float32, shape ``(h,)``: ``given`` (one per head), or the paper's.
 
     For a power of two ``n``: ``2^(-8/n), 2^(-16/n), …``. Otherwise (the paper's recipe): the slopes
     of the nearest lower power of two ``p``, then every other slope of ``2p`` for the remaining
@@ -27,6 +27,10 @@ def alibi_slopes(num_heads: int) -> Tensor:
     """
     if isinstance(num_heads, bool) or not isinstance(num_heads, int) or num_heads <= 0:
         raise ValueError(f"num_heads must be a positive int, got {num_heads!r}")
+    if given is not None:
+        if len(given) != num_heads:
+            raise ValueError(f"slopes has {len(given)} entries; the layer has {num_heads} heads")
+        return torch.tensor(given, dtype=torch.float32)
     p = 2 ** math.floor(math.log2(num_heads))
     slopes = _power_of_two_slopes(p)
     if p < num_heads:

@@ -99,5 +99,7 @@ def from_torch(module, *, dtype=None):
         layer.table.assign(_np(module.table))
         return layer
     if isinstance(module, ALiBi):
-        return AlibiBias(module.num_heads, causal=module.causal, dtype=dtype)
+        return AlibiBias(
+            module.num_heads, causal=module.causal, slopes=module.config.slopes, dtype=dtype
+        )
     raise TypeError(f"from_torch does not convert {type(module).__name__}")

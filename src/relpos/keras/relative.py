@@ -10,12 +10,14 @@ Shape legend: ``b`` batch, ``h`` heads, ``i`` queries, ``j`` keys, ``d`` feature
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import keras
 from keras import ops
 
 from ..functional.alibi import alibi_slopes
+from ..schemes import ALiBiConfig
 from .ops import alibi_bias, clipped_relative_index, relative_distance, t5_buckets
 from .positions import allowed_pairs, dense_and_mask, token_positions
 
@@ -133,16 +135,21 @@ class _HeadBias(_PairLayer):
 @keras.saving.register_keras_serializable(package="relpos")
 class AlibiBias(_HeadBias):
     """The ALiBi bias (Press et al., 2022) from positions: ``slope_h·(p_j - p_i)`` when causal,
-    ``-slope_h·|p_j - p_i|`` otherwise; slopes ``2^(-8/h)…`` (the paper's recipe for any ``h``).
+    ``-slope_h·|p_j - p_i|`` otherwise; slopes ``2^(-8/h)…`` (the paper's recipe for any ``h``),
+    or ``slopes``, one per head (0: no bias on that head).
 
     Returns float32 ``(b, h, i, j)`` to add to the scaled logits.
     """
 
-    def __init__(self, num_heads: int, causal: bool = False, **kwargs) -> None:
+    def __init__(
+        self, num_heads: int, causal: bool = False, slopes: Sequence[float] | None = None, **kwargs
+    ) -> None:
         super().__init__(**kwargs)
         _positive_int("num_heads", num_heads)
         self.num_heads, self.causal = num_heads, bool(causal)
-        self.slopes = tuple(alibi_slopes(num_heads).tolist())  # fixed: computed once
+        given = None if slopes is None else ALiBiConfig(slopes=slopes).slopes  # validated
+        self.given_slopes = given
+        self.slopes = tuple(alibi_slopes(num_heads, given).tolist())  # fixed: computed once
         self.built = True
 
     def pair_term(self, distance):
@@ -151,7 +158,8 @@ class AlibiBias(_HeadBias):
 
     def get_config(self) -> dict[str, Any]:
         config = super().get_config()
-        config.update(num_heads=self.num_heads, causal=self.causal)
+        slopes = None if self.given_slopes is None else list(self.given_slopes)
+        config.update(num_heads=self.num_heads, causal=self.causal, slopes=slopes)
         return config
 
 

@@ -163,7 +163,8 @@ class AlibiScheme(AttentionScheme):
 
     def __init__(self, config, **kwargs) -> None:
         super().__init__(config, **kwargs)
-        self.slopes = tuple(alibi_slopes(self.num_heads).tolist())  # fixed: computed once
+        # fixed: computed once (the config's per-head slopes, or the paper's)
+        self.slopes = tuple(alibi_slopes(self.num_heads, config.slopes).tolist())
 
     def score_bias(self, q, q_positions, k_positions):
         slopes = ops.convert_to_tensor(self.slopes, dtype="float32")

@@ -1,7 +1,7 @@
 """Every positional scheme, registered by name (see :data:`SCHEMES`)."""
 
 from .absolute import LearnedAbsolute, LearnedAbsoluteConfig, Sinusoidal, SinusoidalConfig
-from .alibi import ALiBi, ALiBiConfig
+from .alibi import ALiBi, ALiBiConfig, LearnedALiBi, LearnedALiBiConfig
 from .base import (
     SCHEMES,
     DistanceBiasScheme,
@@ -28,6 +28,8 @@ __all__ = [
     "DistanceBiasScheme",
     "Kerple",
     "KerpleConfig",
+    "LearnedALiBi",
+    "LearnedALiBiConfig",
     "LearnedAbsolute",
     "LearnedAbsoluteConfig",
     "LinearBiasScheme",

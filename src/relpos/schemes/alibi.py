@@ -1,18 +1,45 @@
-"""ALiBi (Press, Smith and Lewis, 2022, "Train Short, Test Long: Attention with Linear Biases")."""
+"""ALiBi (Press, Smith and Lewis, 2022, "Train Short, Test Long: Attention with Linear Biases"),
+with fixed or learned slopes."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..functional.alibi import alibi_slopes
-from .base import LinearBiasScheme, SchemeConfig, register
+from torch import Tensor, nn
 
-__all__ = ["ALiBi", "ALiBiConfig"]
+from ..functional.alibi import alibi_slopes
+from ..functional.dtypes import compute_dtype
+from .base import DistanceBiasScheme, LinearBiasScheme, SchemeConfig, register
+
+__all__ = ["ALiBi", "ALiBiConfig", "LearnedALiBi", "LearnedALiBiConfig"]
+
+
+def _check_slopes(slopes) -> tuple[float, ...] | None:
+    """Custom slopes as a tuple of floats ``>= 0`` (JSON gives a list), or None."""
+    if slopes is None:
+        return None
+    if not isinstance(slopes, list | tuple) or not slopes:
+        raise ValueError(
+            f"slopes must be a non-empty list of numbers (one per head), got {slopes!r}"
+        )
+    for h, s in enumerate(slopes):
+        if isinstance(s, bool) or not isinstance(s, int | float) or s < 0:
+            raise ValueError(f"slopes[{h}] must be a number >= 0, got {s!r}")
+    return tuple(float(s) for s in slopes)
 
 
 @dataclass(frozen=True)
 class ALiBiConfig(SchemeConfig):
+    """Args:
+    slopes: one slope per head instead of the paper's geometric sequence; a slope of 0 leaves
+        that head without a bias (per-head control: bias some heads, not others).
+    """
+
     name = "alibi"
+    slopes: tuple[float, ...] | None = None
+
+    def validate(self) -> None:
+        object.__setattr__(self, "slopes", _check_slopes(self.slopes))
 
 
 @register
@@ -26,4 +53,41 @@ class ALiBi(LinearBiasScheme):
 
     def __init__(self, config: ALiBiConfig | None = None, **dims) -> None:
         super().__init__(config, **dims)
-        self.register_buffer("slopes", alibi_slopes(self.num_heads), persistent=False)
+        slopes = alibi_slopes(self.num_heads, self.config.slopes)
+        self.register_buffer("slopes", slopes, persistent=False)
+
+
+@dataclass(frozen=True)
+class LearnedALiBiConfig(SchemeConfig):
+    """Args:
+    slopes: initial slopes, one per head (default: ALiBi's geometric sequence).
+    """
+
+    name = "learned_alibi"
+    slopes: tuple[float, ...] | None = None
+
+    def validate(self) -> None:
+        object.__setattr__(self, "slopes", _check_slopes(self.slopes))
+
+
+@register
+class LearnedALiBi(DistanceBiasScheme):
+    """ALiBi whose per-head slopes are trained: ``slope_h · (p_j - p_i)`` (causal) or
+    ``-slope_h · |p_j - p_i|`` (bidirectional), slopes initialised to ALiBi's (or the given ones)
+    and kept ``>= 0`` at use. A :class:`~relpos.schemes.base.DistanceBiasScheme`: its gradient
+    flows through the distance table, which ``chunked`` and ``flex`` read like any other.
+
+    Shapes:
+        ``score_bias`` returns float32 ``(b|1, h, i, j)``.
+    """
+
+    config_class = LearnedALiBiConfig
+
+    def __init__(self, config: LearnedALiBiConfig | None = None, **dims) -> None:
+        super().__init__(config, **dims)
+        self.slopes = nn.Parameter(alibi_slopes(self.num_heads, self.config.slopes))
+
+    def distance_bias(self, distance: Tensor) -> Tensor:
+        slopes = self.slopes.to(compute_dtype(self.slopes.dtype)).clamp(min=0.0).unsqueeze(-1)
+        d = distance.to(slopes.dtype).unsqueeze(0)
+        return slopes * (d if self.causal else -d.abs())
