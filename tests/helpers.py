@@ -25,6 +25,7 @@ SCHEME_SPECS: list[dict] = [
     {"name": "learned_alibi"},
     {"name": "kerple"},
     {"name": "kerple", "variant": "power"},
+    {"name": "dpb", "hidden": 8, "depth": 1, "log_distance": True},
     {"name": "rope"},
     {"name": "rope", "interleaved": True, "rotary_dim": 4},
     {

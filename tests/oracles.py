@@ -79,6 +79,11 @@ def logit_term(scheme: relpos.Scheme, q: Tensor, h: int, pi: int, pj: int) -> Te
         if scheme.config.variant == "log":
             return -r1 * torch.log1p(r2 * distance)
         return -r1 * distance**r2
+    if isinstance(scheme, relpos.DynamicPositionBias):  # the MLP on this one distance
+        x = float(abs(pj - pi) if scheme.causal else pj - pi)
+        if scheme.config.log_distance:
+            x = math.copysign(math.log1p(abs(x)), x)
+        return scheme.mlp(torch.tensor([[x]], dtype=scheme.mlp[0].weight.dtype))[0, h]
     if isinstance(scheme, relpos.LearnedALiBi):
         slope = scheme.slopes[h].clamp(min=0.0)
         return slope * (pj - pi) if scheme.causal else -slope * abs(pj - pi)

@@ -194,7 +194,7 @@ def test_torch_compile_smoke(spec):
     [
         s
         for s in SCHEME_SPECS
-        if s["name"] in ("shaw", "music", "t5", "learned", "kerple", "learned_alibi")
+        if s["name"] in ("shaw", "music", "t5", "learned", "kerple", "learned_alibi", "dpb")
         or s.get("learned_freq")
     ],
     ids=spec_id,

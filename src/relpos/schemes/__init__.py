@@ -14,6 +14,7 @@ from .base import (
     register,
     scheme_config,
 )
+from .dpb import DynamicPositionBias, DynamicPositionBiasConfig
 from .kerple import Kerple, KerpleConfig
 from .music import MusicConfig, MusicRelative
 from .nope import NoPE, NoPEConfig
@@ -26,6 +27,8 @@ __all__ = [
     "ALiBi",
     "ALiBiConfig",
     "DistanceBiasScheme",
+    "DynamicPositionBias",
+    "DynamicPositionBiasConfig",
     "Kerple",
     "KerpleConfig",
     "LearnedALiBi",
