@@ -64,17 +64,27 @@ def length_dependent(spec: dict) -> bool:
     )
 
 
-def _rotation_variant(spec: dict) -> bool:
-    """A RoPE variant that differs from plain RoPE only in its angles or scales."""
+def _same_backend_path(spec: dict) -> bool:
+    """A spec whose attention reaches every backend exactly as another spec's does: an absolute
+    scheme (attention sees NoPE), a RoPE variant that differs from plain RoPE only in its angles or
+    scales, or a distance-function bias other than KERPLE's (every
+    :class:`~relpos.schemes.DistanceBiasScheme` hands the backends a table of distances the same
+    way)."""
     keys = {"scaling", "learned_freq", "sections", "axial", "xpos_scale_base"}
-    return spec["name"] == "rope" and bool(keys & set(spec)) and not length_dependent(spec)
+    if spec["name"] == "rope":
+        return bool(keys & set(spec)) and not length_dependent(spec)
+    scheme = relpos.SCHEMES[spec["name"]]
+    if scheme.hooks == {"embed"}:
+        return True
+    return issubclass(scheme, relpos.DistanceBiasScheme) and spec != {"name": "kerple"}
 
 
-#: The specs the backend suites run. A backend receives q and k already rotated, so the RoPE
-#: variants that differ only in their angles test nothing more there: plain RoPE, the interleaved
-#: partial layout and dynamic NTK (whose keys rotate after the cache) stand for the family, and
-#: the conformance and oracle suites run every variant.
-BACKEND_SPECS: list[dict] = [s for s in SCHEME_SPECS if not _rotation_variant(s)]
+#: The specs the backend suites run: one per distinct path through the backends. A backend
+#: receives q and k already rotated, so plain RoPE, the interleaved partial layout and the
+#: length-dependent scalings (whose keys rotate after the cache) stand for the RoPE family, NoPE
+#: for the absolute schemes and KERPLE for the distance-function biases; the conformance and
+#: oracle suites run every spec.
+BACKEND_SPECS: list[dict] = [s for s in SCHEME_SPECS if not _same_backend_path(s)]
 
 
 def spec_id(spec: dict) -> str:
