@@ -21,6 +21,7 @@ SCHEME_SPECS: list[dict] = [
     {"name": "shaw", "max_distance": 2, "keys": False},
     {"name": "music", "max_distance": 4},
     {"name": "t5", "num_buckets": 8, "max_distance": 12},
+    {"name": "transformer_xl", "max_distance": 5},
     {"name": "alibi"},
     {"name": "learned_alibi"},
     {"name": "kerple"},

@@ -53,9 +53,24 @@ def alibi_slope(head: int, num_heads: int) -> float:
     return slopes[head]
 
 
-def logit_term(scheme: relpos.Scheme, q: Tensor, h: int, pi: int, pj: int) -> Tensor | float:
-    """The scheme's additive term of the scaled logit of query (position pi) and key (pj)."""
+def logit_term(
+    scheme: relpos.Scheme, q: Tensor, h: int, pi: int, pj: int, k: Tensor | None = None
+) -> Tensor | float:
+    """The scheme's additive term of the scaled logit of query ``q`` (position pi) and key ``k``
+    (position pj)."""
     d = q.shape[-1]
+    if isinstance(scheme, relpos.TransformerXL):  # Dai et al., 2019, §3.3: terms (b), (c), (d)
+        m = scheme.config.max_distance
+        delta = pi - clip(pj, pi - m, pi if scheme.causal else pi + m)  # clipped p_i - p_j
+        omega = [10000 ** (-2 * t / scheme.d_model) for t in range(scheme.d_model // 2)]
+        r = torch.tensor(
+            [math.sin(delta * w) for w in omega] + [math.cos(delta * w) for w in omega],
+            dtype=q.dtype,
+        )
+        w_r = scheme.position_proj.weight[h * d : (h + 1) * d]  # head h's rows of W_R
+        pos_key = w_r @ r
+        u, v = scheme.content_bias[h], scheme.position_bias[h]
+        return (torch.dot(q, pos_key) + torch.dot(u, k) + torch.dot(v, pos_key)) / math.sqrt(d)
     if isinstance(scheme, relpos.ShawRelative) and scheme.key_table is not None:
         k = scheme.config.max_distance
         table = scheme.key_table[h] if scheme.config.per_head else scheme.key_table
@@ -289,7 +304,7 @@ def attention(
                         scheme, k[b, h, j], k_pos[b][j], length=length[si], key=True, coords=kc
                     )
                     logit = torch.dot(qi, kj) / math.sqrt(D)
-                    logits.append(logit + logit_term(scheme, qi, h, pi, k_pos[b][j]))
+                    logits.append(logit + logit_term(scheme, qi, h, pi, k_pos[b][j], kj))
                 probs = torch.softmax(torch.stack(logits), dim=0)
                 acc = q.new_zeros(D)
                 for p, j in zip(probs, keys, strict=True):

@@ -194,7 +194,8 @@ def test_torch_compile_smoke(spec):
     [
         s
         for s in SCHEME_SPECS
-        if s["name"] in ("shaw", "music", "t5", "learned", "kerple", "learned_alibi", "dpb")
+        if s["name"]
+        in ("shaw", "music", "t5", "learned", "kerple", "learned_alibi", "dpb", "transformer_xl")
         or s.get("learned_freq")
     ],
     ids=spec_id,

@@ -21,6 +21,7 @@ from .nope import NoPE, NoPEConfig
 from .rope import Rotary, RotaryConfig
 from .shaw import ShawConfig, ShawRelative
 from .t5 import T5Bias, T5Config
+from .transformer_xl import TransformerXL, TransformerXLConfig
 
 __all__ = [
     "SCHEMES",
@@ -51,6 +52,8 @@ __all__ = [
     "SinusoidalConfig",
     "T5Bias",
     "T5Config",
+    "TransformerXL",
+    "TransformerXLConfig",
     "config_from_dict",
     "make_scheme",
     "register",

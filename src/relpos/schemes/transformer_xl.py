@@ -1,0 +1,97 @@
+"""Transformer-XL relative attention (Dai et al., 2019, "Transformer-XL: Attentive Language Models
+Beyond a Fixed-Length Context", §3.3)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from ..functional.dtypes import compute_dtype
+from ..functional.sinusoidal import sinusoidal_table
+from ..positions import Positions
+from .base import RelativeScheme, SchemeConfig, check_int, register
+
+__all__ = ["TransformerXL", "TransformerXLConfig"]
+
+
+@dataclass(frozen=True)
+class TransformerXLConfig(SchemeConfig):
+    """Args:
+    max_distance: the largest ``|p_i - p_j|`` with its own encoding; farther pairs share the
+        encoding at ``max_distance`` (Transformer-XL's ``clamp_len``), so any length runs.
+    """
+
+    name = "transformer_xl"
+    max_distance: int = 1024
+
+    def validate(self) -> None:
+        check_int("max_distance", self.max_distance, minimum=0)
+
+
+@register
+class TransformerXL(RelativeScheme):
+    """The logits of query ``i`` and key ``j`` are
+    ``(q_i·k_j + q_i·W_R R_δ + u·k_j + v·W_R R_δ) / √d``, ``δ = clip(p_i - p_j)``: content,
+    content-dependent position, global content bias ``u`` and global position bias ``v`` (per
+    head), with ``R_δ`` the sinusoidal encoding of the distance (halves ``[sin, cos]``, width
+    ``d_model``) and ``W_R`` a learned projection to every head.
+
+    The hooks: ``rotate`` adds ``u`` to the queries (so the kernel's ``q·k`` carries ``u·k``);
+    ``relative_logits`` is ``(q - u + v)·(W_R R)ᵀ/√d`` for those shifted queries, one row per
+    clipped distance (``max_distance + 1`` when causal, ``2·max_distance + 1`` otherwise), gathered
+    by each pair's distance: ``O(i·R)`` relative logits, never ``(i, j, d)``.
+
+    Shapes:
+        ``score_bias`` returns float32 ``(b, h, i, j)``.
+    """
+
+    config_class = TransformerXLConfig
+    hooks = frozenset({"rotate", "score_bias"})
+
+    def __init__(self, config: TransformerXLConfig | None = None, **dims) -> None:
+        super().__init__(config, **dims)
+        if self.d_model % 2:
+            raise ValueError(f"transformer_xl needs an even d_model (sin/cos), got {self.d_model}")
+        h, d = self.num_heads, self.head_dim
+        self.position_proj = nn.Linear(self.d_model, h * d, bias=False)  # W_R
+        self.content_bias = nn.Parameter(torch.zeros(h, d))  # u
+        self.position_bias = nn.Parameter(torch.zeros(h, d))  # v
+        m = self.config.max_distance
+        distances = torch.arange(-m, (0 if self.causal else m) + 1)  # p_j - p_i, row by row
+        table = sinusoidal_table(-distances, self.d_model, interleaved=False)  # R_{p_i - p_j}
+        self.register_buffer("encodings", table, persistent=False)
+
+    def rotate(
+        self, q: Tensor, k: Tensor, q_positions: Positions, k_positions: Positions
+    ) -> tuple[Tensor, Tensor]:
+        """Add the content bias ``u`` to every query (keys unchanged)."""
+        u = self.content_bias.to(q.dtype).unsqueeze(1)  # (h, 1, d)
+        return q + u, k
+
+    # ------------------------------------------------------------ relative form
+    @property
+    def num_relative(self) -> int:
+        """Rows: ``M+1`` (causal, distances ``-M..0``) or ``2M+1``."""
+        return self.encodings.shape[0]
+
+    def relative_index(self, q_positions: Positions, k_positions: Positions) -> Tensor:
+        """Row of every pair, ``(b|1, i, j)`` int64: the clipped ``p_j - p_i`` plus ``M``."""
+        m = self.config.max_distance
+        return q_positions.distance(k_positions).clamp(-m, 0 if self.causal else m) + m
+
+    def position_keys(self, dtype: torch.dtype = torch.float32) -> Tensor:
+        """``W_R R / √d`` per head and row, ``(h, R, d)`` in ``dtype``'s compute dtype."""
+        cd = compute_dtype(dtype)
+        proj = self.encodings.to(cd) @ self.position_proj.weight.to(cd).t()  # (R, h·d)
+        keys = proj.view(-1, self.num_heads, self.head_dim).transpose(0, 1)
+        return keys / math.sqrt(self.head_dim)
+
+    def relative_logits(self, q: Tensor) -> Tensor:
+        """``(q - u + v)·(W_R R)ᵀ/√d``, ``(b, h, i, R)`` float32, for queries that ``rotate`` has
+        shifted by ``u``."""
+        keys = self.position_keys(q.dtype)
+        shift = (self.position_bias - self.content_bias).to(keys.dtype).unsqueeze(1)  # (h, 1, d)
+        return torch.matmul(q.to(keys.dtype) + shift, keys.transpose(-1, -2))
