@@ -176,6 +176,17 @@ class Transformer(nn.Module):
         """One empty :class:`KVCache` per layer, for incremental decoding."""
         return [KVCache() for _ in self.blocks]
 
+    def new_memory(self, mem_len: int) -> list[KVCache]:
+        """Transformer-XL's segment-level recurrence (Dai et al., 2019, §3.2): one memory per
+        layer holding the keys and values of the last ``mem_len`` tokens, without gradient.
+
+        Feed consecutive segments with ``cache=memory``: each attends to the memory and to itself,
+        at positions that continue across segments. While the memory covers every earlier token,
+        a segment's outputs equal one forward over all the segments; beyond, each layer sees
+        ``mem_len`` tokens back (and deeper layers further, through the earlier layers' memory).
+        """
+        return [KVCache(max_len=mem_len, detach=True) for _ in self.blocks]
+
     def forward(
         self,
         tokens: Tensor,
