@@ -33,7 +33,10 @@ def main() -> int:
     docs = [doc(n) for n in (5, 12, 9)]
     tokens = torch.randint(0, 64, (2, 16), generator=g)
     columns = ["left pad", "right pad", "packed", "cache x1", "cache x3", "batch gen"]
-    print(f"{'scheme':<11}{'params':>9}  " + "".join(f"{c:>11}" for c in columns) + "   verdict")
+    width = max(len("scheme"), *(len(name) for name in SCHEMES)) + 2
+    print(
+        f"{'scheme':<{width}}{'params':>9}  " + "".join(f"{c:>11}" for c in columns) + "   verdict"
+    )
     failures = 0
     start = time.perf_counter()
     for name in sorted(SCHEMES):
@@ -52,7 +55,7 @@ def main() -> int:
         passed = sum(gap < TOLERANCE for gap in gaps)
         failures += passed < len(gaps)
         cells = "".join(f"{gap:>11.1e}" for gap in gaps)
-        print(f"{name:<11}{model.num_parameters():>9,}  {cells}   {passed}/{len(gaps)} passed")
+        print(f"{name:<{width}}{model.num_parameters():>9,}  {cells}   {passed}/{len(gaps)} passed")
     print(
         f"\nmax |batched - alone| per check; {len(SCHEMES)} schemes in "
         f"{time.perf_counter() - start:.1f}s. {'All checks passed.' if not failures else ''}"
