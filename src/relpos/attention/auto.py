@@ -37,7 +37,7 @@ import torch
 from torch import Tensor
 
 from ..positions import Positions
-from ..schemes.base import LinearBiasScheme, RelativeScheme, Scheme
+from ..schemes.base import DistanceBiasScheme, LinearBiasScheme, RelativeScheme, Scheme
 from .chunked import chunked_attention, chunked_path
 from .contract import AttentionBackend, needs_grad, validate_attention_inputs
 from .sdpa import is_plain, sdpa_attention, sdpa_supports
@@ -90,7 +90,7 @@ def sdpa_mask_bytes(
     heads = 1
     if has_bias:
         heads = q.shape[1]
-        per_query = not isinstance(scheme, LinearBiasScheme) and not (
+        per_query = not isinstance(scheme, LinearBiasScheme | DistanceBiasScheme) and not (
             isinstance(scheme, RelativeScheme) and scheme.query_independent
         )
         if per_query:

@@ -63,7 +63,17 @@ __all__ = [
     "sdpa_plain",
 ]
 
-SCHEMES = ["rope", "alibi", "t5", "shaw", "music"]
+SCHEMES = [
+    "rope",
+    "alibi",
+    "t5",
+    "shaw",
+    "music",
+    "transformer_xl",
+    "kerple",
+    "learned_alibi",
+    "dpb",
+]
 DEFAULT_LENGTHS = [256, 1024, 2048]
 ALL_LENGTHS = [256, 1024, 2048, 4096, 8192]
 
