@@ -1,6 +1,7 @@
 """One conformance helper run over every Keras layer (keras-hub style): config round trip,
 ``.keras`` save/load, output shape, mask propagation, a ``mixed_bfloat16`` run, gradients to every
-weight, and a ``jit_compile=True`` training step."""
+weight, and a ``jit_compile=True`` training step. The RoPE variants and grouped-query attention
+get the round trips, the gradients and one training step through all of them."""
 
 import keras
 import numpy as np
@@ -19,6 +20,8 @@ from relpos.keras import (
     TokenAndPositionEmbedding,
 )
 
+from ..helpers import SCHEME_SPECS as SHARED_SPECS
+from ..helpers import length_dependent
 from .util import BACKEND, grads, kt, np_
 
 B, N, WIDTH = 2, 6, 8
@@ -29,6 +32,16 @@ SCHEME_SPECS = {
     "t5": {"name": "t5", "num_buckets": 8, "max_distance": 6},
     "shaw": {"name": "shaw", "max_distance": 2},
     "music": {"name": "music", "max_distance": 3},
+}
+#: RoPE variants and grouped-query attention: name -> RelativeMultiHeadAttention keyword args.
+#: The PyTorch suite's length-dependent specs switch at 5 tokens, inside the 6-token inputs.
+DYNAMIC, LONGROPE = [spec for spec in SHARED_SPECS if length_dependent(spec)]
+VARIANTS = {
+    "rope-dynamic-gqa": {"scheme": DYNAMIC, "num_key_value_heads": 1},
+    "rope-longrope": {"scheme": LONGROPE},
+    "rope-xpos-learned": {
+        "scheme": {"name": "rope", "xpos_scale_base": 512.0, "learned_freq": True}
+    },
 }
 
 # name -> (factory, input); every layer of relpos.keras appears here once per scheme.
@@ -49,6 +62,13 @@ LAYERS = {
             "embedded",
         )
         for name, spec in SCHEME_SPECS.items()
+    },
+    **{
+        f"RelativeMultiHeadAttention[{name}]": (
+            lambda kw=kw: RelativeMultiHeadAttention(2, 4, causal=True, **kw),
+            "embedded",
+        )
+        for name, kw in VARIANTS.items()
     },
 }
 
@@ -153,7 +173,10 @@ def test_jit_compiled_training_step(spec):
     tokens = keras.Input(shape=(N,), dtype="int32")
     x = TokenAndPositionEmbedding(10, N, WIDTH, mask_zero=True)(tokens)
     x = RelativeMultiHeadAttention(2, 4, scheme=SCHEME_SPECS[spec], causal=True)(x, x)
-    model = keras.Model(tokens, keras.layers.Dense(10)(x))
+    _fit_changes_every_weight(keras.Model(tokens, keras.layers.Dense(10)(x)))
+
+
+def _fit_changes_every_weight(model):
     model.compile(
         optimizer="adam",
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
@@ -163,7 +186,20 @@ def test_jit_compiled_training_step(spec):
     before = [np_(w).copy() for w in model.trainable_weights]
     history = model.fit(data, data, batch_size=B, epochs=1, verbose=0)
     assert np.isfinite(history.history["loss"][0])
-    assert all((np_(w) != b).any() for w, b in zip(model.trainable_weights, before, strict=True))
+    for w, b in zip(model.trainable_weights, before, strict=True):
+        assert (np_(w) != b).any(), w.path
+
+
+@pytest.mark.skipif(BACKEND == "torch", reason="jit_compile is for TensorFlow (XLA) and JAX")
+def test_jit_compiled_training_step_through_every_variant():
+    """One model stacking every variant (one compile): the per-row sequence lengths, the xPos
+    scales (whose position check is skipped while traced) and the learned frequencies compile and
+    train."""
+    tokens = keras.Input(shape=(N,), dtype="int32")
+    x = TokenAndPositionEmbedding(10, N, WIDTH, mask_zero=True)(tokens)
+    for kw in VARIANTS.values():
+        x = RelativeMultiHeadAttention(2, 4, causal=True, **kw)(x, x)
+    _fit_changes_every_weight(keras.Model(tokens, keras.layers.Dense(10)(x)))
 
 
 def test_attention_on_one_tensor_reads_its_keras_mask():

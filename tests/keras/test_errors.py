@@ -8,6 +8,7 @@ import relpos.keras as rk
 from .util import kt
 
 X = np.zeros((2, 5, 8), "float32")
+DYNAMIC = {"rope_type": "dynamic", "factor": 2.0, "original_max_position_embeddings": 8}
 
 
 @pytest.mark.parametrize(
@@ -58,10 +59,31 @@ X = np.zeros((2, 5, 8), "float32")
             r"cache must have shape \(b, 2, S, h=2, d=4\), got \(2, 5, 2, 4\)",
         ),
         (
+            lambda: rk.RelativeMultiHeadAttention(2, 4, causal=True, num_key_value_heads=1),
+            lambda layer: layer(
+                kt(X), cache=kt(np.zeros((2, 2, 5, 2, 4), "float32")), cache_update_index=0
+            ),
+            ValueError,
+            r"cache must have shape \(b, 2, S, num_key_value_heads=1, d=4\), got \(2, 2, 5, 2, 4\)",
+        ),
+        (
             lambda: rk.RelativeMultiHeadAttention(2, 4, causal=True),
             lambda layer: layer(kt(X), cache=kt(np.zeros((2, 2, 5, 2, 4), "float32"))),
             ValueError,
             "a cache needs cache_update_index",
+        ),
+        (  # the scheme's rotation alone: the projections in float16 would compile on JAX
+            lambda: rk.make_attention_scheme(
+                {"name": "rope", "xpos_scale_base": 8.0}, num_heads=2, head_dim=4, causal=True
+            ),
+            lambda scheme: scheme.rotate(
+                kt(X.reshape(2, 5, 2, 4), "float16"),
+                kt(X.reshape(2, 5, 2, 4), "float16"),
+                *[rk.resolve_positions(5, start_index=300)] * 2,
+            ),
+            ValueError,
+            r"xPos scales overflow float16 beyond position 35 \(xpos_scale_base=8.0\); got "
+            "position 304",
         ),
         (
             lambda: rk.RelativeMultiHeadAttention(2, 4),
@@ -151,27 +173,33 @@ def test_bad_call_arguments(make, call, error, match):
         ),
         (lambda: rk.RelativeMultiHeadAttention(2, 4, dropout=1.0), ValueError, "dropout"),
         (
-            lambda: rk.RelativeMultiHeadAttention(
-                2,
-                4,
-                scheme={
-                    "name": "rope",
-                    "scaling": {
-                        "rope_type": "dynamic",
-                        "factor": 2.0,
-                        "original_max_position_embeddings": 8,
-                    },
-                },
-            ),
+            lambda: rk.RelativeMultiHeadAttention(3, 4, num_key_value_heads=2),
             ValueError,
-            r"RoPE with a length-dependent scaling \(dynamic, longrope\) is PyTorch-only",
+            r"num_heads \(3\) must be a multiple of num_key_value_heads \(2\)",
+        ),
+        (
+            lambda: rk.RelativeMultiHeadAttention(2, 4, num_key_value_heads=0),
+            ValueError,
+            "num_key_value_heads must be a positive int, got 0",
         ),
         (
             lambda: rk.RelativeMultiHeadAttention(
-                2, 4, scheme={"name": "rope", "learned_freq": True}
+                2, 4, scheme={"name": "rope", "xpos_scale_base": 512.0}
             ),
             ValueError,
-            r"learned frequencies \(learned_freq\) is PyTorch-only",
+            r"xPos needs causal attention \(causal=True\)",
+        ),
+        (
+            lambda: rk.RelativeMultiHeadAttention(
+                2, 4, scheme={"name": "rope", "learned_freq": True, "scaling": DYNAMIC}
+            ),
+            ValueError,
+            "learned_freq cannot be combined with rope_type 'dynamic'",
+        ),
+        (
+            lambda: rk.Transformer(11, d_model=16, num_heads=4, num_kv_heads=3),
+            ValueError,
+            r"num_heads \(4\) must be a multiple of num_kv_heads \(3\)",
         ),
         (lambda: rk.PositionEmbedding(None), ValueError, "sequence_length must be an int"),
         (lambda: rk.T5RelativeBias(2, num_buckets=3), ValueError, "num_buckets must be"),

@@ -1,5 +1,6 @@
 """Same numbers as the PyTorch modules: every Keras layer, with weights copied by ``from_torch``,
-equals its relpos PyTorch module (fp32, 1e-5) on plain, left/right-padded and packed batches.
+equals its relpos PyTorch module (fp32, 1e-5) on plain, left/right-padded and packed batches,
+with and without grouped-query attention; length-dependent RoPE decodes as PyTorch's row alone.
 
 The PyTorch modules are themselves tested against loop oracles (tests/test_oracle.py); the loop
 oracles here check what has no PyTorch twin (segment ranks, the relative embedding tensor).
@@ -13,14 +14,21 @@ import relpos
 from relpos.functional import apply_rope, rope_angles, rope_frequencies
 from relpos.keras import (
     AlibiBias,
+    RelativeMultiHeadAttention,
     RelativePositionEmbedding,
     RotaryEmbedding,
     from_torch,
 )
 from relpos.keras.positions import positions_from_segments
 
-from .util import LAYOUTS, kt, layout, np_
+from ..helpers import SCHEME_SPECS, length_dependent
+from .util import LAYOUTS, decode, kt, layout, np_
 
+#: The PyTorch suite's: they switch at 5 tokens, so the test rows (5 to 9 tokens) cross it.
+DYNAMIC, LONGROPE = [spec for spec in SCHEME_SPECS if length_dependent(spec)]
+XPOS = {"name": "rope", "xpos_scale_base": 8.0}  # a small γ: a visible decay over 9 tokens
+#: RoPE variants: on the grouped-query shape only (JAX compiles each op once per shape).
+VARIANTS = [DYNAMIC, LONGROPE, XPOS, {"name": "rope", "learned_freq": True, "interleaved": True}]
 SCHEMES = [
     "nope",
     "rope",
@@ -37,7 +45,10 @@ SCHEMES = [
     {"name": "music", "max_distance": 4},
     {"name": "music", "max_distance": 40},
 ]
-SHAPES = [(3, 9, 16, 2), (2, 5, 24, 3)]
+#: (b, n, width, heads, key/value heads): grouped-query (2 query heads per key/value head: a
+#: wrong head order shows; rows up to 9 tokens cross the length-dependent switch), multi-head.
+SHAPES = [(3, 9, 32, 4, 2), (2, 5, 24, 3, 3)]
+CASES = [*((s, shape) for s in SCHEMES for shape in SHAPES), *((s, SHAPES[0]) for s in VARIANTS)]
 
 
 def _torch_positions(kind, lay):
@@ -56,14 +67,30 @@ def _keras_positions(kind, lay):
     return {"query_mask": kt(lay["mask"])}
 
 
-@pytest.mark.parametrize("shape", SHAPES)
+def _module(spec, width, h, kvh=None, *, causal):
+    """A PyTorch attention layer; its scheme's parameters moved off their initial values, so
+    that only copied weights agree (learned frequencies start at the fixed ladder)."""
+    module = relpos.MultiheadAttention(
+        width, h, spec, causal=causal, backend="eager", num_kv_heads=kvh
+    ).eval()
+    with torch.no_grad():
+        for p in module.scheme.parameters():
+            p.mul_(1.0 + 0.3 * torch.rand_like(p))
+    return module
+
+
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("spec", SCHEMES, ids=str)
+@pytest.mark.parametrize(
+    ("spec", "shape"), CASES, ids=lambda x: f"h{x[3]}kv{x[4]}" if isinstance(x, tuple) else str(x)
+)
 def test_attention_equals_torch(spec, causal, shape):
-    b, n, width, h = shape
+    b, n, width, h, kvh = shape
+    if spec is XPOS and not causal:
+        pytest.skip("xPos is causal only (refused otherwise: test_errors.py)")
     torch.manual_seed(hash((str(spec), causal, shape)) % 2**31)
-    module = relpos.MultiheadAttention(width, h, spec, causal=causal, backend="eager").eval()
+    module = _module(spec, width, h, kvh, causal=causal)
     layer = from_torch(module)
+    assert layer.num_key_value_heads == kvh
     x = torch.randn(b, n, width)
     for kind in LAYOUTS:
         lay = layout(kind, b, n, seed=n)
@@ -71,6 +98,40 @@ def test_attention_equals_torch(spec, causal, shape):
             want = module(x, **_torch_positions(kind, lay)).numpy()
         got = np_(layer(kt(x), **_keras_positions(kind, lay)))
         np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-5, err_msg=kind)
+
+
+def test_learned_frequencies_start_at_the_scaled_ladder():
+    spec = {"name": "rope", "learned_freq": True, "scaling": {"rope_type": "linear", "factor": 2.0}}
+    module = relpos.MultiheadAttention(16, 2, spec, causal=True)
+    layer = RelativeMultiHeadAttention(2, 8, scheme=spec, causal=True)
+    layer.build((None, None, 16))
+    got = np_(layer.position_scheme.inv_freq)
+    np.testing.assert_array_equal(got, module.scheme.inv_freq.detach().numpy())
+
+
+@pytest.mark.parametrize(
+    ("spec", "kvh"), [(DYNAMIC, 1), (LONGROPE, 2)], ids=["dynamic-mqa", "longrope"]
+)
+def test_length_dependent_decoding_equals_torch_row_alone(spec, kvh):
+    """Left-padded prompts of rows of different lengths, decoded one token a step with the
+    keras-hub cache (raw keys, re-rotated at each call) as the rows cross the original context
+    (5 tokens): every step equals the PyTorch layer's forward over that row's prefix, alone. One
+    attention layer: see docs/rope.md for why deeper models cannot match a fresh forward. (The
+    sizes of tests/keras/test_properties.py's decoding: JAX compiles each op once per shape.)"""
+    b, n, width, h, prompt = 3, 8, 16, 2, 5
+    torch.manual_seed(0)
+    module = _module(spec, width, h, kvh, causal=True)
+    layer = from_torch(module)
+    assert layer.position_scheme.rotates_cached_keys
+    lengths = [8, 6, 4]  # each row's sequence is the tail of x[r]
+    x = torch.randn(b, n, width)
+    mask = np.arange(n)[None] >= n - np.array(lengths)[:, None]
+    got = decode(layer, x, mask, prompt)
+    with torch.no_grad():
+        for r, length in enumerate(lengths):
+            for t in range(n - length, n):
+                want = module(x[r : r + 1, n - length : t + 1])[0, -1].numpy()
+                np.testing.assert_allclose(got[r, t], want, atol=1e-5, rtol=1e-5, err_msg=(r, t))
 
 
 @pytest.mark.parametrize("kind", LAYOUTS)

@@ -1,5 +1,6 @@
 """The batch properties of the PyTorch suite, on every Keras backend: a padded row equals the row
-alone, packed documents equal separate rows, cached decoding equals the full forward."""
+alone, packed documents equal separate rows, cached decoding equals the full forward. (RoPE whose
+frequencies follow each row's length decodes as its prefix: tests/keras/test_parity_torch.py.)"""
 
 import numpy as np
 import pytest
@@ -12,21 +13,28 @@ from relpos.keras import (
     T5RelativeBias,
 )
 
-from .util import kt, np_
+from .util import decode, kt, np_
 
+XPOS = {"name": "rope", "xpos_scale_base": 8.0}
+SHAW = {"name": "shaw", "max_distance": 3}
 SCHEMES = [
     "nope",
     "rope",
     "alibi",
     {"name": "t5", "num_buckets": 8, "max_distance": 6},
-    {"name": "shaw", "max_distance": 3},
+    SHAW,
     {"name": "music", "max_distance": 5},
+    XPOS,
 ]
 B, N, WIDTH, HEADS = 3, 8, 16, 2
 
 
-def _layer(spec, causal):
-    layer = RelativeMultiHeadAttention(HEADS, WIDTH // HEADS, scheme=spec, causal=causal)
+def _layer(spec, causal, kv_heads=None):
+    if spec is XPOS and not causal:
+        pytest.skip("xPos is causal only")
+    layer = RelativeMultiHeadAttention(
+        HEADS, WIDTH // HEADS, scheme=spec, causal=causal, num_key_value_heads=kv_heads
+    )
     layer.build((None, None, WIDTH))
     return layer
 
@@ -59,35 +67,28 @@ def test_packed_documents_equal_separate_rows(spec, causal):
         np.testing.assert_allclose(out[0, sel], alone[0], atol=1e-5)
 
 
-@pytest.mark.parametrize("spec", SCHEMES, ids=str)
-def test_cached_decoding_equals_full_forward(spec):
+@pytest.mark.parametrize(
+    ("spec", "kv_heads"),
+    [
+        *((spec, None) for spec in SCHEMES),
+        ({"name": "rope", "learned_freq": True}, None),
+        # Multi-query: rotated keys, and a value term. Dynamic NTK and LongRoPE (raw keys in the
+        # cache, each step equal to its prefix): tests/keras/test_parity_torch.py.
+        ("rope", 1),
+        (SHAW, 1),
+    ],
+    ids=str,
+)
+def test_cached_decoding_equals_full_forward(spec, kv_heads):
     """Left-padded prompts, a prefill, then one token at a time: every step's output equals the
-    full causal forward pass at that token."""
-    layer = _layer(spec, causal=True)
+    full causal forward pass at that token. The cache holds the key/value heads."""
+    layer = _layer(spec, True, kv_heads)
     x = np.random.default_rng(2).normal(size=(B, N, WIDTH)).astype("float32")
     mask = np.ones((B, N), bool)
     mask[1, :2] = False
     mask[2, :4] = False
     full = np_(layer(kt(x), query_mask=kt(mask)))
-    cache = kt(np.zeros((B, 2, N, HEADS, WIDTH // HEADS), "float32"))
-    prompt = 5
-    slots = np.arange(N)[None]
-    out, cache = layer(
-        kt(x[:, :prompt]),
-        cache=cache,
-        cache_update_index=0,
-        cache_mask=kt(mask & (slots < prompt)),
-    )
-    steps = [np_(out)]
-    for t in range(prompt, N):
-        out, cache = layer(
-            kt(x[:, t : t + 1]),
-            cache=cache,
-            cache_update_index=t,
-            cache_mask=kt(mask & (slots < t + 1)),
-        )
-        steps.append(np_(out))
-    np.testing.assert_allclose(np.concatenate(steps, 1), full, atol=1e-5)
+    np.testing.assert_allclose(decode(layer, x, mask, prompt=5), full, atol=1e-5)
 
 
 @pytest.mark.parametrize("spec", SCHEMES, ids=str)

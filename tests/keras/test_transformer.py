@@ -63,15 +63,20 @@ def _copy_torch_weights(torch_model, model) -> None:
     model.head.kernel.assign(sd["head.weight"].T)
 
 
-def test_matches_the_pytorch_transformer_with_its_weights():
+@pytest.mark.parametrize(
+    ("scheme", "num_kv_heads"),
+    [({"name": "t5", "num_buckets": 8, "max_distance": 16}, None), ({"name": "rope"}, 1)],
+    ids=["t5", "rope-mqa"],
+)
+def test_matches_the_pytorch_transformer_with_its_weights(scheme, num_kv_heads):
     torch = pytest.importorskip("torch")
     from relpos.models import Transformer as TorchTransformer
     from relpos.models import TransformerConfig
 
-    scheme = {"name": "t5", "num_buckets": 8, "max_distance": 16}
     torch.manual_seed(0)
-    torch_model = TorchTransformer(TransformerConfig(**SMALL, scheme=scheme)).eval()
-    model = Transformer(**SMALL, scheme=scheme)
+    config = TransformerConfig(**SMALL, scheme=scheme, num_kv_heads=num_kv_heads)
+    torch_model = TorchTransformer(config).eval()
+    model = Transformer(**SMALL, scheme=scheme, num_kv_heads=num_kv_heads)
     model.build((None, None))
     _copy_torch_weights(torch_model, model)
     with torch.no_grad():
@@ -82,12 +87,16 @@ def test_matches_the_pytorch_transformer_with_its_weights():
 
 def test_get_config_round_trip():
     scheme = {"name": "t5", "num_buckets": 8, "max_distance": 16}
-    for tie_weights in (False, True):
-        model = Transformer(**SMALL, d_ff=24, scheme=scheme, tie_weights=tie_weights)
+    for tie_weights, kv_heads in ((False, None), (True, 1)):
+        model = Transformer(
+            **SMALL, d_ff=24, scheme=scheme, tie_weights=tie_weights, num_kv_heads=kv_heads
+        )
         model.build((None, None))
         config = model.get_config()
         assert config["scheme"] == scheme and config["d_ff"] == 24
         assert config["tie_weights"] is tie_weights and config["causal"] is True
+        assert config["num_kv_heads"] == kv_heads
+        assert model.blocks[0].attn.num_key_value_heads == (kv_heads or SMALL["num_heads"])
         clone = Transformer.from_config(config)
         clone.build((None, None))
         assert clone.get_config() == config

@@ -46,6 +46,28 @@ def layout(kind: str, b: int, n: int, seed: int = 0) -> dict[str, np.ndarray]:
     return {"mask": mask, "seg": seg}
 
 
+def decode(layer, x, mask, prompt: int) -> np.ndarray:
+    """Prefill the first ``prompt`` tokens of ``x (b, n, D)`` into an empty keras-hub cache of
+    ``n`` slots (token ``t`` in slot ``t``), then feed one token a step; ``mask (b, n)`` marks the
+    real tokens. Returns every call's outputs, ``(b, n, D)``."""
+    b, n, _ = x.shape
+    slots = np.arange(n)[None]
+    cache = kt(np.zeros((b, 2, n, layer.num_key_value_heads, layer.key_dim), "float32"))
+    out, cache = layer(
+        kt(x[:, :prompt]), cache=cache, cache_update_index=0, cache_mask=kt(mask & (slots < prompt))
+    )
+    steps = [np_(out)]
+    for t in range(prompt, n):
+        out, cache = layer(
+            kt(x[:, t : t + 1]),
+            cache=cache,
+            cache_update_index=t,
+            cache_mask=kt(mask & (slots <= t)),
+        )
+        steps.append(np_(out))
+    return np.concatenate(steps, 1)
+
+
 def grads(fn, variables):
     """Gradients of the scalar ``fn()`` with respect to Keras ``variables`` on this backend."""
     if BACKEND == "tensorflow":

@@ -38,6 +38,7 @@ __all__ = [
     "LENGTH_DEPENDENT",
     "ROPE_TYPES",
     "check_rope_scaling",
+    "ntk_power",
     "scaled_rope_frequencies",
     "sequence_rope_frequencies",
 ]
@@ -141,7 +142,7 @@ def _yarn_mscale(factor: float, mscale: float = 1.0) -> float:
     return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
 
 
-def _ntk_power(rotary_dim: int) -> float:
+def ntk_power(rotary_dim: int) -> float:
     """``r/(r-2)``: NTK's base grows by ``factor`` to this power. With one pair (``r = 2``) the
     base is moot (``ω_0 = θ^0 = 1``), so any finite power does."""
     return rotary_dim / (rotary_dim - 2) if rotary_dim > 2 else 0.0
@@ -182,7 +183,7 @@ def scaled_rope_frequencies(
     if kind == "linear":
         inv = inv / factor
     elif kind == "ntk":
-        inv = (theta * factor ** _ntk_power(rotary_dim)) ** (-exponent)
+        inv = (theta * factor ** ntk_power(rotary_dim)) ** (-exponent)
     elif kind == "llama3":
         length = scaling["original_max_position_embeddings"]
         low, high = scaling["low_freq_factor"], scaling["high_freq_factor"]
@@ -251,7 +252,7 @@ def sequence_rope_frequencies(
         factor = scaling["factor"]
         # ln θ' = ln θ + r/(r-2)·ln(factor·n/L - factor + 1), for n > L (the argument is > 1)
         growth = (factor * n.clamp_min(original) / original - factor + 1).log()
-        log_base = math.log(theta) + _ntk_power(rotary_dim) * growth
+        log_base = math.log(theta) + ntk_power(rotary_dim) * growth
         inv = torch.where(long, (-exponent * log_base).exp(), theta ** (-exponent))
     else:
         short_f, long_f = (f.to(lengths.device) for f in _longrope_factors(rotary_dim, scaling))

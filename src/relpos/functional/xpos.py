@@ -14,7 +14,7 @@ import math
 import torch
 from torch import Tensor
 
-__all__ = ["xpos_decay", "xpos_max_position", "xpos_scale"]
+__all__ = ["check_xpos_position", "xpos_decay", "xpos_max_position", "xpos_scale"]
 
 _GAMMA = 0.4  # ζ's offset in the paper
 
@@ -39,3 +39,17 @@ def xpos_max_position(dtype: torch.dtype, scale_base: float) -> int:
     lose precision to underflow); ``ζ_0 = 0.4/1.4`` whatever the width."""
     room = math.log(torch.finfo(dtype).max) / 2
     return int(room * scale_base / -math.log(_GAMMA / (1 + _GAMMA)))
+
+
+def check_xpos_position(largest: int, dtype: torch.dtype | str, scale_base: float) -> None:
+    """Raise a ``ValueError`` if a position of magnitude ``largest`` is beyond
+    :func:`xpos_max_position` for ``dtype`` (a torch dtype or its name, as Keras gives it): its
+    xPos scales would overflow."""
+    limit = xpos_max_position(
+        getattr(torch, dtype) if isinstance(dtype, str) else dtype, scale_base
+    )
+    if largest > limit:
+        raise ValueError(
+            f"xPos scales overflow {dtype} beyond position {limit} (xpos_scale_base={scale_base}); "
+            f"got position {largest}: use float32 or bfloat16, or a larger xpos_scale_base"
+        )

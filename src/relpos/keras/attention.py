@@ -20,7 +20,7 @@ from .positions import (
 )
 from .schemes import make_attention_scheme, scheme_config
 
-__all__ = ["RelativeMultiHeadAttention", "attend"]
+__all__ = ["RelativeMultiHeadAttention", "attend", "repeat_kv_heads"]
 
 
 def attend(
@@ -44,7 +44,8 @@ def attend(
     value_term``. A query with no key to attend to gets zeros, not NaN.
 
     Shapes:
-        q: ``(b, i, h, d)``; k, v: ``(b, j, h, d)`` (rotated); allowed: ``(b|1, i, j)`` bool.
+        q: ``(b, i, h, d)``; k, v: ``(b, j, h, d)`` (rotated; grouped key/value heads already
+        repeated); allowed: ``(b|1, i, j)`` bool.
         Returns ``(b, i, h, d)`` in ``q``'s dtype, and the probabilities ``(b, h, i, j)`` when
         ``return_scores``.
     """
@@ -85,6 +86,13 @@ def _write_cache(cache, new, index):
     return ops.where(write[:, :, None, None], gathered, cache)
 
 
+def repeat_kv_heads(x, groups: int):
+    """Grouped-query attention: each of the ``h_kv`` key/value heads of ``x (b, j, h_kv, d)``
+    repeated ``groups`` times in place, ``(b, j, h_kv·groups, d)``, so query head ``i`` reads
+    key/value head ``i // groups`` (PyTorch's ``repeat_interleave``)."""
+    return x if groups == 1 else ops.repeat(x, groups, axis=2)
+
+
 @keras.saving.register_keras_serializable(package="relpos")
 class RelativeMultiHeadAttention(keras.layers.Layer):
     """Multi-head attention with any relpos attention scheme; a drop-in for
@@ -96,7 +104,7 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
     to each other.
 
     Args:
-        num_heads: heads ``h``.
+        num_heads: query heads ``h``.
         key_dim: size of each query/key head ``d``.
         value_dim: size of each value head (default ``key_dim``; must equal it for a scheme with a
             value term, and with a cache).
@@ -109,6 +117,10 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
             the scheme's geometry (T5 bucketing, the Music Transformer's table), so set it here
             for a decoder.
         kernel_initializer, bias_initializer: for the projections.
+        num_key_value_heads: key/value heads ``h_kv`` (default ``num_heads``; keras-hub's name),
+            a divisor of ``num_heads``: grouped-query attention (Ainslie et al., 2023; 1 is
+            multi-query attention, Shazeer, 2019). Query head ``i`` reads key/value head
+            ``i // (h / h_kv)``, as :class:`relpos.MultiheadAttention` with ``num_kv_heads``.
 
     Call arguments:
         query: ``(b, i, D)``. value: ``(b, j, D)``, or None (or ``query`` itself) for
@@ -120,7 +132,11 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
         return_attention_scores: also return the probabilities ``(b, h, i, j)``.
         positions: ``(i,)`` or ``(b, i)`` integer positions. segment_ids: ``(b, i)`` int, -1 for
             padding. start_index: int or ``(b,)`` offset of the first token.
-        cache: ``(b, 2, S, h, d)`` keys (rotated) and values of ``S`` slots (keras-hub's layout).
+        cache: ``(b, 2, S, h_kv, d)`` keys and values of ``S`` slots (keras-hub's layout). Keys
+            are stored rotated, except for a scheme that ``rotates_cached_keys`` (RoPE with a
+            ``dynamic`` or ``longrope`` scaling): it stores raw keys and rotates every cached key
+            at each call with the length its sequence has now, so decoding step ``t`` equals the
+            forward over the row's first ``t`` tokens.
         cache_update_index: slot of the first new token, an int or one per row ``(b,)``.
         cache_mask: ``(b, S)`` True for slots holding tokens after this write (default: slots
             before ``cache_update_index + i``). Slot positions are counted from it per row, so a
@@ -143,12 +159,24 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
         causal: bool = False,
         kernel_initializer="glorot_uniform",
         bias_initializer="zeros",
+        num_key_value_heads: int | None = None,
         **kwargs,
     ) -> None:
         super().__init__(**kwargs)
-        for name, value in (("num_heads", num_heads), ("key_dim", key_dim)):
+        num_key_value_heads = num_heads if num_key_value_heads is None else num_key_value_heads
+        for name, value in (
+            ("num_heads", num_heads),
+            ("key_dim", key_dim),
+            ("num_key_value_heads", num_key_value_heads),
+        ):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
+        if num_heads % num_key_value_heads:
+            raise ValueError(
+                f"num_heads ({num_heads}) must be a multiple of num_key_value_heads "
+                f"({num_key_value_heads})"
+            )
+        self.num_key_value_heads = num_key_value_heads
         if not 0.0 <= dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {dropout}")
         self.num_heads, self.key_dim = num_heads, key_dim
@@ -198,11 +226,11 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
                 raise ValueError(f"{name} must have shape (b, i, D), got {tuple(shape)}")
         value_shape = query_shape if value_shape is None else value_shape
         key_shape = value_shape if key_shape is None else key_shape
-        h = self.num_heads
+        h, kvh = self.num_heads, self.num_key_value_heads
         out = query_shape[-1] if self.output_dim is None else self.output_dim
         self.query_dense = self._dense("abc,cde->abde", (None, h, self.key_dim), "de", "query")
-        self.key_dense = self._dense("abc,cde->abde", (None, h, self.key_dim), "de", "key")
-        self.value_dense = self._dense("abc,cde->abde", (None, h, self.value_dim), "de", "value")
+        self.key_dense = self._dense("abc,cde->abde", (None, kvh, self.key_dim), "de", "key")
+        self.value_dense = self._dense("abc,cde->abde", (None, kvh, self.value_dim), "de", "value")
         self.output_dense = self._dense("abcd,cde->abe", (None, out), "e", "attention_output")
         self.query_dense.build(query_shape)
         self.key_dense.build(key_shape)
@@ -247,6 +275,8 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
                 raise ValueError(f"{name} must have shape (b, j, D), got {tuple(t.shape)}")
         b, n = ops.shape(query)[0], sequence_length(query)
         causal = self.causal or bool(use_causal_mask)
+        if cache is not None:
+            self._check_cache(cache)  # before projecting: a wrong cache fails fast
         q = self.query_dense(query)
         k = self.key_dense(key)
         v = self.value_dense(value)
@@ -257,10 +287,14 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
                     "do not pass positions or segment_ids"
                 )
             q_pos, k_pos, index = self._cache_positions(cache, cache_update_index, cache_mask, n, b)
-            q, k = self.position_scheme.rotate(q, k, q_pos, q_pos)
+            scheme = self.position_scheme
+            if not scheme.rotates_cached_keys:  # rotate the new keys once, then cache them
+                q, k = scheme.rotate(q, k, q_pos, q_pos)
             k = _write_cache(cache[:, 0], k, index)
             v = _write_cache(cache[:, 1], v, index)
             cache = ops.stack([k, v], axis=1)
+            if scheme.rotates_cached_keys:  # the cache holds raw keys: rotate all of them
+                q, k = scheme.rotate(q, k, q_pos, k_pos)
         else:
             if cache_update_index is not None or cache_mask is not None:
                 raise ValueError("cache_update_index and cache_mask need a cache")
@@ -287,10 +321,11 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
             ):
                 raise ValueError(f"attention_mask must have shape (b, i, j) = {want}, got {got}")
             allowed = ops.logical_and(allowed, ops.cast(attention_mask, "bool"))
+        groups = self.num_heads // self.num_key_value_heads
         y, scores = attend(
             q,
-            k,
-            v,
+            repeat_kv_heads(k, groups),
+            repeat_kv_heads(v, groups),
             self.position_scheme,
             q_pos,
             k_pos,
@@ -309,14 +344,22 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
             outputs += (cache,)
         return outputs[0] if len(outputs) == 1 else outputs
 
-    def _cache_positions(self, cache, index, cache_mask, n, b):
-        if len(cache.shape) != 5 or cache.shape[1] != 2:
+    def _check_cache(self, cache) -> None:
+        kvh = self.num_key_value_heads
+        if len(cache.shape) != 5 or any(
+            got is not None and got != want
+            for got, want in zip(cache.shape[1:], (2, None, kvh, self.key_dim), strict=True)
+            if want is not None
+        ):
+            heads = f"h={kvh}" if kvh == self.num_heads else f"num_key_value_heads={kvh}"
             raise ValueError(
-                f"cache must have shape (b, 2, S, h={self.num_heads}, d={self.key_dim}), "
+                f"cache must have shape (b, 2, S, {heads}, d={self.key_dim}), "
                 f"got {tuple(cache.shape)}"
             )
         if self.value_dim != self.key_dim:
             raise ValueError("a cache needs value_dim == key_dim")
+
+    def _cache_positions(self, cache, index, cache_mask, n, b):
         if index is None:
             raise ValueError("a cache needs cache_update_index (the slot of the first new token)")
         slots = cache.shape[2]
@@ -359,5 +402,6 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
             causal=self.causal,
             kernel_initializer=keras.initializers.serialize(self.kernel_initializer),
             bias_initializer=keras.initializers.serialize(self.bias_initializer),
+            num_key_value_heads=self.num_key_value_heads,
         )
         return config

@@ -19,12 +19,7 @@ def _np(t) -> np.ndarray:
 
 
 def _attention(m: MultiheadAttention, dtype) -> RelativeMultiHeadAttention:
-    h, d, width = m.num_heads, m.head_dim, m.d_model
-    if m.num_kv_heads != h:
-        raise ValueError(
-            f"from_torch: grouped-query attention (num_kv_heads={m.num_kv_heads} < "
-            f"num_heads={h}) has no Keras layer yet"
-        )
+    h, kvh, d, width = m.num_heads, m.num_kv_heads, m.head_dim, m.d_model
     layer = RelativeMultiHeadAttention(
         h,
         d,
@@ -33,29 +28,31 @@ def _attention(m: MultiheadAttention, dtype) -> RelativeMultiHeadAttention:
         causal=m.causal,
         dropout=m.dropout,
         dtype=dtype,
+        num_key_value_heads=kvh,
     )
     layer.build((None, None, width))
-    w = _np(m.qkv.weight).reshape(3, h, d, width).transpose(0, 3, 1, 2)  # (3, D, h, d)
-    b = None if m.qkv.bias is None else _np(m.qkv.bias).reshape(3, h, d)
-    for i, dense in enumerate((layer.query_dense, layer.key_dense, layer.value_dense)):
-        dense.kernel.assign(w[i])
+    # The fused projection's rows: h query heads, then kvh key heads, then kvh value heads.
+    starts = np.cumsum((h, kvh)) * d
+    weights = np.split(_np(m.qkv.weight), starts)
+    biases = (None,) * 3 if m.qkv.bias is None else np.split(_np(m.qkv.bias), starts)
+    dense = (layer.query_dense, layer.key_dense, layer.value_dense)
+    for proj, heads, w, b in zip(dense, (h, kvh, kvh), weights, biases, strict=True):
+        proj.kernel.assign(w.reshape(heads, d, width).transpose(2, 0, 1))  # (D, heads, d)
         if b is not None:
-            dense.bias.assign(b[i])
+            proj.bias.assign(b.reshape(heads, d))
     layer.output_dense.kernel.assign(_np(m.out.weight).T.reshape(h, d, width))
     if m.out.bias is not None:
         layer.output_dense.bias.assign(_np(m.out.bias))
-    s, ks = m.scheme, layer.position_scheme
-    for name in ("table", "key_table", "value_table"):
-        t = getattr(s, name, None)
-        if t is not None:
-            getattr(ks, name).assign(_np(t))
+    # The scheme's parameters (tables, learned frequencies) have the same names on both sides.
+    for name, p in m.scheme.named_parameters():
+        getattr(layer.position_scheme, name).assign(_np(p))
     return layer
 
 
 def from_torch(module, *, dtype=None):
     """The Keras layer equivalent to a relpos PyTorch module, with its weights copied.
 
-    Supported: :class:`relpos.MultiheadAttention` (any scheme Keras has) →
+    Supported: :class:`relpos.MultiheadAttention` (any scheme Keras has, grouped-query too) →
     :class:`RelativeMultiHeadAttention`; :class:`relpos.TokenPositionEmbedding` with a learned
     table and unscaled tokens → :class:`TokenAndPositionEmbedding`; the schemes ``learned`` →
     :class:`PositionEmbedding`, ``sinusoidal`` → :class:`SinePositionEncoding`, ``t5`` →

@@ -10,8 +10,11 @@ Shape legend: ``b`` batch, ``h`` heads, ``i`` queries, ``j`` keys, ``n`` tokens,
 from __future__ import annotations
 
 import math
+from typing import Any
 
 from keras import ops
+
+from ..functional.rope_scaling import ntk_power
 
 __all__ = [
     "alibi_bias",
@@ -22,8 +25,10 @@ __all__ = [
     "rope_angles",
     "rope_frequencies",
     "scatter_relative",
+    "sequence_rope_frequencies",
     "sinusoidal_table",
     "t5_buckets",
+    "xpos_scale",
 ]
 
 
@@ -58,25 +63,77 @@ def rope_frequencies(rotary_dim: int, theta: float = 10000.0):
 
 
 def rope_angles(pos, inv_freq):
-    """``pos · ω_k`` per token and pair: ``(b, n)`` → float32 ``(b, n, r/2)``."""
+    """``pos · ω_k`` per token and pair: ``(b, n)`` → float32 ``(b, n, r/2)``.
+
+    ``inv_freq``: ``(r/2,)``, or per token ``(b, n, r/2)`` (length-dependent scalings)."""
     return ops.expand_dims(ops.cast(pos, "float32"), -1) * inv_freq
 
 
-def apply_rope(x, angles, *, interleaved: bool = False):
+def sequence_rope_frequencies(rotary_dim: int, theta: float, scaling: dict[str, Any], lengths):
+    """Per-token inverse frequencies of a length-dependent scaling (``dynamic``, ``longrope``)
+    from the length of each token's own sequence: :func:`relpos.functional.
+    sequence_rope_frequencies` in float32 ``keras.ops``.
+
+    ``dynamic``: for ``n > L``, ``ω_m = exp(-(2m/r)·(ln θ + r/(r-2)·ln(factor·n/L - factor + 1)))``,
+    else ``θ^(-2m/r)``. ``longrope``: ``θ^(-2m/r) / long_factor[m]`` for ``n > L``, else
+    ``/ short_factor[m]``. ``L`` is ``original_max_position_embeddings``.
+
+    Args:
+        scaling: a dict normalised by :func:`relpos.functional.rope_scaling.check_rope_scaling`.
+        lengths: ``(b, n)`` int, the length of each token's sequence
+            (:func:`relpos.keras.positions.sequence_lengths`).
+
+    Returns:
+        float32 ``(b, n, r/2)``.
+    """
+    kind = scaling["rope_type"]
+    original = scaling["original_max_position_embeddings"]
+    n = ops.expand_dims(ops.cast(lengths, "float32"), -1)  # (b, n, 1)
+    long = n > original
+    ladder = rope_frequencies(rotary_dim, theta)
+    if kind == "dynamic":
+        factor = scaling["factor"]
+        # ln θ' = ln θ + r/(r-2)·ln(factor·n/L - factor + 1), for n > L (the argument is > 1)
+        growth = ops.log(factor * ops.maximum(n, float(original)) / original - factor + 1)
+        exponent = ops.arange(0, rotary_dim, 2, dtype="float32") / rotary_dim
+        scaled = ops.exp(-exponent * (math.log(theta) + ntk_power(rotary_dim) * growth))
+        return ops.where(long, scaled, ladder)
+    if kind == "longrope":
+        short_f = ops.convert_to_tensor(scaling["short_factor"], dtype="float32")
+        long_f = ops.convert_to_tensor(scaling["long_factor"], dtype="float32")
+        return ladder / ops.where(long, long_f, short_f)
+    raise ValueError(f"rope_type {kind!r} does not depend on the sequence length")
+
+
+def xpos_scale(pos, decay, scale_base: float, *, inverse: bool = False):
+    """xPos (Sun et al., 2022, §3.2): ``ζ_m^(p/γ)`` (queries) or ``ζ_m^(-p/γ)`` (keys,
+    ``inverse=True``), ``γ`` = ``scale_base``.
+
+    Shapes: pos ``(b, n)`` integers; decay ``ζ`` ``(r/2,)`` → float32 ``(b, n, r/2)``.
+    """
+    exponent = ops.expand_dims(ops.cast(pos, "float32"), -1) / scale_base
+    log = ops.log(ops.convert_to_tensor(decay, dtype="float32"))
+    return ops.exp(exponent * (-log if inverse else log))
+
+
+def apply_rope(x, angles, *, interleaved: bool = False, scale=None):
     """Rotate feature pairs of ``x`` by ``angles``; features past ``2·angles.shape[-1]`` pass.
 
     ``interleaved=False`` pairs ``(x[k], x[k + r/2])`` (GPT-NeoX, Llama, keras-hub);
-    ``interleaved=True`` pairs ``(x[2k], x[2k+1])`` (RoFormer, GPT-J).
+    ``interleaved=True`` pairs ``(x[2k], x[2k+1])`` (RoFormer, GPT-J). ``scale`` (xPos's decay)
+    multiplies both features of each rotated pair.
 
     Shapes:
-        x: ``(b, n, ..., d)`` (Keras' layout, e.g. ``(b, n, h, d)``); angles: ``(b|1, n, r/2)``;
-        returns ``x``'s shape and dtype, rotated in float32.
+        x: ``(b, n, ..., d)`` (Keras' layout, e.g. ``(b, n, h, d)``); angles, scale:
+        ``(b|1, n, r/2)``; returns ``x``'s shape and dtype, rotated in float32.
     """
     half = angles.shape[-1]
     d = x.shape[-1]
     if 2 * half > d:
         raise ValueError(f"rotary dim {2 * half} exceeds the feature dim {d}")
     cos, sin = ops.cos(angles), ops.sin(angles)
+    if scale is not None:  # s·R: the transpose s·Rᵀ is the rotation by -angles, scaled alike
+        cos, sin = cos * scale, sin * scale
     for _ in range(len(x.shape) - 3):  # broadcast over the axes between tokens and features
         cos, sin = ops.expand_dims(cos, 2), ops.expand_dims(sin, 2)
     xf = ops.cast(x, "float32")

@@ -26,12 +26,14 @@ __all__ = [
     "allowed_pairs",
     "continue_positions",
     "dense_and_mask",
+    "holds_values",
     "plain_positions",
     "positions_from_mask",
     "positions_from_segments",
     "resolve_positions",
     "restore_ragged",
     "sequence_length",
+    "sequence_lengths",
     "token_positions",
 ]
 
@@ -74,6 +76,26 @@ def dense_and_mask(inputs, mask=None):
             mask = mask.to_tensor(default_value=False)
         valid = tf.logical_and(valid, tf.cast(mask, tf.bool))
     return dense, valid, lengths
+
+
+def holds_values(x) -> bool:
+    """Whether ``x`` holds values now (eager) rather than standing for them while a function is
+    traced (``jax.jit``, ``tf.function``, ``torch.compile``, or Keras building a symbolic model),
+    so that a data-dependent check can read it. False on other backends (not checked there)."""
+    backend = keras.backend.backend()
+    if backend == "jax":
+        import jax
+
+        return not isinstance(x, jax.core.Tracer)
+    if backend == "tensorflow":
+        import tensorflow as tf
+
+        return tf.executing_eagerly() and hasattr(x, "numpy")
+    if backend == "torch":
+        import torch
+
+        return not torch.compiler.is_compiling() and x.device.type != "meta"
+    return False
 
 
 def restore_ragged(outputs, lengths):
@@ -187,6 +209,55 @@ def continue_positions(cached: Positions, n) -> Positions:
     seg = ops.where(has_any, last_seg, 0)
     new = ops.expand_dims(ops.arange(n, dtype="int32"), 0)
     return Positions(start + new, ops.broadcast_to(seg, ops.shape(start + new)))
+
+
+def _common_batch(parts):
+    """The batch size of ``parts`` together: that of a part whose batch is not 1 (static or
+    dynamic), else 1."""
+    for p in parts:
+        if p.pos.shape[0] != 1:
+            return ops.shape(p.pos)[0]
+    return 1
+
+
+def sequence_lengths(*parts: Positions) -> tuple[Any, ...]:
+    """The length of the sequence every token belongs to, over the tokens of ``parts`` together
+    (the Keras twin of :func:`relpos.sequence_lengths`).
+
+    A sequence is one segment of one row; its length is one more than the largest position any of
+    its tokens in ``parts`` has (the queries and keys of one call, or a KV cache's slots), so a
+    packed document gets its own length and a decoded row its length so far. Padding tokens get
+    0. Used by length-dependent RoPE scalings (dynamic NTK, LongRoPE).
+
+    Segment ids are arbitrary integers, so tokens are grouped by sorting them (``argsort``: the
+    order inside a group does not matter) and each group's largest position is one segment max:
+    ``O(N log N)`` for ``N`` tokens in all, no ``(N, N)`` comparison.
+
+    Returns:
+        one int32 ``(b, n_p)`` tensor per part (``b`` the parts' common batch, 1 if all are 1).
+    """
+    b = _common_batch(parts)
+    sizes = [p.pos.shape[1] if p.pos.shape[1] is not None else ops.shape(p.pos)[1] for p in parts]
+    pos = ops.concatenate([ops.broadcast_to(p.pos, (b, ops.shape(p.pos)[1])) for p in parts], 1)
+    seg = ops.concatenate([ops.broadcast_to(p.seg, (b, ops.shape(p.seg)[1])) for p in parts], 1)
+    total = ops.shape(seg)[1]
+    order = ops.argsort(seg, axis=1)
+    back = ops.argsort(order, axis=1)  # the inverse permutation
+    sorted_seg = ops.take_along_axis(seg, order, axis=1)
+    changes = ops.cast(sorted_seg[:, 1:] != sorted_seg[:, :-1], "int32")
+    starts = ops.concatenate([ops.ones_like(sorted_seg[:, :1]), changes], axis=1)
+    # A group id per token, unique over the batch: row r's groups are r·N + 0, 1, ...
+    rows = ops.expand_dims(ops.arange(b, dtype="int32"), 1) * total
+    group = ops.take_along_axis(ops.cumsum(starts, axis=1) - 1, back, axis=1) + rows
+    flat = ops.reshape(group, (-1,))
+    last = ops.segment_max(ops.reshape(pos, (-1,)), flat, num_segments=b * total)
+    lengths = ops.reshape(ops.take(last, flat), (b, total)) + 1
+    lengths = ops.where(seg == PAD_SEGMENT, 0, lengths)
+    out, start = [], 0
+    for size in sizes:
+        out.append(lengths[:, start : start + size])
+        start = start + size
+    return tuple(out)
 
 
 def allowed_pairs(queries: Positions, keys: Positions, *, causal: bool):

@@ -12,7 +12,9 @@ hook                      contract (Keras layout: heads after tokens)
 ``value_term(p, qp, kp)`` float32 ``(b, i, h, d)`` added to the output, from probs ``(b, h, i, j)``
 ========================  ====================================================================
 
-``qp``/``kp`` are :class:`~relpos.keras.positions.Positions`; no hook reads array indices.
+``qp``/``kp`` are :class:`~relpos.keras.positions.Positions`; no hook reads array indices. A
+scheme whose key rotation depends on the other keys (a length-dependent RoPE scaling) declares
+``rotates_cached_keys``: keys then enter the cache raw and ``rotate`` gets every cached key.
 Absolute schemes (``sinusoidal``, ``learned``) act at the input: see
 :class:`~relpos.keras.embeddings.TokenAndPositionEmbedding`.
 """
@@ -28,6 +30,7 @@ from keras import ops
 from ..functional.alibi import alibi_slopes
 from ..functional.rope_axes import axis_frequencies
 from ..functional.rope_scaling import scaled_rope_frequencies
+from ..functional.xpos import check_xpos_position, xpos_decay
 from ..schemes import SCHEMES, SchemeConfig, config_from_dict
 from ..schemes import scheme_config as shared_scheme_config
 from .ops import (
@@ -38,9 +41,11 @@ from .ops import (
     relative_distance,
     rope_angles,
     scatter_relative,
+    sequence_rope_frequencies,
     t5_buckets,
+    xpos_scale,
 )
-from .positions import Positions
+from .positions import Positions, holds_values, sequence_lengths
 
 __all__ = ["KERAS_SCHEMES", "AttentionScheme", "make_attention_scheme", "scheme_config"]
 
@@ -69,6 +74,10 @@ class AttentionScheme(keras.layers.Layer):
     adds_terms: ClassVar[bool] = False
     #: Whether :meth:`value_term` adds a term (its head dim is then ``head_dim``).
     has_value_term: bool = False
+    #: Whether a key's rotation depends on the other keys (its sequence's current length: dynamic
+    #: NTK, LongRoPE). Then the cache holds raw keys and :meth:`rotate` receives every cached key
+    #: at every call (the PyTorch side's ``Scheme.rotates_cached_keys``).
+    rotates_cached_keys: bool = False
 
     def __init__(
         self, config: SchemeConfig, *, num_heads: int, head_dim: int, causal: bool, **kwargs
@@ -81,6 +90,8 @@ class AttentionScheme(keras.layers.Layer):
         self.built = True
 
     def rotate(self, q, k, q_positions: Positions, k_positions: Positions):
+        """Rotate ``q (b, i, h, d)`` and keys ``k (b, j, h_kv, d)`` by their positions: the new
+        keys, or every cached key when :attr:`rotates_cached_keys`."""
         return q, k
 
     def score_bias(self, q, q_positions: Positions, k_positions: Positions):
@@ -115,9 +126,26 @@ class NoPositions(AttentionScheme):
 
 @_register
 class RotaryScheme(AttentionScheme):
-    """RoPE (Su et al., 2021): rotates queries and keys by ``p·ω_k`` from each token's own
-    position, before keys enter the cache; ``ω`` with the config's long-context scaling (the
-    PyTorch side's frequencies), and YaRN's attention factor on q and k."""
+    """RoPE (Su et al., 2021): rotates queries and keys by ``p·ω_m`` from each token's own
+    position; ``ω`` with the config's long-context scaling (the PyTorch side's frequencies), and
+    YaRN's or LongRoPE's attention factor on q and k.
+
+    * Plain RoPE and static scalings (linear, NTK, YaRN, Llama 3) rotate keys once, before they
+      enter the cache.
+    * Dynamic NTK and LongRoPE take ``ω`` from the length of each token's own sequence
+      (:func:`~relpos.keras.positions.sequence_lengths`): keys enter the cache raw and are
+      rotated at every call with their sequence's current length (``rotates_cached_keys``), so
+      decoding step ``t`` equals the forward over the row's first ``t`` tokens.
+    * xPos (``xpos_scale_base`` ``γ``, causal only) scales pair ``m`` of a query at ``p`` by
+      ``ζ_m^(p/γ)`` and of a key by ``ζ_m^(-p/γ)``. A position beyond
+      :func:`~relpos.functional.xpos.xpos_max_position` for q's dtype is a ``ValueError`` when the
+      positions hold values (eager); under ``jit`` / ``tf.function`` they are not checked.
+    * ``learned_freq``: ``ω`` is a trainable float32 weight ``inv_freq (r/2,)`` initialised to
+      the (scaled) ladder.
+
+    Multi-axis coordinates are PyTorch-only: Keras positions have one axis, so with ``sections``
+    every section reads ``pos`` (M-RoPE is then plain RoPE; axial RoPE keeps its ladders).
+    """
 
     scheme_name = "rope"
 
@@ -126,27 +154,63 @@ class RotaryScheme(AttentionScheme):
         r = self.head_dim if config.rotary_dim is None else config.rotary_dim
         if r > self.head_dim:
             raise ValueError(f"rotary_dim must be <= head_dim ({self.head_dim}), got {r}")
-        pytorch_only = {
-            "a length-dependent scaling (dynamic, longrope)": config.length_dependent,
-            "xPos (xpos_scale_base)": config.xpos_scale_base is not None,
-            "learned frequencies (learned_freq)": config.learned_freq,
-        }
-        for what, used in pytorch_only.items():
-            if used:
-                raise ValueError(f"RoPE with {what} is PyTorch-only so far; not in relpos.keras")
+        if config.xpos_scale_base is not None and not self.causal:
+            raise ValueError(
+                "xPos needs causal attention (causal=True): its scale ζ^((n-m)/γ) grows without "
+                "bound for keys after the query"
+            )
         self.rotary_dim = r
+        self.rotates_cached_keys = config.length_dependent
         inv_freq, self.attention_factor = scaled_rope_frequencies(
             r, config.theta, config.scaling_dict
         )
-        # Keras positions have one axis: every section reads ``pos`` (M-RoPE is then plain RoPE).
         inv_freq = axis_frequencies(inv_freq, r, config.theta, config.sections, axial=config.axial)
-        self.inv_freq = tuple(inv_freq.tolist())
+        self.ladder = tuple(inv_freq.tolist())  # fixed ω, or the learned weight's initial value
+        self.xpos_decay = None if config.xpos_scale_base is None else tuple(xpos_decay(r).tolist())
+        self.inv_freq = None
+
+    def build(self, input_shape=None) -> None:
+        if self.config.learned_freq:
+            self.inv_freq = self.add_weight(
+                name="inv_freq",
+                shape=(len(self.ladder),),
+                initializer=lambda shape, dtype: ops.convert_to_tensor(self.ladder, dtype),
+                dtype="float32",
+            )
+        self.built = True
+
+    def _angles(self, positions: Positions, lengths):
+        if lengths is not None:
+            c = self.config
+            inv = sequence_rope_frequencies(self.rotary_dim, c.theta, c.scaling_dict, lengths)
+        elif self.inv_freq is not None:
+            inv = ops.cast(self.inv_freq, "float32")
+        else:
+            inv = ops.convert_to_tensor(self.ladder, dtype="float32")
+        return rope_angles(positions.pos, inv)
+
+    def _xpos(self, positions: Positions, dtype, *, key: bool):
+        base = self.config.xpos_scale_base
+        if base is None:
+            return None
+        if holds_values(positions.pos):  # traced (jit, tf.function): no data-dependent check
+            largest = int(ops.convert_to_numpy(ops.max(ops.abs(positions.pos))))
+            check_xpos_position(largest, keras.backend.standardize_dtype(dtype), base)
+        return xpos_scale(positions.pos, self.xpos_decay, base, inverse=key)
 
     def rotate(self, q, k, q_positions, k_positions):
-        inv_freq = ops.convert_to_tensor(self.inv_freq, dtype="float32")
+        q_len = k_len = None
+        if self.rotates_cached_keys:
+            if q_positions is k_positions:
+                (q_len,) = sequence_lengths(q_positions)
+                k_len = q_len
+            else:
+                q_len, k_len = sequence_lengths(q_positions, k_positions)
         il = self.config.interleaved
-        q = apply_rope(q, rope_angles(q_positions.pos, inv_freq), interleaved=il)
-        k = apply_rope(k, rope_angles(k_positions.pos, inv_freq), interleaved=il)
+        q_scale = self._xpos(q_positions, q.dtype, key=False)
+        k_scale = self._xpos(k_positions, k.dtype, key=True)
+        q = apply_rope(q, self._angles(q_positions, q_len), interleaved=il, scale=q_scale)
+        k = apply_rope(k, self._angles(k_positions, k_len), interleaved=il, scale=k_scale)
         if self.attention_factor != 1.0:
             q = ops.cast(ops.cast(q, "float32") * self.attention_factor, q.dtype)
             k = ops.cast(ops.cast(k, "float32") * self.attention_factor, k.dtype)

@@ -42,19 +42,25 @@ def _check_tokens_shape(shape) -> None:
 class TransformerBlock(keras.layers.Layer):
     """``x + attn(ln(x))`` then ``x + mlp(ln(x))``, dropout on both residual branches.
 
+    ``num_kv_heads``: key/value heads of grouped-query attention (default ``num_heads``).
+
     Call arguments: ``x`` ``(b, n, D)``; ``mask`` ``(b, n)`` True for tokens (their positions;
     padding queries attend nowhere). Returns ``(b, n, D)``.
     """
 
-    def __init__(self, d_model, num_heads, d_ff, scheme="nope", causal=True, dropout=0.0, **kwargs):
+    def __init__(
+        self, d_model, num_heads, d_ff, scheme="nope", causal=True, dropout=0.0,
+        num_kv_heads=None, **kwargs
+    ):  # fmt: skip
         super().__init__(**kwargs)
         self.d_model, self.num_heads, self.d_ff = d_model, num_heads, d_ff
         self.scheme, self.causal, self.dropout_rate = scheme, causal, dropout
+        self.num_kv_heads = num_kv_heads
         dtype, head_dim = self.dtype_policy, d_model // num_heads
         self.ln1 = keras.layers.LayerNormalization(epsilon=1e-5, dtype=dtype, name="ln1")
         self.attn = RelativeMultiHeadAttention(
             num_heads, head_dim, dropout=dropout, scheme=scheme, causal=causal, dtype=dtype,
-            kernel_initializer=_linear_init(d_model)
+            kernel_initializer=_linear_init(d_model), num_key_value_heads=num_kv_heads,
         )  # fmt: skip
         self.ln2 = keras.layers.LayerNormalization(epsilon=1e-5, dtype=dtype, name="ln2")
         self.mlp_in = keras.layers.Dense(
@@ -83,7 +89,7 @@ class TransformerBlock(keras.layers.Layer):
 
     def get_config(self) -> dict[str, Any]:
         config = super().get_config()
-        names = ("d_model", "num_heads", "d_ff", "scheme", "causal")
+        names = ("d_model", "num_heads", "d_ff", "scheme", "causal", "num_kv_heads")
         config.update({k: getattr(self, k) for k in names}, dropout=self.dropout_rate)
         return config
 
@@ -93,11 +99,10 @@ class Transformer(keras.Model):
     """Token embedding (+ absolute positions), ``num_layers`` blocks, final LayerNorm, LM head.
 
     The arguments are those of :class:`relpos.TransformerConfig` (less ``backend``,
-    ``num_kv_heads``, ``layer_schemes`` and ``share_relative``, not in Keras yet; checked by
-    it), so one config dict builds either framework's model. Kernels start as PyTorch's
-    ``nn.Linear`` ones (``U(±1/√fan_in)``; biases at zero), embeddings at std 0.02; with the
-    PyTorch model's weights the logits agree to float32 rounding. Trains with ``model.fit``;
-    saves as ``.keras``.
+    ``layer_schemes`` and ``share_relative``, not in Keras yet; checked by it), so one config
+    dict builds either framework's model. Kernels start as PyTorch's ``nn.Linear`` ones
+    (``U(±1/√fan_in)``; biases at zero), embeddings at std 0.02; with the PyTorch model's weights
+    the logits agree to float32 rounding. Trains with ``model.fit``; saves as ``.keras``.
 
     Args:
         vocab_size: token ids ``V``; id 0 is padding (masked, never attended to).
@@ -110,6 +115,8 @@ class Transformer(keras.Model):
             table's length, the longest input) act at the input, with ``nope`` in attention.
         tie_weights: the head reuses the token embedding (default: its own ``(D, V)`` matrix, as
             :class:`relpos.Transformer`).
+        num_kv_heads: key/value heads of grouped-query attention (default ``num_heads``; a
+            divisor of it), as ``TransformerConfig.num_kv_heads``.
 
     Shapes:
         tokens ``(b, n)`` int; returns logits ``(b, n, V)`` carrying the Keras mask
@@ -128,12 +135,13 @@ class Transformer(keras.Model):
         causal: bool = True,
         scheme: Any = "nope",
         tie_weights: bool = False,
+        num_kv_heads: int | None = None,
         **kwargs,
     ) -> None:
         super().__init__(**kwargs)
         cfg = TransformerConfig(
             vocab_size=vocab_size, d_model=d_model, num_heads=num_heads, num_layers=num_layers,
-            d_ff=d_ff, dropout=dropout, causal=causal, scheme=scheme,
+            d_ff=d_ff, dropout=dropout, causal=causal, scheme=scheme, num_kv_heads=num_kv_heads,
         )  # fmt: skip
         self.cfg, self.tie_weights = cfg, bool(tie_weights)
         d_ff, dtype, name = cfg.d_ff or 4 * d_model, self.dtype_policy, cfg.scheme["name"]
@@ -155,7 +163,7 @@ class Transformer(keras.Model):
             self.position_embedding = PositionEmbedding(cfg.scheme["max_len"], init, dtype=dtype)
         self.drop = keras.layers.Dropout(dropout, dtype=dtype)
         layer_scheme = "nope" if name in ABSOLUTE_SCHEMES else cfg.scheme
-        block = dict(causal=cfg.causal, dropout=dropout, dtype=dtype)
+        block = dict(causal=cfg.causal, dropout=dropout, num_kv_heads=num_kv_heads, dtype=dtype)
         self.blocks = [
             TransformerBlock(d_model, num_heads, d_ff, layer_scheme, name=f"block_{i}", **block)
             for i in range(num_layers)
@@ -206,7 +214,8 @@ class Transformer(keras.Model):
         config = super().get_config()
         names = ("vocab_size", "d_model", "num_heads", "num_layers", "d_ff", "dropout", "causal")
         config.update({k: getattr(self.cfg, k) for k in names}, scheme=self.cfg.scheme)
-        config.update(tie_weights=self.tie_weights)  # not the PyTorch-only fields (backend, GQA)
+        # Not the PyTorch-only fields (backend, layer_schemes, share_relative).
+        config.update(tie_weights=self.tie_weights, num_kv_heads=self.cfg.num_kv_heads)
         return config
 
     @classmethod

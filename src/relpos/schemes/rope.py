@@ -23,7 +23,7 @@ from ..functional.rope_scaling import (
     scaled_rope_frequencies,
     sequence_rope_frequencies,
 )
-from ..functional.xpos import xpos_decay, xpos_max_position, xpos_scale
+from ..functional.xpos import check_xpos_position, xpos_decay, xpos_scale
 from ..positions import Positions, sequence_lengths
 from .base import Scheme, SchemeConfig, check_int, check_positive_float, register
 
@@ -204,13 +204,8 @@ class Rotary(Scheme):
         base = self.config.xpos_scale_base
         if base is None:
             return None
-        limit = xpos_max_position(dtype, base)
-        if len(positions) and int(positions.pos.abs().max()) > limit:
-            raise ValueError(
-                f"xPos scales overflow {dtype} beyond position {limit} (xpos_scale_base={base}); "
-                f"got position {int(positions.pos.abs().max())}: use float32 or bfloat16, or a "
-                "larger xpos_scale_base"
-            )
+        if len(positions):
+            check_xpos_position(int(positions.pos.abs().max()), dtype, base)
         return xpos_scale(positions.pos, self.xpos_decay, base, inverse=key)
 
     def rotate(
