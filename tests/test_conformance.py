@@ -16,7 +16,13 @@ import torch
 
 import relpos
 from relpos import Positions, Transformer, TransformerConfig, checks
-from tests.helpers import SCHEME_SPECS, length_dependent, randomize_parameters, spec_id
+from tests.helpers import (
+    BACKEND_SPECS,
+    SCHEME_SPECS,
+    length_dependent,
+    randomize_parameters,
+    spec_id,
+)
 
 VOCAB = 13
 ATOL = 1e-5
@@ -177,8 +183,15 @@ def test_bf16_bias_does_not_overflow():
     assert torch.isfinite(y).all()
 
 
+#: torch.compile is slow to run (seconds a spec): by default one spec per path through the
+#: backends (BACKEND_SPECS); the other variants under ``make test-all``.
+COMPILE_SPECS = [
+    s if s in BACKEND_SPECS else pytest.param(s, marks=pytest.mark.slow) for s in SCHEME_SPECS
+]
+
+
 @pytest.mark.filterwarnings("ignore::UserWarning")
-@pytest.mark.parametrize("spec", SCHEME_SPECS, ids=spec_id)
+@pytest.mark.parametrize("spec", COMPILE_SPECS, ids=spec_id)
 def test_torch_compile_smoke(spec):
     model = tiny_model(spec, True)
     tokens = torch.randint(0, VOCAB, (2, 6))
