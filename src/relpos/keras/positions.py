@@ -80,8 +80,9 @@ def dense_and_mask(inputs, mask=None):
 
 def holds_values(x) -> bool:
     """Whether ``x`` holds values now (eager) rather than standing for them while a function is
-    traced (``jax.jit``, ``tf.function``, ``torch.compile``, or Keras building a symbolic model),
-    so that a data-dependent check can read it. False on other backends (not checked there)."""
+    traced (``jax.jit``, ``tf.function``, or Keras building a symbolic model on those backends),
+    so that a data-dependent check can read it. Always True on the torch backend, which Keras
+    runs eagerly by default."""
     backend = keras.backend.backend()
     if backend == "jax":
         import jax
@@ -91,11 +92,7 @@ def holds_values(x) -> bool:
         import tensorflow as tf
 
         return tf.executing_eagerly() and hasattr(x, "numpy")
-    if backend == "torch":
-        import torch
-
-        return not torch.compiler.is_compiling() and x.device.type != "meta"
-    return False
+    return True
 
 
 def restore_ragged(outputs, lengths):
