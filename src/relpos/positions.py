@@ -24,7 +24,14 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-__all__ = ["PAD_SEGMENT", "Positions", "as_offset", "resolve_positions", "sequence_lengths"]
+__all__ = [
+    "PAD_SEGMENT",
+    "Positions",
+    "as_offset",
+    "distance_range",
+    "resolve_positions",
+    "sequence_lengths",
+]
 
 #: Segment id of padding tokens.
 PAD_SEGMENT = -1
@@ -377,6 +384,14 @@ class Positions:
     def __repr__(self) -> str:
         coords = "" if self.coords is None else f", coords={self.coords.tolist()}"
         return f"Positions(pos={self.pos.tolist()}, seg={self.seg.tolist()}{coords})"
+
+
+def distance_range(queries: Positions, keys: Positions) -> tuple[int, int]:
+    """``(lo, hi)`` with every ``k_pos - q_pos`` of these queries and keys in ``[lo, hi]`` (from the
+    extreme positions, padding included: one device sync)."""
+    lo = int(keys.pos.min() - queries.pos.max())
+    hi = int(keys.pos.max() - queries.pos.min())
+    return lo, hi
 
 
 def sequence_lengths(*parts: Positions) -> tuple[Tensor, ...]:

@@ -38,7 +38,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from ..positions import PAD_SEGMENT, Positions
+from ..positions import PAD_SEGMENT, Positions, distance_range
 from ..schemes.base import DistanceBiasScheme, LinearBiasScheme, RelativeScheme, Scheme
 from .contract import (
     empty_attention,
@@ -137,8 +137,7 @@ def _distance_lut(
     scheme: Scheme, q_positions: Positions, k_positions: Positions, device
 ) -> tuple[Tensor, int]:
     """``(lut, offset)``: the relative row of each distance ``δ`` is ``lut[δ + offset]``."""
-    lo = int(k_positions.pos.min()) - int(q_positions.pos.max())
-    hi = int(k_positions.pos.max()) - int(q_positions.pos.min())
+    lo, hi = distance_range(q_positions, k_positions)
     zero = Positions(
         torch.zeros(1, 1, dtype=torch.long, device=device),
         torch.zeros(1, 1, dtype=torch.long, device=device),

@@ -41,7 +41,7 @@ from torch import Tensor, nn
 from ..functional.alibi import alibi_bias
 from ..functional.dtypes import compute_dtype
 from ..functional.skew import gather_relative, scatter_relative
-from ..positions import Positions
+from ..positions import Positions, distance_range
 
 __all__ = [
     "SCHEMES",
@@ -271,10 +271,8 @@ class DistanceBiasScheme(Scheme):
     def distance_table(self, q_positions: Positions, k_positions: Positions) -> tuple[int, Tensor]:
         """``(lo, table)``: the bias of distance ``δ`` for head ``h`` is ``table[h, δ - lo]``, for
         every distance between these queries and keys; ``table`` is ``(h, D)`` float32."""
-        qp, kp = q_positions.pos, k_positions.pos
-        lo = int(kp.min() - qp.max())  # every pair's distance lies in [lo, hi]
-        hi = int(kp.max() - qp.min())
-        table = self.distance_bias(torch.arange(lo, hi + 1, device=qp.device))
+        lo, hi = distance_range(q_positions, k_positions)
+        table = self.distance_bias(torch.arange(lo, hi + 1, device=q_positions.device))
         return lo, table.to(compute_dtype(table.dtype))
 
     def score_bias(self, q: Tensor, q_positions: Positions, k_positions: Positions) -> Tensor:
