@@ -22,7 +22,7 @@ from relpos.keras import (
 from relpos.keras.positions import positions_from_segments
 
 from ..helpers import SCHEME_SPECS, length_dependent
-from .util import LAYOUTS, decode, kt, layout, np_
+from .util import COMPILED, LAYOUTS, decode, every_other, kt, layout, np_
 
 #: The PyTorch suite's: they switch at 5 tokens, so the test rows (5 to 9 tokens) cross it.
 DYNAMIC, LONGROPE = [spec for spec in SCHEME_SPECS if length_dependent(spec)]
@@ -79,11 +79,14 @@ def _module(spec, width, h, kvh=None, *, causal):
     return module
 
 
-@pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize(
-    ("spec", "shape"), CASES, ids=lambda x: f"h{x[3]}kv{x[4]}" if isinstance(x, tuple) else str(x)
+    ("spec", "shape", "causal"),
+    every_other(
+        [(spec, shape, causal) for spec, shape in CASES for causal in (False, True)],
+        ids=lambda c: f"{c[0]}-h{c[1][3]}kv{c[1][4]}-{'causal' if c[2] else 'bidirectional'}",
+    ),
 )
-def test_attention_equals_torch(spec, causal, shape):
+def test_attention_equals_torch(spec, shape, causal):
     b, n, width, h, kvh = shape
     if spec is XPOS and not causal:
         pytest.skip("xPos is causal only (refused otherwise: test_errors.py)")
@@ -110,7 +113,12 @@ def test_learned_frequencies_start_at_the_scaled_ladder():
 
 
 @pytest.mark.parametrize(
-    ("spec", "kvh"), [(DYNAMIC, 1), (LONGROPE, 2)], ids=["dynamic-mqa", "longrope"]
+    ("spec", "kvh"),
+    # The multi-query one compiles the most shapes: on the torch backend by default.
+    [
+        pytest.param(DYNAMIC, 1, id="dynamic-mqa", marks=(pytest.mark.slow,) if COMPILED else ()),
+        pytest.param(LONGROPE, 2, id="longrope"),
+    ],
 )
 def test_length_dependent_decoding_equals_torch_row_alone(spec, kvh):
     """Left-padded prompts of rows of different lengths, decoded one token a step with the

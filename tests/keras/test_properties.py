@@ -13,7 +13,7 @@ from relpos.keras import (
     T5RelativeBias,
 )
 
-from .util import decode, kt, np_
+from .util import decode, every_other, kt, np_
 
 XPOS = {"name": "rope", "xpos_scale_base": 8.0}
 SHAW = {"name": "shaw", "max_distance": 3}
@@ -27,6 +27,10 @@ SCHEMES = [
     XPOS,
 ]
 B, N, WIDTH, HEADS = 3, 8, 16, 2
+SPEC_CAUSAL = every_other(
+    [(spec, causal) for spec in SCHEMES for causal in (False, True)],
+    ids=lambda c: f"{c[0]}-{'causal' if c[1] else 'bidirectional'}",
+)
 
 
 def _layer(spec, causal, kv_heads=None):
@@ -39,8 +43,7 @@ def _layer(spec, causal, kv_heads=None):
     return layer
 
 
-@pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("spec", SCHEMES, ids=str)
+@pytest.mark.parametrize(("spec", "causal"), SPEC_CAUSAL)
 def test_padded_row_equals_row_alone(spec, causal):
     layer = _layer(spec, causal)
     x = np.random.default_rng(0).normal(size=(B, N, WIDTH)).astype("float32")
@@ -54,8 +57,7 @@ def test_padded_row_equals_row_alone(spec, causal):
         assert (out[r, ~mask[r]] == 0).all()
 
 
-@pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("spec", SCHEMES, ids=str)
+@pytest.mark.parametrize(("spec", "causal"), SPEC_CAUSAL)
 def test_packed_documents_equal_separate_rows(spec, causal):
     layer = _layer(spec, causal)
     x = np.random.default_rng(1).normal(size=(1, N, WIDTH)).astype("float32")
@@ -69,15 +71,17 @@ def test_packed_documents_equal_separate_rows(spec, causal):
 
 @pytest.mark.parametrize(
     ("spec", "kv_heads"),
-    [
-        *((spec, None) for spec in SCHEMES),
-        ({"name": "rope", "learned_freq": True}, None),
-        # Multi-query: rotated keys, and a value term. Dynamic NTK and LongRoPE (raw keys in the
-        # cache, each step equal to its prefix): tests/keras/test_parity_torch.py.
-        ("rope", 1),
-        (SHAW, 1),
-    ],
-    ids=str,
+    every_other(
+        [
+            *((spec, None) for spec in SCHEMES),
+            ({"name": "rope", "learned_freq": True}, None),
+            # Multi-query: rotated keys, and a value term. Dynamic NTK and LongRoPE (raw keys in
+            # the cache, each step equal to its prefix): tests/keras/test_parity_torch.py.
+            ("rope", 1),
+            (SHAW, 1),
+        ],
+        ids=str,
+    ),
 )
 def test_cached_decoding_equals_full_forward(spec, kv_heads):
     """Left-padded prompts, a prefill, then one token at a time: every step's output equals the
@@ -91,7 +95,7 @@ def test_cached_decoding_equals_full_forward(spec, kv_heads):
     np.testing.assert_allclose(decode(layer, x, mask, prompt=5), full, atol=1e-5)
 
 
-@pytest.mark.parametrize("spec", SCHEMES, ids=str)
+@pytest.mark.parametrize("spec", every_other(SCHEMES, ids=str))
 def test_cache_index_per_row_continues_each_prompt(spec):
     """Right-padded prompts of different lengths: each row writes its next token at its own slot
     (``cache_update_index`` per row) and matches the row decoded alone."""

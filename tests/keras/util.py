@@ -5,13 +5,32 @@ from __future__ import annotations
 
 import keras
 import numpy as np
+import pytest
 import torch
 from keras import ops
 
 BACKEND = keras.backend.backend()
+#: JAX and TensorFlow compile every op once per shape in an eager call (seconds a case), while
+#: Keras ops compute the same math on every backend: there the large parametrized tests run half
+#: of their cases by default (``every_other``), all of them under ``make test-all``.
+COMPILED = BACKEND in ("jax", "tensorflow")
 
 #: Layouts of a (3, n) batch: which tokens are real, and how rows are split into documents.
 LAYOUTS = ("plain", "left", "right", "packed")
+
+
+def every_other(cases: list, ids=None) -> list:
+    """``cases`` as ``pytest.param`` s, half of them marked ``slow`` on JAX and TensorFlow (all
+    run on the torch backend). The kept half is staggered (cases 0, 3, 4, 7, 8, ...), so that
+    neighbouring variants of one parameter (causal or not, one shape or another) take turns.
+    A case is a tuple of arguments, or one argument."""
+    params = []
+    for i, case in enumerate(cases):
+        values = case if isinstance(case, tuple) else (case,)
+        slow = COMPILED and (i + i // 2) % 2
+        marks = (pytest.mark.slow,) if slow else ()
+        params.append(pytest.param(*values, marks=marks, id=None if ids is None else ids(case)))
+    return params
 
 
 def np_(x) -> np.ndarray:
