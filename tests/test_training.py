@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import math
@@ -16,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 
-from relpos import TransformerConfig
+from relpos import Transformer, TransformerConfig
 from relpos.atomic import atomic_path, stale_temporaries
 from relpos.cli import main
 from relpos.music import VOCAB_SIZE, ChoraleSplits, load_chorales, load_token_data, sample_chorale
@@ -24,13 +25,16 @@ from relpos.training import (
     TokenDataset,
     TrainConfig,
     WindowGrid,
+    evaluate_nll,
     load_checkpoint,
     lr_at,
     save_checkpoint,
     train,
 )
 from relpos.training import loop as training_loop
-from relpos.training.loop import RUN_FILES, TrainingDiverged
+from relpos.training.ema import WeightAverage
+from relpos.training.loop import RUN_FILES, TrainingDiverged, accumulate_gradients
+from relpos.training.windows import random_windows
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -406,6 +410,12 @@ def test_a_non_causal_model_is_refused(tiny_data, tmp_path, capsys):
         ({"model": 5}, "model"),
         ({"model": "dropout"}, "dropout"),
         ({"model": "backend"}, "backend"),
+        ({"accumulate": 0}, "accumulate"),
+        ({"accumulate": 3}, r"batch_size \(4\)"),
+        ({"ema": 1.5}, "ema"),
+        ({"ema": 1}, "ema"),
+        ({"patience": -1}, "patience"),
+        ({"autocast": "yes"}, "autocast"),
     ],
 )
 def test_config_errors_name_the_field(tiny_data, change, field):
@@ -628,3 +638,112 @@ def test_checkpoint_errors_never_advise_weights_only_false(tmp_path):
         load_checkpoint(garbage)
     for err in (e, e2):
         assert "weights_only" not in str(err.value) and "trust" not in str(err.value)
+
+
+# ----------------------------------------------------------------------------- recipe features
+
+
+def test_weight_average_equals_the_hand_computed_average():
+    model = torch.nn.Linear(3, 2)
+    average = WeightAverage(model, decay=0.8)
+    want = {k: v.clone() for k, v in model.state_dict().items()}
+    g = torch.Generator().manual_seed(0)
+    for t in range(1, 30):
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(torch.randn(p.shape, generator=g))
+        average.update(model)
+        d = min(0.8, (1 + t) / (10 + t))  # the ramp, then the decay
+        for k, v in model.state_dict().items():
+            want[k] = d * want[k] + (1 - d) * v
+    assert average.updates == 29
+    for k, v in average.model.state_dict().items():
+        torch.testing.assert_close(v, want[k], rtol=1e-6, atol=1e-6, msg=k)
+    assert not any(p.requires_grad for p in average.model.parameters())
+
+
+def test_micro_batches_add_up_to_the_whole_batchs_gradient(tiny_data):
+    data = load_token_data(str(tiny_data), max_shift=2, progress=False)
+    cfg = tiny_config(tiny_data)
+    torch.manual_seed(0)
+    model = Transformer(dataclasses.replace(cfg.model, dropout=0.0))
+    w = random_windows(data.train, 8, cfg.context, np.random.default_rng(0), grid=data.grid)
+    tokens, mask = torch.from_numpy(w.tokens), torch.from_numpy(w.mask)
+    grads = {}
+    for k in (1, 2, 4, 8):
+        model.zero_grad(set_to_none=True)
+        loss, n = accumulate_gradients(model, tokens, mask, micro_batches=k)
+        grads[k] = {name: p.grad.clone() for name, p in model.named_parameters()}
+        if k == 1:
+            want = loss
+        torch.testing.assert_close(loss, want, rtol=1e-6, atol=1e-6)
+        assert n == int(mask[:, 1:].sum())
+    for k in (2, 4, 8):
+        for name, g in grads[1].items():
+            torch.testing.assert_close(grads[k][name], g, rtol=1e-4, atol=1e-6, msg=f"{k}: {name}")
+
+
+def test_validation_and_evaluation_use_the_weight_average(tiny_data, tmp_path, capsys):
+    cfg = tiny_config(tiny_data, ema=0.9, steps=6, eval_every=3)
+    data = load_token_data(cfg.data, max_shift=cfg.max_shift, progress=False)
+    train(cfg, tmp_path / "run", progress=False, data=data)
+    state = load_checkpoint(tmp_path / "run" / "best.pt")
+    assert state["ema"]["updates"] == state["step"]
+    averaged, trained = Transformer(cfg.model).eval(), Transformer(cfg.model).eval()
+    averaged.load_state_dict(state["ema"]["model"])
+    trained.load_state_dict(state["model"])
+    nll = evaluate_nll(averaged, data.valid, context=cfg.context, grid=data.grid)
+    assert nll == pytest.approx(state["valid_nll"], rel=1e-6)
+    assert evaluate_nll(trained, data.valid, context=cfg.context, grid=data.grid) != pytest.approx(
+        nll, rel=1e-6
+    )
+    # `relpos eval` reads the average too.
+    assert (
+        main(["eval", "--run-dir", str(tmp_path / "run"), "--splits", "valid", "--no-progress"])
+        == 0
+    )
+    result = json.loads((tmp_path / "run" / "eval.json").read_text())
+    assert result["valid_nll"] == pytest.approx(nll, rel=1e-5)
+
+
+def test_a_resumed_run_continues_the_average_and_the_patience(tiny_data, tmp_path):
+    cfg = tiny_config(tiny_data, ema=0.9, patience=5, steps=10, eval_every=2)
+    data = load_token_data(cfg.data, max_shift=cfg.max_shift, progress=False)
+    train(cfg, tmp_path / "straight", progress=False, data=data)
+    train(cfg, tmp_path / "resumed", progress=False, data=data, stop_after=5)
+    train(None, tmp_path / "resumed", resume=True, progress=False, data=data)
+    a = load_checkpoint(tmp_path / "straight" / "last.pt")
+    b = load_checkpoint(tmp_path / "resumed" / "last.pt")
+    assert a["ema"]["updates"] == b["ema"]["updates"] == 10
+    assert a["evals_since_best"] == b["evals_since_best"]
+    for k, v in a["ema"]["model"].items():
+        torch.testing.assert_close(b["ema"]["model"][k], v, rtol=0, atol=0, msg=k)
+
+
+def test_early_stopping_keeps_the_best_checkpoint(tiny_data, tmp_path, monkeypatch):
+    # Validation NLLs chosen by the test: the best at the second validation, then none better.
+    nlls = iter([3.0, 2.0, 2.5, 2.2, 9.0, 9.0])
+    monkeypatch.setattr(training_loop, "evaluate_nll", lambda *a, **k: next(nlls))
+    cfg = tiny_config(tiny_data, steps=12, eval_every=2, patience=2)
+    summary = train(cfg, tmp_path / "run", progress=False)
+    assert summary["stopped_early"] and not summary["interrupted"] and summary["exit_status"] == 0
+    assert summary["step"] == 8 and summary["best_valid_nll"] == 2.0
+    best = load_checkpoint(tmp_path / "run" / "best.pt")
+    assert best["step"] == 4 and best["valid_nll"] == 2.0
+    assert load_checkpoint(tmp_path / "run" / "last.pt")["step"] == 8
+
+
+def test_bfloat16_autocast_trains_with_float32_weights(tiny_data, tmp_path):
+    summary = train(tiny_config(tiny_data, autocast=True, steps=2, eval_every=2), tmp_path / "r")
+    assert math.isfinite(summary["best_valid_nll"])
+    state = load_checkpoint(tmp_path / "r" / "last.pt")
+    assert all(v.dtype == torch.float32 for v in state["model"].values() if v.is_floating_point())
+
+
+def test_recipe_flags_reach_the_config(tiny_data, tmp_path):
+    run = tmp_path / "run"
+    flags = [*TINY_FLAGS, "--steps", "2", "--eval-every", "2"]
+    extra = ["--accumulate", "2", "--ema", "0.99", "--patience", "3", "--autocast"]
+    assert main(["train", "--run-dir", str(run), "--data", str(tiny_data), *flags, *extra]) == 0
+    cfg = TrainConfig.load(run / "config.json")
+    assert (cfg.accumulate, cfg.ema, cfg.patience, cfg.autocast) == (2, 0.99, 3, True)

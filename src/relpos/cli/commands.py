@@ -184,6 +184,9 @@ _FIELD_FLAGS = {
     "lr": "--lr",
     "warmup": "--warmup",
     "eval_every": "--eval-every",
+    "accumulate": "--accumulate",
+    "ema": "--ema",
+    "patience": "--patience",
     "max_shift": "--max-shift",
     "seed": "--seed",
 }
@@ -255,6 +258,25 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     t.add_argument("--lr", type=float, default=DEMO["lr"])
     t.add_argument("--warmup", type=int, default=DEMO["warmup"])
     t.add_argument("--eval-every", type=int, default=DEMO["eval_every"])
+    t.add_argument(
+        "--accumulate",
+        type=int,
+        default=1,
+        help="micro-batches per step (same update, less memory)",
+    )
+    t.add_argument(
+        "--ema",
+        type=float,
+        default=0.0,
+        help="moving average of the weights for evaluation, e.g. 0.999 (0: off)",
+    )
+    t.add_argument(
+        "--patience",
+        type=int,
+        default=0,
+        help="stop after this many validations without a new best (0: never)",
+    )
+    t.add_argument("--autocast", action="store_true", help="bfloat16 autocast of the forward pass")
     t.add_argument("--max-shift", type=int, default=5, help="transposition augmentation (0: off)")
     t.add_argument("--seed", type=_SEED, default=0)
 
@@ -292,6 +314,10 @@ def _train_config(args: argparse.Namespace):
             lr=args.lr,
             warmup=args.warmup,
             eval_every=args.eval_every,
+            accumulate=args.accumulate,
+            ema=args.ema,
+            patience=args.patience,
+            autocast=args.autocast,
             max_shift=args.max_shift,
             seed=args.seed,
         )
@@ -373,7 +399,9 @@ def _load_model(run_dir: Path, which: str):
         cfg = TrainConfig.from_dict(state["config"])
     except (ValueError, TypeError) as e:
         raise CLIError(f"--checkpoint: {path} holds an invalid config: {e}") from None
-    weights = state["model"]
+    # A run that kept a moving average of its weights is evaluated (and generates) with it.
+    average = state.get("ema")
+    weights = average.get("model") if isinstance(average, dict) else state["model"]
     if not isinstance(weights, dict):
         raise CLIError(f"--checkpoint: {path} holds no model weights")
     bad = [

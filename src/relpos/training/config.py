@@ -97,8 +97,18 @@ class TrainConfig:
         batch_size: windows per optimisation step (over all processes).
         steps: optimisation steps in total.
         lr, weight_decay, betas: AdamW.
-        warmup: linear warm-up steps, then cosine decay to ``min_lr_ratio·lr``.
+        warmup: linear warm-up steps, then cosine decay to ``min_lr_ratio·lr`` (the floor).
         grad_clip: clip the global gradient norm (0: off).
+        accumulate: micro-batches per step: each step's ``batch_size`` windows run as this many
+            forward/backward passes of ``batch_size / accumulate`` windows, the gradient summed
+            (the same update as one pass over the whole batch, in less memory).
+        ema: decay of an exponential moving average of the weights (0: off), e.g. 0.999;
+            validation, ``best.pt``'s evaluation weights and ``relpos eval``/``generate`` use the
+            average (:class:`~relpos.training.ema.WeightAverage`).
+        patience: stop after this many validations in a row without a new best NLL (0: never);
+            ``best.pt`` keeps the best.
+        autocast: run forward passes under bfloat16 autocast (weights, optimiser and loss stay
+            float32).
         eval_every: validate (and checkpoint) every this many steps.
         max_shift: transposition augmentation, semitones either way (0: off).
         seed: seeds torch, numpy and the data order.
@@ -119,6 +129,10 @@ class TrainConfig:
     warmup: int = 100
     min_lr_ratio: float = 0.1
     grad_clip: float = 1.0
+    accumulate: int = 1
+    ema: float = 0.0
+    patience: int = 0
+    autocast: bool = False
     eval_every: int = 200
     max_shift: int = 5
     seed: int = 0
@@ -138,6 +152,8 @@ class TrainConfig:
             ("steps", 1),
             ("warmup", 0),
             ("eval_every", 1),
+            ("accumulate", 1),
+            ("patience", 0),
             ("max_shift", 0),
             ("seed", 0),
         ):
@@ -147,6 +163,16 @@ class TrainConfig:
         number("weight_decay", low=0.0)
         number("min_lr_ratio", low=0.0, high=1.0)
         number("grad_clip", low=0.0)
+        number("ema", low=0.0, high=1.0)
+        if self.ema == 1.0:
+            raise ValueError("ema must be < 1 (1 would never move from the initial weights)")
+        if self.batch_size % self.accumulate:
+            raise ValueError(
+                f"batch_size ({self.batch_size}) must be divisible by accumulate "
+                f"({self.accumulate}): each micro-batch holds batch_size / accumulate windows"
+            )
+        if not isinstance(self.autocast, bool):
+            raise TypeError(f"autocast must be true or false, got {self.autocast!r}")
         betas = self.betas
         if isinstance(betas, (str, bytes)) or not isinstance(betas, Sequence) or len(betas) != 2:
             raise TypeError(f"betas must be a pair of numbers [beta1, beta2], got {betas!r}")

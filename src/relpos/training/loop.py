@@ -1,10 +1,12 @@
-"""The training loop: AdamW, warm-up + cosine decay, clipping, validation, atomic checkpoints.
+"""The training loop: AdamW, warm-up + cosine decay, clipping, gradient accumulation, a moving
+average of the weights, validation with early stopping, atomic checkpoints.
 
 A run lives in one folder::
 
     config.json         the TrainConfig (model included)
     metrics.jsonl       one JSON record per log line: train loss, lr, tokens/s; valid NLL
-    last.pt, best.pt    checkpoints (latest; lowest validation NLL), written atomically
+    last.pt, best.pt    checkpoints (latest; lowest validation NLL), written atomically; with
+                        ``ema``, each also holds the averaged weights (validated and evaluated)
     learning_curve.png  train loss and valid NLL against step
 
 Ctrl-C (SIGINT) or SIGTERM finishes the current step, writes ``last.pt`` and returns (the
@@ -28,7 +30,7 @@ import signal
 import sys
 import time
 from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -43,11 +45,20 @@ from ..models.transformer import Transformer
 from .checkpoint import load_checkpoint, save_checkpoint
 from .config import TrainConfig
 from .dataset import TokenDataset
+from .ema import WeightAverage
 from .evaluate import evaluate_nll, window_loss
 from .plots import plot_learning_curve
 from .windows import random_windows
 
-__all__ = ["RUN_FILES", "RunPaths", "TrainingDiverged", "check_data", "lr_at", "train"]
+__all__ = [
+    "RUN_FILES",
+    "RunPaths",
+    "TrainingDiverged",
+    "accumulate_gradients",
+    "check_data",
+    "lr_at",
+    "train",
+]
 
 LOG_EVERY = 10
 
@@ -297,6 +308,42 @@ def _all_finite(tensors: Iterable[torch.Tensor]) -> bool:
     return all(bool(torch.isfinite(t).all()) for t in tensors if t.is_floating_point())
 
 
+def accumulate_gradients(
+    net: torch.nn.Module,
+    tokens: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    micro_batches: int = 1,
+    autocast: bool = False,
+    distributed: bool = False,
+) -> tuple[torch.Tensor, int]:
+    """Backward the mean next-token NLL of ``(b, n+1)`` windows in ``micro_batches`` passes,
+    adding to the gradients: each pass's summed NLL is divided by the whole batch's target count,
+    so the sum of the passes' gradients is the whole batch's (one pass over ``b`` windows, in the
+    memory of ``b / micro_batches``).
+
+    Args:
+        autocast: run the forward passes under bfloat16 autocast (the loss in float32).
+        distributed: ``net`` is a ``DistributedDataParallel``: gradients are all-reduced once,
+            on the last pass.
+
+    Returns:
+        the batch's mean loss (detached) and its number of targets.
+    """
+    n = int(mask[:, 1:].sum())
+    total = torch.zeros((), device=tokens.device)
+    chunks = list(zip(tokens.chunk(micro_batches), mask.chunk(micro_batches), strict=True))
+    for c, (t, m) in enumerate(chunks):
+        last = c == len(chunks) - 1
+        with net.no_sync() if distributed and not last else nullcontext():
+            with torch.autocast(tokens.device.type, torch.bfloat16, enabled=autocast):
+                loss_sum, _ = window_loss(net, t, m)
+            loss = loss_sum.float() / max(n, 1)
+            loss.backward()
+        total += loss.detach()
+    return total, n
+
+
 # ----------------------------------------------------------------------------- the loop
 
 
@@ -322,7 +369,8 @@ def train(
         stop_after: stop (as if interrupted) after this many steps of this session.
 
     Returns:
-        ``run_dir``, ``step``, ``steps``, ``interrupted``, ``signal`` (the name of the signal
+        ``run_dir``, ``step``, ``steps``, ``interrupted``, ``stopped_early`` (``patience``
+        validations without a new best), ``signal`` (the name of the signal
         that stopped the run, or ``None``), ``exit_status`` (0 when finished; 128 + the signal
         number when a signal stopped it: 130 for SIGINT, 143 for SIGTERM; 130 for
         ``stop_after``), ``best_valid_nll``, ``tokens_per_s``.
@@ -345,10 +393,10 @@ def train(
         _refuse_existing_run(run)
         cfg = cfg.with_absolute_data()
     ctx = _Dist.from_env(device)
-    if cfg.batch_size % ctx.world:
+    if cfg.batch_size % (ctx.world * cfg.accumulate):
         raise ValueError(
             f"batch_size ({cfg.batch_size}) must be divisible by the number of "
-            f"processes ({ctx.world})"
+            f"processes ({ctx.world}) times accumulate ({cfg.accumulate})"
         )
     local_batch = cfg.batch_size // ctx.world
 
@@ -370,13 +418,18 @@ def train(
         lr=cfg.lr,
         betas=cfg.betas,
     )
-    step, best = 0, math.inf
+    step, best, since_best = 0, math.inf, 0
     if state is not None:
         model.load_state_dict(state["model"])
         opt.load_state_dict(state["optimizer"])
         step, best = state["step"], state.get("best_valid_nll", math.inf)
+        since_best = state.get("evals_since_best", 0)
         rng.bit_generator.state = state["numpy_rng"][ctx.rank]
         torch.set_rng_state(state["torch_rng"][ctx.rank])
+    average = WeightAverage(model, cfg.ema) if cfg.ema else None
+    if average is not None and state is not None:
+        average.load_state_dict(state["ema"])
+    evaluated = model if average is None else average.model  # what validation measures
     net = DistributedDataParallel(model) if ctx.world > 1 else model
     saved_step = step if state is not None else None  # the step last.pt holds
 
@@ -425,16 +478,18 @@ def train(
                     "numpy_rng": numpy_rng,
                     "torch_rng": torch_rng,
                     "best_valid_nll": best,
+                    "evals_since_best": since_best,
                     "valid_nll": valid_nll,
+                    **({} if average is None else {"ema": average.state_dict()}),
                 },
             )
         if path == run.last:
             saved_step = step
 
     def validate() -> float:
-        nonlocal best
+        nonlocal best, since_best
         result = [
-            evaluate_nll(model, data.valid, context=cfg.context, device=device, grid=data.grid)
+            evaluate_nll(evaluated, data.valid, context=cfg.context, device=device, grid=data.grid)
             if ctx.main
             else None
         ]
@@ -445,8 +500,9 @@ def train(
             raise diverged(f"the validation NLL is {valid_nll}")
         if ctx.main:
             metrics.write({"step": step, "valid_nll": valid_nll})
+        since_best += 1
         if valid_nll < best:
-            best = valid_nll
+            best, since_best = valid_nll, 0
             checkpoint(run.best, valid_nll)
         checkpoint(run.last, valid_nll)
         if ctx.main:
@@ -455,6 +511,7 @@ def train(
 
     bar = _progress_bar(progress and ctx.main, cfg.steps, step)
     session_start, t0, tokens_seen, interrupted = step, time.perf_counter(), 0, False
+    stopped_early = False
     net.train()
     params = list(model.parameters())
     try:
@@ -465,10 +522,15 @@ def train(
                 w = random_windows(data.train, local_batch, cfg.context, rng, grid=data.grid)
                 tokens = torch.from_numpy(w.tokens).to(device)
                 mask = torch.from_numpy(w.mask).to(device)
-                loss_sum, n = window_loss(net, tokens, mask)
-                loss = loss_sum / max(n, 1)
                 opt.zero_grad(set_to_none=True)
-                loss.backward()
+                loss, n = accumulate_gradients(
+                    net,
+                    tokens,
+                    mask,
+                    micro_batches=cfg.accumulate,
+                    autocast=cfg.autocast,
+                    distributed=ctx.world > 1,
+                )
                 if cfg.grad_clip:
                     norm = torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
                 else:
@@ -487,6 +549,8 @@ def train(
                     )
                 opt.step()
                 step += 1
+                if average is not None:
+                    average.update(model)
                 tokens_seen += n * ctx.world
                 if ctx.main and (step % LOG_EVERY == 0 or step == cfg.steps):
                     rate = tokens_seen / (time.perf_counter() - t0)
@@ -513,6 +577,9 @@ def train(
                     stop = bool(stop_t.item())
                 if step % cfg.eval_every == 0 or step == cfg.steps:
                     validate()
+                    if cfg.patience and since_best >= cfg.patience and step < cfg.steps:
+                        stopped_early = True  # best.pt holds the best; last.pt this step
+                        break
                 elif stop:
                     checkpoint(run.last, None)
                 if stop and step < cfg.steps:
@@ -535,6 +602,7 @@ def train(
         "step": step,
         "steps": cfg.steps,
         "interrupted": interrupted,
+        "stopped_early": stopped_early,
         "signal": stopped_by.name if stopped_by is not None else None,
         "exit_status": exit_status,
         "best_valid_nll": best,
