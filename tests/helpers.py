@@ -22,6 +22,17 @@ SCHEME_SPECS: list[dict] = [
     {"name": "music", "max_distance": 4},
     {"name": "t5", "num_buckets": 8, "max_distance": 12},
     {"name": "transformer_xl", "max_distance": 5},
+    # DeBERTa: log buckets from distance 3, clipped beyond 7 (rows 0..7); c2p only, unbucketed
+    # (no key term: the region path). tests/test_deberta.py draws the other variants.
+    {"name": "deberta", "position_buckets": 4, "max_relative_positions": 8},
+    {
+        "name": "deberta",
+        "pos_att_type": ["c2p"],
+        "position_buckets": 0,
+        "max_relative_positions": 3,
+        "share_att_key": False,
+        "norm_rel_ebd": "none",
+    },
     {"name": "alibi"},
     {"name": "learned_alibi"},
     {"name": "kerple"},

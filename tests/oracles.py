@@ -53,12 +53,54 @@ def alibi_slope(head: int, num_heads: int) -> float:
     return slopes[head]
 
 
+def deberta_row(config: relpos.DebertaConfig, pi: int, pj: int) -> int:
+    """DeBERTa's table row of a pair (He et al., 2021, §3.1, with v2's log buckets): ``p_i - p_j``
+    exact up to ``mid`` in magnitude, log-spaced beyond, shifted by the span and clipped."""
+    x, buckets, m = pi - pj, config.position_buckets, config.max_relative_positions
+    span = buckets if buckets > 0 else m
+    mid = buckets // 2
+    if buckets > 0 and abs(x) > mid:
+        far = mid + math.ceil(math.log(abs(x) / mid) / math.log((m - 1) / mid) * (mid - 1))
+        x = far if x > 0 else -far
+    return clip(x + span, 0, 2 * span - 1)
+
+
+def deberta_position_state(scheme: relpos.DeBERTa, term: str, h: int, row: int) -> Tensor:
+    """Head ``h``'s projection of row ``row`` of the (layer-normalised) relative table: ``K_r``
+    for ``"c2p"``, ``Q_r`` for ``"p2c"``."""
+    d = scheme.head_dim
+    p = scheme.rel_embeddings[row]
+    if scheme.layer_norm is not None:
+        mean = p.mean()
+        var = ((p - mean) ** 2).mean()
+        ln = scheme.layer_norm
+        p = (p - mean) / torch.sqrt(var + ln.eps) * ln.weight + ln.bias
+    proj = scheme.projections[scheme.projection_names[term]]
+    return proj.weight[h * d : (h + 1) * d] @ p + proj.bias[h * d : (h + 1) * d]
+
+
+def content_scale(scheme: relpos.Scheme, d: int) -> float:
+    """The factor of ``q·k`` in the logits: ``1/√d``, or DeBERTa's ``1/√(s·d)`` with ``s = 1 +``
+    its number of position terms."""
+    if isinstance(scheme, relpos.DeBERTa):
+        return 1.0 / math.sqrt((1 + len(scheme.config.pos_att_type)) * d)
+    return 1.0 / math.sqrt(d)
+
+
 def logit_term(
     scheme: relpos.Scheme, q: Tensor, h: int, pi: int, pj: int, k: Tensor | None = None
 ) -> Tensor | float:
     """The scheme's additive term of the scaled logit of query ``q`` (position pi) and key ``k``
     (position pj)."""
     d = q.shape[-1]
+    if isinstance(scheme, relpos.DeBERTa):  # He et al., 2021, eq. 4: c2p and p2c
+        row = deberta_row(scheme.config, pi, pj)
+        term = 0.0
+        if "c2p" in scheme.config.pos_att_type:
+            term = term + torch.dot(q, deberta_position_state(scheme, "c2p", h, row))
+        if "p2c" in scheme.config.pos_att_type:
+            term = term + torch.dot(k, deberta_position_state(scheme, "p2c", h, row))
+        return term * content_scale(scheme, d)
     if isinstance(scheme, relpos.TransformerXL):  # Dai et al., 2019, §3.3: terms (b), (c), (d)
         m = scheme.config.max_distance
         delta = pi - clip(pj, pi - m, pi if scheme.causal else pi + m)  # clipped p_i - p_j
@@ -303,7 +345,7 @@ def attention(
                     kj = rotate_vector(
                         scheme, k[b, h, j], k_pos[b][j], length=length[si], key=True, coords=kc
                     )
-                    logit = torch.dot(qi, kj) / math.sqrt(D)
+                    logit = torch.dot(qi, kj) * content_scale(scheme, D)
                     logits.append(logit + logit_term(scheme, qi, h, pi, k_pos[b][j], kj))
                 probs = torch.softmax(torch.stack(logits), dim=0)
                 acc = q.new_zeros(D)

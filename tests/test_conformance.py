@@ -217,7 +217,17 @@ def test_torch_compile_smoke(spec):
         s
         for s in SCHEME_SPECS
         if s["name"]
-        in ("shaw", "music", "t5", "learned", "kerple", "learned_alibi", "dpb", "transformer_xl")
+        in (
+            "shaw",
+            "music",
+            "t5",
+            "learned",
+            "kerple",
+            "learned_alibi",
+            "dpb",
+            "transformer_xl",
+            "deberta",
+        )
         or s.get("learned_freq")
     ],
     ids=spec_id,

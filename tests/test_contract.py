@@ -44,6 +44,14 @@ def test_relative_schemes_keep_their_declared_contract(spec, causal):
         assert scheme.has_relative_keys == (scheme.relative_keys() is not None)
         bias = scheme.score_bias(q, qp, qp)
         assert torch.allclose(bias, gather_relative(rel, index).expand_as(bias), atol=1e-12)
+    if "key_bias" in scheme.hooks:  # read from each key at the pair's row: the transposed gather
+        k = torch.randn(2, 2, 7, 4, dtype=torch.float64)
+        rel_k = scheme.relative_key_logits(k)
+        assert rel_k.shape == (2, 2, 7, scheme.num_relative)
+        expected = gather_relative(rel_k, index.transpose(-1, -2)).transpose(-1, -2)
+        assert torch.allclose(scheme.key_bias(q, k, qp, qp), expected, atol=1e-12)
+    else:
+        assert scheme.relative_key_logits(torch.randn(2, 2, 7, 4)) is None
     if "value_term" in scheme.hooks:
         probs = torch.rand(2, 2, 7, 7, dtype=torch.float64)
         mass = scatter_relative(probs.new_zeros(2, 2, 7, scheme.num_relative), index, probs)

@@ -11,7 +11,13 @@ ALiBi                              ``chunked`` (flash parts)    ``sdpa`` (float 
 T5, Shaw keys, Music Transformer   ``chunked`` (band + flash)   ``chunked`` with gradients,
                                                                 ``sdpa`` without
 Shaw with a value term             ``chunked``                  ``chunked``
+DeBERTa (a key term)               ``chunked`` (tiles) with     ``chunked`` (tiles) with
+                                   gradients, ``sdpa`` without  gradients, ``sdpa`` without
 =================================  ===========================  ==================================
+
+A scheme whose ``key_bias`` has no relative form runs on ``sdpa`` only (``chunked`` cannot tile
+it: :func:`~relpos.attention.chunked.chunked_supports`), and on ``eager`` if it also has a value
+term.
 
 Short sequences (``i·j <= 512²``, :data:`SMALL`) take ``sdpa`` whenever it supports the scheme:
 the ``(i, j)`` tensors are small and its fused kernels beat ``chunked``'s per-tile overhead. The
@@ -37,9 +43,16 @@ import torch
 from torch import Tensor
 
 from ..positions import Positions
-from ..schemes.base import DistanceBiasScheme, LinearBiasScheme, RelativeScheme, Scheme
-from .chunked import chunked_attention, chunked_path
+from ..schemes.base import (
+    LOGIT_HOOKS,
+    DistanceBiasScheme,
+    LinearBiasScheme,
+    RelativeScheme,
+    Scheme,
+)
+from .chunked import chunked_attention, chunked_path, chunked_supports
 from .contract import AttentionBackend, needs_grad, validate_attention_inputs
+from .eager import eager_attention
 from .sdpa import is_plain, sdpa_attention, sdpa_supports
 
 __all__ = [
@@ -61,7 +74,11 @@ SMALL_RELATIVE = 128 * 256
 #: ``(32, 4, 256, 256)`` bias (a batch of 32 windows of 256 tokens, 4 heads).
 SDPA_MASK_BUDGET = 64 * 2**20
 
-_PICKS: dict[str, AttentionBackend] = {"sdpa": sdpa_attention, "chunked": chunked_attention}
+_PICKS: dict[str, AttentionBackend] = {
+    "sdpa": sdpa_attention,
+    "chunked": chunked_attention,
+    "eager": eager_attention,
+}
 
 
 def sdpa_mask_bytes(
@@ -82,7 +99,7 @@ def sdpa_mask_bytes(
     positions need no mask (one device sync, only when the mask would be large); ``None``
     (unknown) counts a mask for any positions but plain ones.
     """
-    has_bias = "score_bias" in scheme.hooks
+    has_bias = bool(scheme.hooks & LOGIT_HOOKS)
     plain = q_positions is k_positions and q_positions.contiguous
     if not has_bias and plain:
         return 0
@@ -90,8 +107,9 @@ def sdpa_mask_bytes(
     heads = 1
     if has_bias:
         heads = q.shape[1]
-        per_query = not isinstance(scheme, LinearBiasScheme | DistanceBiasScheme) and not (
-            isinstance(scheme, RelativeScheme) and scheme.query_independent
+        per_query = "key_bias" in scheme.hooks or not (
+            isinstance(scheme, LinearBiasScheme | DistanceBiasScheme)
+            or (isinstance(scheme, RelativeScheme) and scheme.query_independent)
         )
         if per_query:
             batch = q.shape[0]
@@ -124,6 +142,8 @@ def choose_backend(
         needs_grad: whether a backward pass will follow (gradients of q, k, v or the scheme).
         causal: the call's masking, if known (:func:`sdpa_mask_bytes`).
     """
+    if not chunked_supports(scheme):
+        return "sdpa" if sdpa_supports(scheme) else "eager"
     if not sdpa_supports(scheme):
         return "chunked"
     if sdpa_mask_bytes(scheme, q, q_positions, k_positions, causal=causal) > SDPA_MASK_BUDGET:
@@ -148,7 +168,7 @@ def choose_backend(
         return "chunked"
     if q.device.type != "cpu":
         return "sdpa"
-    if "score_bias" in scheme.hooks and learned_grad:
+    if scheme.hooks & LOGIT_HOOKS and learned_grad:
         return "chunked"  # sdpa would differentiate the mask with the math kernel
     return "sdpa"
 

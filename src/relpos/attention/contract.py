@@ -1,7 +1,15 @@
 """The backend contract: one signature for every attention backend, and its input checks.
 
-A backend computes ``softmax(q·kᵀ/√d + score_bias + mask)·v + value_term`` for a scheme and the
-queries' and keys' :class:`~relpos.Positions`, the same numbers as ``eager`` (the reference).
+A backend computes ``softmax(q·kᵀ/√d + score_bias + key_bias + mask)·v + value_term`` for a scheme
+and the queries' and keys' :class:`~relpos.Positions`, the same numbers as ``eager`` (the
+reference). The scheme's hooks (:mod:`relpos.schemes.base`) give the terms: ``score_bias(q, qp,
+kp)`` and ``key_bias(q, k, qp, kp)`` (a term that reads the keys' content: DeBERTa's
+position-to-content, CoPE's gates) are float32 ``(b|1, h|1, i, j)`` added to the scaled logits,
+``value_term(p, qp, kp)`` float32 ``(b, h, i, d)`` added to the output. A backend that cannot run
+a scheme's terms says so up front (``sdpa_supports``, ``chunked_supports``, ``flex_supports``):
+``chunked`` and ``flex`` run a ``key_bias`` only in its relative form
+(``RelativeScheme.relative_key_logits``), ``sdpa`` and ``flex`` no value term; ``auto`` picks
+among the backends that can.
 
 Shape legend: ``b`` batch, ``h`` heads, ``i`` queries, ``j`` keys, ``d`` head dim.
 """

@@ -30,9 +30,9 @@ def eager_attention(
 ) -> Tensor:
     """Attention with a scheme's score bias and value term, computed in at least float32.
 
-    ``logits = q·kᵀ/√d + score_bias``; pairs that may not attend (other segment, padding, future
-    keys when causal) are masked; ``out = softmax(logits)·v + value_term``. A query with no key to
-    attend to (padding) gets zeros — not NaN — forward and backward.
+    ``logits = q·kᵀ/√d + score_bias + key_bias``; pairs that may not attend (other segment,
+    padding, future keys when causal) are masked; ``out = softmax(logits)·v + value_term``. A
+    query with no key to attend to (padding) gets zeros — not NaN — forward and backward.
 
     Shapes:
         q: ``(b, h, i, d)``; k, v: ``(b, h, j, d)`` (already rotated); returns ``(b, h, i, d)`` in
@@ -45,6 +45,10 @@ def eager_attention(
     bias = scheme.score_bias(q, q_positions, k_positions)
     if bias is not None:
         logits = logits + bias.to(dtype)
+    if "key_bias" in scheme.hooks:
+        key_bias = scheme.key_bias(q, k, q_positions, k_positions)
+        if key_bias is not None:
+            logits = logits + key_bias.to(dtype)
     allowed = q_positions.allowed(k_positions, causal=causal).unsqueeze(1)  # (b, 1, i, j)
     # A finite fill (not -inf) keeps a fully masked row finite: its softmax is uniform, then
     # zeroed by the mask, and the gradient through it is zero rather than NaN.

@@ -9,7 +9,9 @@ relative table.
   Transformer) ``rel[b, h, i, r(p_j - p_i)]`` where ``rel = relative_logits(q)`` is ``(b, h, i, R)``
   (``q·Eᵀ`` for Shaw and the Music Transformer, the bucket table for T5) and ``r`` a lookup table
   from distance to relative row; a distance-function bias (KERPLE) ``table[h, p_j - p_i - lo]``
-  from its table over the distances the call can see, so nothing ``(i, j)`` is materialised.
+  from its table over the distances the call can see, so nothing ``(i, j)`` is materialised;
+  a relative key term (DeBERTa's p2c) adds ``rel_k[b, h, j, r(p_j - p_i)]`` with ``rel_k =
+  relative_key_logits(k)`` ``(b, h, j, R)``. A ``key_bias`` without that form is unsupported.
 * The ``BlockMask`` says which pairs may attend (same segment, real tokens, and ``p_j <= p_i`` when
   causal); blocks with no allowed pair are skipped. For plain positions it is cached per shape.
 * Shaw's value term is not expressible (FlexAttention returns no probabilities): unsupported.
@@ -39,7 +41,13 @@ import torch
 from torch import Tensor
 
 from ..positions import PAD_SEGMENT, Positions, distance_range
-from ..schemes.base import DistanceBiasScheme, LinearBiasScheme, RelativeScheme, Scheme
+from ..schemes.base import (
+    LOGIT_HOOKS,
+    DistanceBiasScheme,
+    LinearBiasScheme,
+    RelativeScheme,
+    Scheme,
+)
 from .contract import (
     empty_attention,
     is_empty,
@@ -77,14 +85,17 @@ def flex_supports(
     """Whether :func:`flex_attention_backend` runs ``scheme`` on ``device``.
 
     Not with a value term (Shaw values), not with gradients on CPU (Inductor compiles
-    FlexAttention's CPU kernel for inference only), and a bias only from a
+    FlexAttention's CPU kernel for inference only), a bias only from a
     :class:`~relpos.schemes.RelativeScheme`, a :class:`~relpos.schemes.LinearBiasScheme` or a
-    :class:`~relpos.schemes.DistanceBiasScheme`.
+    :class:`~relpos.schemes.DistanceBiasScheme`, and a key bias only from a
+    :class:`~relpos.schemes.RelativeScheme` (``relative_key_logits``).
     """
     if not flex_available() or "value_term" in scheme.hooks:
         return False
     device = torch.device("cpu") if device is None else torch.device(device)
     if needs_grad and device.type == "cpu":
+        return False
+    if "key_bias" in scheme.hooks and not isinstance(scheme, RelativeScheme):
         return False
     if "score_bias" not in scheme.hooks:
         return True
@@ -147,8 +158,10 @@ def _distance_lut(
     return scheme.relative_index(zero, keys).reshape(-1), -lo
 
 
-def _score_mod(scheme: Scheme, q: Tensor, q_positions: Positions, k_positions: Positions):
-    if "score_bias" not in scheme.hooks:
+def _score_mod(
+    scheme: Scheme, q: Tensor, k: Tensor, q_positions: Positions, k_positions: Positions
+):
+    if not scheme.hooks & LOGIT_HOOKS:
         return None
     qb, kb = q_positions.batch, k_positions.batch
     qpos, kpos = q_positions.pos, k_positions.pos
@@ -171,16 +184,32 @@ def _score_mod(scheme: Scheme, q: Tensor, q_positions: Positions, k_positions: P
             return score + table[h, dist - lo]
 
         return distance_mod
+    lut, offset = _distance_lut(scheme, q_positions, k_positions, q.device)
+    rel_k = None
+    if "key_bias" in scheme.hooks:
+        rel_k = scheme.relative_key_logits(k).float()  # (b, h, j, R)
+
+        def key_mod(score, b, h, q_idx, kv_idx):
+            dist = kpos[b if kb > 1 else 0, kv_idx] - qpos[b if qb > 1 else 0, q_idx]
+            return score + rel_k[b, h, kv_idx, lut[dist + offset]]
+
+        if "score_bias" not in scheme.hooks:
+            return key_mod
     rel = scheme.relative_logits(q).float()  # (b|1, h, i|1, R)
     per_query, rb = rel.shape[2] > 1, rel.shape[0]
-    lut, offset = _distance_lut(scheme, q_positions, k_positions, q.device)
 
     def relative_mod(score, b, h, q_idx, kv_idx):
         dist = kpos[b if kb > 1 else 0, kv_idx] - qpos[b if qb > 1 else 0, q_idx]
         row = lut[dist + offset]
         return score + rel[b if rb > 1 else 0, h, q_idx if per_query else 0, row]
 
-    return relative_mod
+    if rel_k is None:
+        return relative_mod
+
+    def both_mod(score, b, h, q_idx, kv_idx):
+        return key_mod(relative_mod(score, b, h, q_idx, kv_idx), b, h, q_idx, kv_idx)
+
+    return both_mod
 
 
 def flex_attention_backend(
@@ -223,7 +252,7 @@ def flex_attention_backend(
     dtype = q.dtype if q.dtype in (torch.float32, torch.float16, torch.bfloat16) else torch.float32
     qc, kc, vc = (t.to(dtype) for t in (q, k, v))
     mask = _block_mask(q_positions, k_positions, causal, q.device)
-    score_mod = _score_mod(scheme, qc, q_positions, k_positions)  # from the unpadded q
+    score_mod = _score_mod(scheme, qc, kc, q_positions, k_positions)  # from the unpadded q, k
     qc, kc = _pad_head_dim_on_cpu(qc, kc)
     out = _compiled_flex()(
         qc,

@@ -7,7 +7,8 @@ Shape legend: ``b`` batch, ``h`` heads, ``i`` queries, ``j`` keys, ``d`` head di
   run the stock kernel with **no mask tensor at all** (``is_causal=True`` where needed), so
   PyTorch picks its flash kernel.
 * Everything else passes one float additive mask ``(b|1, h|1, i, j)``: the scheme's float32 score
-  bias where a pair may attend and ``finfo.min`` where it may not. The mask is built once per call,
+  bias (plus its key bias, DeBERTa's p2c) where a pair may attend and ``finfo.min`` where it may
+  not. The mask is built once per call,
   with batch dimension 1 whenever the positions and the bias broadcast over the batch.
 * Bias schemes run in float32 even for float16/bfloat16 inputs (the bias of distant pairs, e.g.
   ALiBi's ``-slope·|Δ|``, does not survive a half-precision mask); the output is cast back.
@@ -34,7 +35,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..positions import Positions
-from ..schemes.base import Scheme
+from ..schemes.base import LOGIT_HOOKS, Scheme
 from .contract import validate_attention_inputs, zero_padding_keys
 
 __all__ = ["allowed_mask", "is_plain", "sdpa_attention", "sdpa_supports"]
@@ -66,6 +67,18 @@ def sdpa_supports(
     """Whether :func:`sdpa_attention` can run ``scheme`` (every scheme but a value term)."""
     del device, needs_grad  # any device, with or without gradients
     return "value_term" not in scheme.hooks
+
+
+def _logit_terms(
+    scheme: Scheme, q: Tensor, k: Tensor, q_positions: Positions, k_positions: Positions
+) -> Tensor | None:
+    """The scheme's ``score_bias`` plus its ``key_bias``, float32 ``(b|1, h|1, i, j)``, or None."""
+    bias = scheme.score_bias(q, q_positions, k_positions) if "score_bias" in scheme.hooks else None
+    if "key_bias" in scheme.hooks:
+        key_bias = scheme.key_bias(q, k, q_positions, k_positions)
+        if key_bias is not None:
+            bias = key_bias if bias is None else bias + key_bias
+    return bias
 
 
 def sdpa_attention(
@@ -100,7 +113,7 @@ def sdpa_attention(
             "(it needs the attention probabilities); use backend='chunked' or 'auto'"
         )
     p = dropout_p if training else 0.0
-    has_bias = "score_bias" in scheme.hooks
+    has_bias = bool(scheme.hooks & LOGIT_HOOKS)
     if not has_bias and is_plain(q_positions, k_positions, causal=causal):
         # No mask tensor: the fused kernels run unmasked (or with their own causal mask; plain
         # causal positions mean self-attention, so i == j and top-left alignment is right).
@@ -109,7 +122,7 @@ def sdpa_attention(
     dtype = torch.float32 if (has_bias and q.dtype in _HALF) else q.dtype
     allowed = allowed_mask(q_positions, k_positions, causal=causal)  # (b|1, 1, i, j)
     fill = torch.finfo(dtype).min
-    bias = scheme.score_bias(q, q_positions, k_positions) if has_bias else None
+    bias = _logit_terms(scheme, q, k, q_positions, k_positions) if has_bias else None
     if bias is None:
         mask = torch.zeros(allowed.shape, dtype=dtype, device=q.device).masked_fill_(~allowed, fill)
     else:

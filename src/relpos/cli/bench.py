@@ -70,6 +70,7 @@ SCHEMES = [
     "shaw",
     "music",
     "transformer_xl",
+    "deberta",
     "kerple",
     "learned_alibi",
     "dpb",

@@ -1,6 +1,7 @@
 """Pure tensor functions: the math of every scheme, stateless and compile-friendly."""
 
 from .alibi import alibi_bias, alibi_slopes
+from .deberta import deberta_buckets, deberta_index, deberta_span
 from .dtypes import compute_dtype
 from .kerple import kerple_bias
 from .relative import clipped_relative_index, relative_distance
@@ -17,6 +18,9 @@ __all__ = [
     "apply_rope",
     "clipped_relative_index",
     "compute_dtype",
+    "deberta_buckets",
+    "deberta_index",
+    "deberta_span",
     "gather_relative",
     "kerple_bias",
     "relative_distance",

@@ -14,6 +14,7 @@ from .base import (
     register,
     scheme_config,
 )
+from .deberta import DeBERTa, DebertaConfig
 from .dpb import DynamicPositionBias, DynamicPositionBiasConfig
 from .kerple import Kerple, KerpleConfig
 from .music import MusicConfig, MusicRelative
@@ -27,6 +28,8 @@ __all__ = [
     "SCHEMES",
     "ALiBi",
     "ALiBiConfig",
+    "DeBERTa",
+    "DebertaConfig",
     "DistanceBiasScheme",
     "DynamicPositionBias",
     "DynamicPositionBiasConfig",

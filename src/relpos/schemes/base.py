@@ -1,16 +1,21 @@
-"""The scheme contract: a frozen config, a thin module, four optional hooks, one registry.
+"""The scheme contract: a frozen config, a thin module, five optional hooks, one registry.
 
-A scheme contributes to a transformer through at most four hooks (every default does nothing):
+A scheme contributes to a transformer through at most five hooks (every default does nothing):
 
-========================  ====================================================================
-hook                      contract
-========================  ====================================================================
-``embed(positions)``      ``(b|1, n, d_model)`` encoding the caller adds to token embeddings
-``rotate(q, k, qp, kp)``  rotated ``(q, k)``, applied before keys enter the KV cache (after,
-                          to every key, when ``rotates_cached_keys``)
-``score_bias(q, qp, kp)`` float32 ``(b|1, h|1, i, j)`` added to the *scaled* logits ``q·k/√d``
-``value_term(p, qp, kp)`` float32 ``(b, h, i, d)`` added to the attention output ``p·v``
-========================  ====================================================================
+===========================  =================================================================
+hook                         contract
+===========================  =================================================================
+``embed(positions)``         ``(b|1, n, d_model)`` encoding the caller adds to token embeddings
+``rotate(q, k, qp, kp)``     rotated ``(q, k)``, applied before keys enter the KV cache (after,
+                             to every key, when ``rotates_cached_keys``)
+``score_bias(q, qp, kp)``    float32 ``(b|1, h|1, i, j)`` added to the *scaled* logits
+                             ``q·k/√d``
+``key_bias(q, k, qp, kp)``   float32 ``(b, h, i, j)`` added to the scaled logits, reading the
+                             keys' content too: ``k`` as attention sees it (rotated, cached keys
+                             included, key/value heads repeated to ``h``); DeBERTa's
+                             position-to-content term, CoPE's gates
+``value_term(p, qp, kp)``    float32 ``(b, h, i, d)`` added to the attention output ``p·v``
+===========================  =================================================================
 
 Shape legend: ``b`` batch, ``h`` heads, ``i`` queries, ``j`` keys, ``d`` head dim, ``n`` tokens.
 ``qp``/``kp`` are the :class:`~relpos.Positions` of queries and keys; every hook reads positions
@@ -20,8 +25,10 @@ Two declared refinements tell the fast backends what else a scheme offers:
 
 * :class:`RelativeScheme` — the logit and value terms are functions of a *relative row* per pair
   (a clipped distance or a bucket): ``num_relative``, ``relative_index``, ``relative_logits``,
-  ``relative_keys``, ``relative_value`` and the class flag ``query_independent``. ``chunked`` and
-  ``flex`` gather those rows themselves and never build ``(i, j)``.
+  ``relative_keys``, ``relative_value``, ``relative_key_logits`` (a key-content term per key and
+  row, gathered with the transposed index: DeBERTa's p2c) and the class flag
+  ``query_independent``. ``chunked`` and ``flex`` gather those rows themselves and never build
+  ``(i, j)``.
 * :class:`LinearBiasScheme` — the logit term is ``slope_h·(p_j - p_i)`` (causal) or
   ``-slope_h·|p_j - p_i|`` (bidirectional) with fixed per-head ``slopes``: ALiBi.
 * :class:`DistanceBiasScheme` — the logit term is any per-head function of the signed distance
@@ -44,6 +51,7 @@ from ..functional.skew import gather_relative, scatter_relative
 from ..positions import Positions, distance_range
 
 __all__ = [
+    "LOGIT_HOOKS",
     "SCHEMES",
     "DistanceBiasScheme",
     "LinearBiasScheme",
@@ -58,6 +66,9 @@ __all__ = [
 
 #: Registered scheme modules by name.
 SCHEMES: dict[str, type[Scheme]] = {}
+
+#: The hooks that add a term to the logits: a scheme with either needs a biased kernel.
+LOGIT_HOOKS = frozenset({"score_bias", "key_bias"})
 
 
 def check_int(name: str, value: Any, *, minimum: int) -> None:
@@ -163,6 +174,20 @@ class Scheme(nn.Module):
         """Float32 term ``(b|1, h|1, i, j)`` added to the scaled logits, or None."""
         return None
 
+    def key_bias(
+        self, q: Tensor, k: Tensor, q_positions: Positions, k_positions: Positions
+    ) -> Tensor | None:
+        """Float32 term ``(b, h, i, j)`` added to the scaled logits that reads the keys' content,
+        or None.
+
+        ``q`` and ``k`` are what the kernel multiplies (after :meth:`rotate`; every key of the
+        call, cached ones included, with key/value heads repeated to ``h``), and the term may
+        depend on all of them (a cumulative gate over keys, as CoPE's). ``eager`` and ``sdpa`` add
+        it as it is; ``chunked`` and ``flex`` run it only in a declared form
+        (:meth:`RelativeScheme.relative_key_logits`).
+        """
+        return None
+
     def value_term(
         self, probs: Tensor, q_positions: Positions, k_positions: Positions
     ) -> Tensor | None:
@@ -190,8 +215,14 @@ class RelativeScheme(Scheme):
     hooks follow from them (a scheme may override them with a faster equal form):
 
     * ``score_bias = gather_relative(relative_logits(q), relative_index(qp, kp))``;
+    * ``key_bias[.., i, j] = relative_key_logits(k)[.., j, relative_index(qp, kp)[i, j]]``: a term
+      read from key ``j``'s content at the pair's row (the transposed gather);
     * ``value_term = relative_value(mass)``, ``mass[b, h, i, r] = Σ_j p[b, h, i, j]·[index = r]``
       (:func:`~relpos.functional.scatter_relative`).
+
+    A subclass that lists ``key_bias`` in its hooks must keep that form (it may override
+    ``key_bias`` only with an equal, faster one): ``chunked`` and ``flex`` compute the term from
+    ``relative_key_logits`` themselves.
 
     ``relative_index`` must depend on the positions, the config and ``causal`` only (backends
     cache geometry derived from it per config).
@@ -227,6 +258,11 @@ class RelativeScheme(Scheme):
         """Value term ``(b, h, i, d)`` from the attention mass per row ``(b, h, i, R)``, or None."""
         return None
 
+    def relative_key_logits(self, k: Tensor) -> Tensor | None:
+        """Logit term per key and row, float32 ``(b, h, j, R)``, read by every query at its pair's
+        row (``key_bias``); None without a key term (the default)."""
+        return None
+
     @property
     def has_relative_keys(self) -> bool:
         """Whether the logit term is ``q·relative_keys()ᵀ``."""
@@ -239,6 +275,15 @@ class RelativeScheme(Scheme):
         if rel is None:
             return None
         return gather_relative(rel, self.relative_index(q_positions, k_positions))
+
+    def key_bias(
+        self, q: Tensor, k: Tensor, q_positions: Positions, k_positions: Positions
+    ) -> Tensor | None:
+        rel = self.relative_key_logits(k)
+        if rel is None:
+            return None
+        index = self.relative_index(q_positions, k_positions).transpose(-1, -2)  # (b|1, j, i)
+        return gather_relative(rel, index).transpose(-1, -2)
 
     def value_term(
         self, probs: Tensor, q_positions: Positions, k_positions: Positions

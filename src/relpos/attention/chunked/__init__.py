@@ -18,8 +18,15 @@ module          job
 ==============  ==========================================================================
 """
 
-from .backend import chunked_attention, chunked_path
+from .backend import chunked_attention, chunked_path, chunked_supports
 from .plan import TilePlan, plan_tiles
 from .tiles import DEFAULT_BLOCK
 
-__all__ = ["DEFAULT_BLOCK", "TilePlan", "chunked_attention", "chunked_path", "plan_tiles"]
+__all__ = [
+    "DEFAULT_BLOCK",
+    "TilePlan",
+    "chunked_attention",
+    "chunked_path",
+    "chunked_supports",
+    "plan_tiles",
+]

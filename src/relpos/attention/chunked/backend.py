@@ -8,7 +8,7 @@ Shape legend: ``b`` batch, ``h`` heads, ``i`` queries, ``j`` keys, ``d`` head di
 path        when, and how
 ==========  ==============================================================================
 ``tiles``   any positions, any scheme, dropout: query × key tiles with a streaming softmax
-            (:mod:`.tiles`, planned by :mod:`.plan`)
+            (:mod:`.tiles`, planned by :mod:`.plan`); the only path for a key bias
 ``region``  CPU, self-attention over contiguous positions, a :class:`RelativeScheme` whose
             band the engines compute: far parts by the fused kernel, the band by
             :mod:`.narrow` or :mod:`.band` (:mod:`.region`)
@@ -16,6 +16,9 @@ path        when, and how
             by the fused kernel (:mod:`.alibi`)
 ``fused``   the same geometry with no bias and no value term: the stock kernel
 ==========  ==============================================================================
+
+A ``key_bias`` (a term read from the keys' content) runs only in the relative form
+(:meth:`RelativeScheme.relative_key_logits`, gathered per tile): :func:`chunked_supports`.
 """
 
 from __future__ import annotations
@@ -34,7 +37,13 @@ from .plan import plan_tiles
 from .region import region_attention, region_supports
 from .tiles import DEFAULT_BLOCK, TiledAttention
 
-__all__ = ["chunked_attention", "chunked_path"]
+__all__ = ["chunked_attention", "chunked_path", "chunked_supports"]
+
+
+def chunked_supports(scheme: Scheme) -> bool:
+    """Whether :func:`chunked_attention` runs ``scheme``: every scheme but one whose ``key_bias``
+    has no relative form (it may depend on all keys at once, which a tile does not see)."""
+    return "key_bias" not in scheme.hooks or isinstance(scheme, RelativeScheme)
 
 
 def chunked_path(
@@ -52,6 +61,8 @@ def chunked_path(
     if not plain or (dropout_p > 0 and training) or q.device.type != "cpu":
         return "tiles"
     hooks = scheme.hooks
+    if "key_bias" in hooks:
+        return "tiles"
     if not hooks & {"score_bias", "value_term"}:
         return "fused"
     if isinstance(scheme, LinearBiasScheme) and "value_term" not in hooks:
@@ -92,6 +103,12 @@ def chunked_attention(
         ``q``'s dtype.
     """
     validate_attention_inputs(q, k, v, q_positions, k_positions)
+    if not chunked_supports(scheme):
+        raise ValueError(
+            f"the chunked backend cannot add the key bias of scheme {type(scheme).__name__} "
+            "(it has no relative form, RelativeScheme.relative_key_logits); use backend='sdpa' "
+            "or 'auto'"
+        )
     k, v = zero_padding_keys(k, v, k_positions)
     q_block = DEFAULT_BLOCK[0] if q_block is None else q_block
     k_block = DEFAULT_BLOCK[1] if k_block is None else k_block

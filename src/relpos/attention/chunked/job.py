@@ -74,7 +74,9 @@ class Job:
         #: the logit / value term comes in relative rows (gathered per tile, never (i, j))
         self.rel_bias = self.has_bias and relative
         self.rel_value = self.has_value and relative
-        self.num_rel = s.num_relative if (self.rel_bias or self.rel_value) else 0
+        #: a key term in relative rows, ``relative_key_logits(k)`` (the only key_bias chunked runs)
+        self.rel_key = "key_bias" in s.hooks and relative
+        self.num_rel = s.num_relative if (self.rel_bias or self.rel_value or self.rel_key) else 0
         self.query_independent = self.rel_bias and s.query_independent
 
     def tile_mask(self, i0: int, i1: int, j0: int, j1: int) -> Tensor:

@@ -14,8 +14,10 @@ Scheme terms enter a tile in one of two ways:
 * a :class:`~relpos.schemes.RelativeScheme` (T5, Shaw, Music Transformer): the logit term is
   ``relative_logits`` ``(b, h, bi, R)`` per query block, gathered per tile by ``relative_index``;
   its gradient is scattered back into ``(b, h, bi, R)`` and pushed through ``relative_logits``
-  once per block (once per call for a ``query_independent`` term). A value term accumulates the
-  attention mass per row with the same rescaling as ``p·v``;
+  once per block (once per call for a ``query_independent`` term). A key term (DeBERTa's p2c) is
+  ``relative_key_logits`` ``(b, h, j, R)``, computed once per call and gathered per tile by the
+  transposed index; its gradient is scattered back per tile and pushed through once. A value
+  term accumulates the attention mass per row with the same rescaling as ``p·v``;
 * any other scheme: its own ``score_bias``/``value_term`` on the tile's sliced positions, with
   gradients by ``torch.autograd.grad`` per tile.
 
@@ -80,7 +82,7 @@ def _tile_terms(
     """``(blocked (b|1, 1, bi, bj) bool | None, relative index (b|1, bi, bj) | None)``."""
     blocked = ~job.tile_mask(i0, i1, j0, j1) if masked else None
     index = None
-    if job.rel_bias or job.rel_value:
+    if job.rel_bias or job.rel_value or job.rel_key:
         qp, kp = job.q_positions[i0:i1], job.k_positions[j0:j1]
         index = job.scheme.relative_index(qp, kp)
     return blocked, index
@@ -94,16 +96,20 @@ def _scores(
     rel: Tensor | None,
     masked: bool,
     bias_leaf: Tensor | None = None,
+    rel_k: Tensor | None = None,
 ) -> tuple[Tensor, Tensor | None, Tensor | None, Tensor | None]:
     """Scaled, biased, masked logits of one tile, ``(b, h, bi, bj)``.
 
-    Returns ``(s, blocked, index, bias)``; ``bias`` is the scheme's ``score_bias`` with a graph
-    (for its gradient) when ``bias_leaf`` is given and the scheme has no relative form.
+    ``rel_k`` is the key term ``(b, h, j, R)`` of every key (``relative_key_logits``). Returns
+    ``(s, blocked, index, bias)``; ``bias`` is the scheme's ``score_bias`` with a graph (for its
+    gradient) when ``bias_leaf`` is given and the scheme has no relative form.
     """
     i0, i1, j0, j1 = bounds
     blocked, index = _tile_terms(job, i0, i1, j0, j1, masked)
     s = torch.matmul(qb, kb.transpose(-1, -2)).mul_(job.scale)
     bias = None
+    if rel_k is not None:
+        s.add_(gather_relative(rel_k[:, :, j0:j1], index.transpose(-1, -2)).transpose(-1, -2))
     if rel is not None:
         s.add_(gather_relative(rel, index))
     elif job.has_bias and not job.rel_bias:
@@ -136,6 +142,7 @@ def _tiles_forward(job: Job, q: Tensor, k: Tensor, v: Tensor) -> dict[str, Tenso
     rel_const = None
     if job.query_independent:
         rel_const = s_.relative_logits(q[:, :, :1])  # compute once
+    rel_k = s_.relative_key_logits(k) if job.rel_key else None  # (b, h, j, R), once
     for (i0, i1), tiles in zip(job.plan.q_blocks, job.plan.tiles, strict=True):
         qb = q[:, :, i0:i1]
         qp = job.q_positions[i0:i1]
@@ -148,7 +155,9 @@ def _tiles_forward(job: Job, q: Tensor, k: Tensor, v: Tensor) -> dict[str, Tenso
         massb = mass[:, :, i0:i1] if mass is not None else None
         first = True  # the block's first tile: assign instead of rescale-and-add
         for j0, j1, masked in tiles:
-            s, blocked, index, _ = _scores(job, qb, k[:, :, j0:j1], (i0, i1, j0, j1), rel, masked)
+            s, blocked, index, _ = _scores(
+                job, qb, k[:, :, j0:j1], (i0, i1, j0, j1), rel, masked, rel_k=rel_k
+            )
             if blocked is not None and bool(blocked.all()):
                 continue
             m_new = torch.maximum(mb, s.amax(-1))  # finite: mb starts at finfo.min
@@ -191,6 +200,7 @@ def _tiles_backward(
     dmass: Tensor | None,
     needs_q: bool,
     sink: GradSink,
+    needs_k: bool = True,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Recompute every tile from the final ``lse`` and return ``dq, dk, dv``; the scheme's
     parameter gradients go into ``sink``.
@@ -211,6 +221,14 @@ def _tiles_backward(
         rel_const = probe
         if probe.requires_grad:
             drel_const = q.new_zeros(probe.shape[0], h, 1, job.num_rel)
+    # A key term is computed once for every key; its gradient is scattered per tile.
+    rel_k = drel_k = k_leaf = None
+    if job.rel_key:
+        with torch.enable_grad():
+            k_leaf = k.detach().requires_grad_(needs_k)
+            rel_k = s_.relative_key_logits(k_leaf)
+        if rel_k.requires_grad:
+            drel_k = torch.zeros_like(rel_k)
     for (i0, i1), tiles in zip(job.plan.q_blocks, job.plan.tiles, strict=True):
         qb, dob = q[:, :, i0:i1], do[:, :, i0:i1]
         qp = job.q_positions[i0:i1]
@@ -233,7 +251,14 @@ def _tiles_backward(
             kb, vb = k[:, :, j0:j1], v[:, :, j0:j1]
             bounds = (i0, i1, j0, j1)
             s, blocked, index, bias = _scores(
-                job, qb, kb, bounds, None if rel is None else rel.detach(), masked, bias_leaf
+                job,
+                qb,
+                kb,
+                bounds,
+                None if rel is None else rel.detach(),
+                masked,
+                bias_leaf,
+                rel_k=None if rel_k is None else rel_k.detach(),
             )
             if blocked is not None and bool(blocked.all()):
                 continue
@@ -257,6 +282,8 @@ def _tiles_backward(
                 dp.mul_(keep)
             ds = dp.sub_(delta_b).mul_(p)  # dS = P ⊙ (dP - D)
             dv[:, :, j0:j1] += torch.matmul(pd.transpose(-1, -2), dob)
+            if drel_k is not None:
+                scatter_relative(drel_k[:, :, j0:j1], index.transpose(-1, -2), ds.transpose(-1, -2))
             if drel is not None:
                 scatter_relative(drel, index, ds)
             elif drel_const is not None:
@@ -272,6 +299,8 @@ def _tiles_backward(
             push_grad(rel, sum_to(drel, rel.shape), qb_leaf if needs_q else None, dqb, sink)
     if drel_const is not None:
         push_grad(rel_const, drel_const, None, dq, sink)
+    if drel_k is not None:
+        push_grad(rel_k, drel_k, k_leaf if needs_k else None, dk, sink)
     return dq, dk, dv
 
 
@@ -318,7 +347,17 @@ class TiledAttention(torch.autograd.Function):
         dmass = job.value_grads(rest[0], do, sink) if rest else None
         with _ReplayRng(qf.device, ctx.rng_state):
             dq, dk, dv = _tiles_backward(
-                job, qf, kf, vf, do, lse, delta, dmass, ctx.needs_input_grad[0], sink
+                job,
+                qf,
+                kf,
+                vf,
+                do,
+                lse,
+                delta,
+                dmass,
+                ctx.needs_input_grad[0],
+                sink,
+                needs_k=ctx.needs_input_grad[1],
             )
         t = grad_out.dtype
         return dq.to(t), dk.to(t), dv.to(t), None, *sink.result()
