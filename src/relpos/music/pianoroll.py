@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from ..atomic import atomic_path
+from ..atomic import save_png
 from .splits import SILENCE, VOICE_NAMES, check_chorale
 
 __all__ = ["write_piano_roll"]
@@ -53,9 +53,4 @@ def write_piano_roll(
     ax.set_ylabel("MIDI pitch")
     ax.set_title(title or "chorale")
     ax.legend(loc="upper right", fontsize="small", ncol=4)
-    fig.tight_layout()
-    path = Path(path)
-    with atomic_path(path, suffix=".png") as tmp:
-        fig.savefig(tmp, format="png")
-    plt.close(fig)
-    return path
+    return save_png(fig, path)
