@@ -29,10 +29,12 @@ from hypothesis import strategies as st
 from relpos import KVCache, MultiheadAttention, Positions
 from tests.helpers import (
     SCHEME_SPECS,
+    causal_only,
     length_dependent,
     random_segments,
     randomize_parameters,
     spec_id,
+    tiles_refuse,
 )
 
 BACKENDS = ["eager", "sdpa", "chunked", "auto"]
@@ -51,12 +53,20 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def unsupported(spec: dict, backend: str) -> bool:
-    """``sdpa`` documents Shaw's value term as unsupported (a clear ValueError)."""
+    """``sdpa`` documents Shaw's value term as unsupported, ``chunked`` a key bias with no
+    relative form (CoPE's): a clear ValueError."""
+    if backend == "chunked" and tiles_refuse(spec):
+        return True
     return backend == "sdpa" and spec["name"] == "shaw" and spec.get("values", True)
 
 
 def build(spec: dict, h: int, d: int, causal: bool, dtype=torch.float32):
-    """The module (``eager``) with random weights; None where the scheme rejects the geometry."""
+    """The module (``eager``) with random weights; None where the scheme rejects the geometry
+    or the direction (a causal-only scheme, bidirectional)."""
+    if not causal and causal_only(spec):
+        with pytest.raises(ValueError, match="causal"):
+            MultiheadAttention(h * d, h, spec, causal=causal)
+        return None
     rotary = spec.get("rotary_dim", d)
     if (spec["name"] in ("sinusoidal", "transformer_xl") and h * d % 2) or (
         spec["name"] == "rope" and (rotary % 2 or rotary > d)
@@ -157,7 +167,7 @@ def test_backend_matches_eager(spec, causal, backend, shape, dtype, n, data):
         ref = m(x, **kw)
         m.backend = backend
         if unsupported(spec, backend):
-            with pytest.raises(ValueError, match="sdpa backend cannot add the value term"):
+            with pytest.raises(ValueError, match=r"backend cannot add the (value term|key bias)"):
                 m(x, **kw)
             return
         out = m(x, **kw)
@@ -269,7 +279,7 @@ EMPTY_CASES = [
         backend, spec, causal, how, id=f"{backend}-{spec_id(spec)}-{causal}-{how}"
     )
     for backend in BACKENDS for spec in SCHEME_SPECS if not unsupported(spec, backend)
-    for causal in (True, False) for how in EMPTY
+    for causal in (True, False) if causal or not causal_only(spec) for how in EMPTY
 ]  # fmt: skip
 
 

@@ -14,6 +14,7 @@ from .base import (
     register,
     scheme_config,
 )
+from .cope import CoPE, CoPEConfig
 from .deberta import DeBERTa, DebertaConfig
 from .dpb import DynamicPositionBias, DynamicPositionBiasConfig
 from .kerple import Kerple, KerpleConfig
@@ -28,6 +29,8 @@ __all__ = [
     "SCHEMES",
     "ALiBi",
     "ALiBiConfig",
+    "CoPE",
+    "CoPEConfig",
     "DeBERTa",
     "DebertaConfig",
     "DistanceBiasScheme",
