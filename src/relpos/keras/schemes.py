@@ -316,14 +316,18 @@ class ShawScheme(AttentionScheme):
         shape = (
             (self.num_heads, self.rows, self.head_dim) if c.per_head else (self.rows, self.head_dim)
         )
-        init = keras.initializers.RandomNormal(stddev=self.head_dim**-0.5)
+
+        # A fresh initializer per table: one instance would draw the same values for both.
+        def init():
+            return keras.initializers.RandomNormal(stddev=self.head_dim**-0.5)
+
         self.key_table = (
-            self.add_weight(name="key_table", shape=shape, initializer=init, dtype="float32")
+            self.add_weight(name="key_table", shape=shape, initializer=init(), dtype="float32")
             if c.keys
             else None
         )
         self.value_table = (
-            self.add_weight(name="value_table", shape=shape, initializer=init, dtype="float32")
+            self.add_weight(name="value_table", shape=shape, initializer=init(), dtype="float32")
             if c.values
             else None
         )
@@ -518,11 +522,12 @@ class DynamicPositionBiasScheme(DistanceBiasScheme):
         self.kernels, self.biases, self.gammas, self.betas = [], [], [], []
         for layer, (fan_in, fan_out) in enumerate(itertools.pairwise(widths)):
             bound = fan_in**-0.5  # nn.Linear's U(±1/√fan_in), kernel and bias
-            init = keras.initializers.RandomUniform(-bound, bound)
             for store, name, shape in (
                 (self.kernels, "kernel", (fan_in, fan_out)),
                 (self.biases, "bias", (fan_out,)),
             ):
+                # A fresh initializer per weight: one instance draws the same values twice.
+                init = keras.initializers.RandomUniform(-bound, bound)
                 weight = self.add_weight(
                     name=f"dense_{layer}_{name}", shape=shape, initializer=init, dtype="float32"
                 )
@@ -530,9 +535,9 @@ class DynamicPositionBiasScheme(DistanceBiasScheme):
         norms = ((self.gammas, "gamma", "ones"), (self.betas, "beta", "zeros"))
         for layer in range(c.depth + 1):
             for store, name, init in norms:
-                name = f"norm_{layer}_{name}"
+                label = f"norm_{layer}_{name}"
                 weight = self.add_weight(
-                    name=name, shape=(c.hidden,), initializer=init, dtype="float32"
+                    name=label, shape=(c.hidden,), initializer=init, dtype="float32"
                 )
                 store.append(weight)
         self.built = True
