@@ -25,6 +25,10 @@ SCHEMES = [
     SHAW,
     {"name": "music", "max_distance": 5},
     XPOS,
+    # Issue 17's family (learned ALiBi takes KERPLE's path: tests/keras/test_parity_torch.py)
+    "kerple",
+    {"name": "dpb", "hidden": 8, "depth": 1},
+    {"name": "transformer_xl", "max_distance": 3},
 ]
 B, N, WIDTH, HEADS = 3, 8, 16, 2
 
