@@ -49,14 +49,19 @@ SCHEMES = [
 ]
 #: Issue 17's relative family, on the grouped-query shape only. Transformer-XL clipped inside
 #: the rows (3) and not (40: self-attention projects only the rows the length reaches); DPB small
-#: with log distances and at its defaults; learned ALiBi with a head left unbiased.
+#: with log distances; learned ALiBi with a head left unbiased. KERPLE's power variant (also in
+#: the window test below) and DPB at its defaults (one more block) run under ``slow``.
+KERPLE, KERPLE_POWER = "kerple", {"name": "kerple", "variant": "power"}
+LEARNED_ALIBI = {"name": "learned_alibi", "slopes": [0.5, 0.0, 0.25, 0.125]}
+DPB = {"name": "dpb", "hidden": 8, "depth": 1, "log_distance": True}
+TXL = {"name": "transformer_xl", "max_distance": 3}
 FAMILY = [
-    "kerple",
-    {"name": "kerple", "variant": "power"},
-    {"name": "learned_alibi", "slopes": [0.5, 0.0, 0.25, 0.125]},
-    {"name": "dpb", "hidden": 8, "depth": 1, "log_distance": True},
-    "dpb",
-    {"name": "transformer_xl", "max_distance": 3},
+    KERPLE,
+    pytest.param(KERPLE_POWER, marks=pytest.mark.slow),
+    LEARNED_ALIBI,
+    DPB,
+    pytest.param("dpb", marks=pytest.mark.slow),
+    TXL,
     {"name": "transformer_xl", "max_distance": 40},
 ]
 #: (b, n, width, heads, key/value heads): grouped-query (2 query heads per key/value head: a
@@ -64,7 +69,13 @@ FAMILY = [
 SHAPES = [(3, 9, 32, 4, 2), (2, 5, 24, 3, 3)]
 CASES = [
     *((s, shape) for s in SCHEMES for shape in SHAPES),
-    *((s, SHAPES[0]) for s in VARIANTS + FAMILY),
+    *((s, SHAPES[0]) for s in VARIANTS),
+    *(
+        pytest.param(s.values[0], SHAPES[0], marks=s.marks)
+        if hasattr(s, "marks")
+        else (s, SHAPES[0])
+        for s in FAMILY
+    ),
 ]
 
 
@@ -154,7 +165,9 @@ def test_length_dependent_decoding_equals_torch_row_alone(spec, kvh):
                 np.testing.assert_allclose(got[r, t], want, atol=1e-5, rtol=1e-5, err_msg=(r, t))
 
 
-@pytest.mark.parametrize("spec", [FAMILY[0], FAMILY[2], FAMILY[3], FAMILY[5]], ids=str)
+@pytest.mark.parametrize(
+    "spec", [KERPLE, pytest.param(LEARNED_ALIBI, marks=pytest.mark.slow), DPB, TXL], ids=str
+)
 def test_family_decoding_equals_torch(spec):
     """Left-padded prompts, a prefill, then one token a step through the keras-hub cache: every
     step equals the PyTorch layer's full causal forward at that token (the distance window then
@@ -177,7 +190,7 @@ GAPPED = np.array([[0, 3, 4, 10, 11, 12, 20, 21, 30], [5, 6, 7, 8, 9, 10, 11, 12
 
 
 @pytest.mark.parametrize("traced", [False, True], ids=["eager", "traced"])
-@pytest.mark.parametrize("spec", [FAMILY[1], FAMILY[3]], ids=str)
+@pytest.mark.parametrize("spec", [KERPLE_POWER, DPB], ids=str)
 def test_distance_biases_beyond_the_window_equal_torch(spec, traced):
     """Explicit positions whose distances do not fit the window of i + j - 1 distances are
     evaluated per pair, eagerly and under jit (``keras.ops.cond``); contiguous ones through the
