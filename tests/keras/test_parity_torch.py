@@ -166,12 +166,16 @@ def test_length_dependent_decoding_equals_torch_row_alone(spec, kvh):
 
 
 @pytest.mark.parametrize(
-    "spec", [KERPLE, pytest.param(LEARNED_ALIBI, marks=pytest.mark.slow), DPB, TXL], ids=str
+    "spec",
+    [*(pytest.param(s, marks=pytest.mark.slow) for s in (KERPLE, LEARNED_ALIBI)), DPB, TXL],
+    ids=str,
 )
 def test_family_decoding_equals_torch(spec):
     """Left-padded prompts, a prefill, then one token a step through the keras-hub cache: every
     step equals the PyTorch layer's full causal forward at that token (the distance window then
-    spans the cache's slots; Transformer-XL's u enters the queries before the cache)."""
+    spans the cache's slots; Transformer-XL's u enters the queries before the cache). KERPLE and
+    learned ALiBi take DPB's path with another function (KERPLE decodes as its full Keras
+    forward in tests/keras/test_properties.py): under ``slow``."""
     b, n, width, h, kvh = SHAPES[0]
     torch.manual_seed(zlib.crc32(repr(spec).encode()))
     module = _module(spec, width, h, kvh, causal=True)
