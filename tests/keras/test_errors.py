@@ -148,8 +148,20 @@ def test_bad_call_arguments(make, call, error, match):
         (
             lambda: rk.RelativeMultiHeadAttention(2, 4, scheme="bogus"),
             ValueError,
-            r"unknown scheme 'bogus'; Keras attention schemes: \['alibi', 'music', 'nope', 'rope', "
-            r"'shaw', 't5'\]",
+            r"unknown scheme 'bogus'; Keras attention schemes: \['alibi', 'dpb', 'kerple', "
+            r"'learned_alibi', 'music', 'nope', 'rope', 'shaw', 't5', 'transformer_xl'\]",
+        ),
+        (
+            lambda: rk.RelativeMultiHeadAttention(1, 3, scheme="transformer_xl"),
+            ValueError,
+            r"transformer_xl needs an even num_heads·head_dim \(sin/cos\), got 3",
+        ),
+        (
+            lambda: rk.RelativeMultiHeadAttention(
+                2, 4, scheme={"name": "kerple", "variant": "cubic"}
+            ),
+            ValueError,
+            r"variant must be one of \('log', 'power'\), got 'cubic'",
         ),
         (
             lambda: rk.RelativeMultiHeadAttention(2, 4, scheme="learned"),

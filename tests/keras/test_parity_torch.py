@@ -6,6 +6,8 @@ The PyTorch modules are themselves tested against loop oracles (tests/test_oracl
 oracles here check what has no PyTorch twin (segment ranks, the relative embedding tensor).
 """
 
+import zlib
+
 import numpy as np
 import pytest
 import torch
@@ -22,7 +24,7 @@ from relpos.keras import (
 from relpos.keras.positions import positions_from_segments
 
 from ..helpers import SCHEME_SPECS, length_dependent
-from .util import COMPILED, LAYOUTS, decode, every_other, kt, layout, np_
+from .util import BACKEND, COMPILED, LAYOUTS, decode, every_other, kt, layout, np_
 
 #: The PyTorch suite's: they switch at 5 tokens, so the test rows (5 to 9 tokens) cross it.
 DYNAMIC, LONGROPE = [spec for spec in SCHEME_SPECS if length_dependent(spec)]
@@ -45,10 +47,32 @@ SCHEMES = [
     {"name": "music", "max_distance": 4},
     {"name": "music", "max_distance": 40},
 ]
+#: Issue 17's relative family, on the grouped-query shape only. Transformer-XL clipped inside
+#: the rows (3) and not (40: self-attention projects only the rows the length reaches); DPB small
+#: with log distances; learned ALiBi with a head left unbiased. KERPLE's power variant (also in
+#: the window test below) and DPB at its defaults (one more block) run under ``slow``.
+KERPLE, KERPLE_POWER = "kerple", {"name": "kerple", "variant": "power"}
+LEARNED_ALIBI = {"name": "learned_alibi", "slopes": [0.5, 0.0, 0.25, 0.125]}
+DPB = {"name": "dpb", "hidden": 8, "depth": 1, "log_distance": True}
+TXL = {"name": "transformer_xl", "max_distance": 3}
+FAMILY = [
+    KERPLE,
+    KERPLE_POWER,
+    LEARNED_ALIBI,
+    DPB,
+    "dpb",
+    TXL,
+    {"name": "transformer_xl", "max_distance": 40},
+]
+SLOW_FAMILY = (KERPLE_POWER, "dpb")  # under ``make test-all`` on every backend
 #: (b, n, width, heads, key/value heads): grouped-query (2 query heads per key/value head: a
 #: wrong head order shows; rows up to 9 tokens cross the length-dependent switch), multi-head.
 SHAPES = [(3, 9, 32, 4, 2), (2, 5, 24, 3, 3)]
-CASES = [*((s, shape) for s in SCHEMES for shape in SHAPES), *((s, SHAPES[0]) for s in VARIANTS)]
+CASES = [
+    *((s, shape) for s in SCHEMES for shape in SHAPES),
+    *((s, SHAPES[0]) for s in VARIANTS),
+    *((s, SHAPES[0]) for s in FAMILY),
+]
 
 
 def _torch_positions(kind, lay):
@@ -69,13 +93,16 @@ def _keras_positions(kind, lay):
 
 def _module(spec, width, h, kvh=None, *, causal):
     """A PyTorch attention layer; its scheme's parameters moved off their initial values, so
-    that only copied weights agree (learned frequencies start at the fixed ladder)."""
+    that only copied weights agree (learned frequencies start at the fixed ladder; Transformer-XL's
+    u and v at 0)."""
     module = relpos.MultiheadAttention(
         width, h, spec, causal=causal, backend="eager", num_kv_heads=kvh
     ).eval()
     with torch.no_grad():
         for p in module.scheme.parameters():
             p.mul_(1.0 + 0.3 * torch.rand_like(p))
+            if not p.any():
+                p.normal_(0.0, 0.5)
     return module
 
 
@@ -84,13 +111,14 @@ def _module(spec, width, h, kvh=None, *, causal):
     every_other(
         [(spec, shape, causal) for spec, shape in CASES for causal in (False, True)],
         ids=lambda c: f"{c[0]}-h{c[1][3]}kv{c[1][4]}-{'causal' if c[2] else 'bidirectional'}",
+        slow=lambda c: c[0] in SLOW_FAMILY,
     ),
 )
 def test_attention_equals_torch(spec, shape, causal):
     b, n, width, h, kvh = shape
     if spec is XPOS and not causal:
         pytest.skip("xPos is causal only (refused otherwise: test_errors.py)")
-    torch.manual_seed(hash((str(spec), causal, shape)) % 2**31)
+    torch.manual_seed(zlib.crc32(repr((spec, causal, shape)).encode()))
     module = _module(spec, width, h, kvh, causal=causal)
     layer = from_torch(module)
     assert layer.num_key_value_heads == kvh
@@ -140,6 +168,64 @@ def test_length_dependent_decoding_equals_torch_row_alone(spec, kvh):
             for t in range(n - length, n):
                 want = module(x[r : r + 1, n - length : t + 1])[0, -1].numpy()
                 np.testing.assert_allclose(got[r, t], want, atol=1e-5, rtol=1e-5, err_msg=(r, t))
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [*(pytest.param(s, marks=pytest.mark.slow) for s in (KERPLE, LEARNED_ALIBI)), DPB, TXL],
+    ids=str,
+)
+def test_family_decoding_equals_torch(spec):
+    """Left-padded prompts, a prefill, then one token a step through the keras-hub cache: every
+    step equals the PyTorch layer's full causal forward at that token (the distance window then
+    spans the cache's slots; Transformer-XL's u enters the queries before the cache). KERPLE and
+    learned ALiBi take DPB's path with another function (KERPLE decodes as its full Keras
+    forward in tests/keras/test_properties.py): under ``slow``."""
+    b, n, width, h, kvh = SHAPES[0]
+    torch.manual_seed(zlib.crc32(repr(spec).encode()))
+    module = _module(spec, width, h, kvh, causal=True)
+    layer = from_torch(module)
+    x = torch.randn(b, n, width)
+    mask = layout("left", b, n, seed=n)["mask"]
+    got = decode(layer, x, mask, prompt=5)
+    with torch.no_grad():
+        want = module(x, padding_mask=torch.from_numpy(mask)).numpy()
+    np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-5)
+
+
+#: Positions with gaps: their distances overflow the window of i + j - 1 (row 1: one gap, the
+#: rest contiguous, so the batch falls back to per-pair evaluation as a whole).
+GAPPED = np.array([[0, 3, 4, 10, 11, 12, 20, 21, 30], [5, 6, 7, 8, 9, 10, 11, 12, 40]], "int32")
+
+
+@pytest.mark.parametrize("traced", [False, True], ids=["eager", "traced"])
+@pytest.mark.parametrize("spec", [KERPLE_POWER, DPB], ids=str)
+def test_distance_biases_beyond_the_window_equal_torch(spec, traced):
+    """Explicit positions whose distances do not fit the window of i + j - 1 distances are
+    evaluated per pair, eagerly and under jit (``keras.ops.cond``); contiguous ones through the
+    window: both equal PyTorch."""
+    if traced and BACKEND == "torch":
+        pytest.skip("the torch backend runs eagerly")
+    b, n, width, h, kvh = 2, 9, 32, 4, 2
+    torch.manual_seed(0)
+    module = _module(spec, width, h, kvh, causal=False)
+    layer = from_torch(module)
+    call = lambda x, p: layer(x, positions=p)  # noqa: E731
+    if traced and BACKEND == "jax":
+        import jax
+
+        call = jax.jit(call)
+    elif traced:
+        import tensorflow as tf
+
+        call = tf.function(call, jit_compile=True)
+    x = torch.randn(b, n, width)
+    for pos in (GAPPED, np.arange(n, dtype="int32")[None] + np.array([[0], [7]], "int32")):
+        p = torch.from_numpy(pos).long()
+        with torch.no_grad():
+            want = module(x, relpos.Positions(p, torch.zeros_like(p))).numpy()
+        got = np_(call(kt(x), kt(pos)))
+        np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("kind", LAYOUTS)

@@ -25,6 +25,10 @@ SCHEMES = [
     SHAW,
     {"name": "music", "max_distance": 5},
     XPOS,
+    # Issue 17's family: one distance-function bias (learned ALiBi and DPB take KERPLE's path
+    # with another function: tests/keras/test_parity_torch.py) and Transformer-XL
+    "kerple",
+    {"name": "transformer_xl", "max_distance": 3},
 ]
 B, N, WIDTH, HEADS = 3, 8, 16, 2
 SPEC_CAUSAL = every_other(

@@ -65,8 +65,13 @@ def _copy_torch_weights(torch_model, model) -> None:
 
 @pytest.mark.parametrize(
     ("scheme", "num_kv_heads"),
-    [({"name": "t5", "num_buckets": 8, "max_distance": 16}, None), ({"name": "rope"}, 1)],
-    ids=["t5", "rope-mqa"],
+    [
+        ({"name": "t5", "num_buckets": 8, "max_distance": 16}, None),
+        ({"name": "rope"}, 1),
+        ({"name": "transformer_xl", "max_distance": 4}, None),
+        pytest.param({"name": "dpb", "hidden": 8}, 1, marks=pytest.mark.slow),
+    ],
+    ids=["t5", "rope-mqa", "transformer_xl", "dpb-mqa"],
 )
 def test_matches_the_pytorch_transformer_with_its_weights(scheme, num_kv_heads):
     torch = pytest.importorskip("torch")
@@ -76,6 +81,10 @@ def test_matches_the_pytorch_transformer_with_its_weights(scheme, num_kv_heads):
     torch.manual_seed(0)
     config = TransformerConfig(**SMALL, scheme=scheme, num_kv_heads=num_kv_heads)
     torch_model = TorchTransformer(config).eval()
+    with torch.no_grad():  # weights that start at 0 (LayerNorm's shift, Transformer-XL's u, v)
+        for p in torch_model.parameters():
+            if not p.any():
+                p.normal_(0.0, 0.1)
     model = Transformer(**SMALL, scheme=scheme, num_kv_heads=num_kv_heads)
     model.build((None, None))
     _copy_torch_weights(torch_model, model)

@@ -19,16 +19,18 @@ COMPILED = BACKEND in ("jax", "tensorflow")
 LAYOUTS = ("plain", "left", "right", "packed")
 
 
-def every_other(cases: list, ids=None) -> list:
+def every_other(cases: list, ids=None, slow=None) -> list:
     """``cases`` as ``pytest.param`` s, half of them marked ``slow`` on JAX and TensorFlow (all
     run on the torch backend). The kept half is staggered (cases 0, 3, 4, 7, 8, ...), so that
     neighbouring variants of one parameter (causal or not, one shape or another) take turns.
-    A case is a tuple of arguments, or one argument."""
+    A case is a tuple of arguments, or one argument; ``slow(case)`` true marks it ``slow`` on
+    every backend."""
     params = []
     for i, case in enumerate(cases):
         values = case if isinstance(case, tuple) else (case,)
-        slow = COMPILED and (i + i // 2) % 2
-        marks = (pytest.mark.slow,) if slow else ()
+        slow_here = COMPILED and (i + i // 2) % 2
+        slow_here = slow_here or (slow is not None and slow(case))
+        marks = (pytest.mark.slow,) if slow_here else ()
         params.append(pytest.param(*values, marks=marks, id=None if ids is None else ids(case)))
     return params
 

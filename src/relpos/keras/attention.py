@@ -111,8 +111,9 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
         dropout: dropout on the attention probabilities in training.
         use_bias: biases in the projections.
         output_shape: output width (default: the query's).
-        scheme: a scheme name (``"nope"``, ``"rope"``, ``"alibi"``, ``"t5"``, ``"shaw"``,
-            ``"music"``), config dict or :class:`relpos.schemes.SchemeConfig`.
+        scheme: a scheme name (``"nope"``, ``"rope"``, ``"alibi"``, ``"learned_alibi"``,
+            ``"kerple"``, ``"dpb"``, ``"t5"``, ``"shaw"``, ``"music"``, ``"transformer_xl"``),
+            config dict or :class:`relpos.schemes.SchemeConfig`.
         causal: causal attention; ``use_causal_mask=True`` at call time also masks. It decides
             the scheme's geometry (T5 bucketing, the Music Transformer's table), so set it here
             for a decoder.

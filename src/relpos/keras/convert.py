@@ -43,16 +43,35 @@ def _attention(m: MultiheadAttention, dtype) -> RelativeMultiHeadAttention:
     layer.output_dense.kernel.assign(_np(m.out.weight).T.reshape(h, d, width))
     if m.out.bias is not None:
         layer.output_dense.bias.assign(_np(m.out.bias))
-    # The scheme's parameters (tables, learned frequencies) have the same names on both sides.
     for name, p in m.scheme.named_parameters():
-        getattr(layer.position_scheme, name).assign(_np(p))
+        weight, value = _scheme_weight(layer.position_scheme, name, _np(p))
+        weight.assign(value)
     return layer
+
+
+def _scheme_weight(scheme, name: str, value: np.ndarray):
+    """The Keras weight of a PyTorch scheme parameter, and the value in its layout. Tables,
+    learned frequencies, slopes and KERPLE's ``r1``, ``r2`` have the same name and layout on
+    both sides; the dynamic position bias's ``mlp.{i}.*`` and Transformer-XL's ``W_R`` do not."""
+    if scheme.scheme_name == "dpb":
+        index, kind = name.removeprefix("mlp.").split(".")
+        layer, norm = divmod(int(index), 3)  # Linear at 0, 3, 6, ...; LayerNorm at 1, 4, ...
+        if norm:
+            return (scheme.gammas if kind == "weight" else scheme.betas)[layer], value
+        if kind == "weight":
+            return scheme.kernels[layer], value.T  # (out, in) -> (in, out)
+        return scheme.biases[layer], value
+    if scheme.scheme_name == "transformer_xl" and name == "position_proj.weight":
+        h, d = scheme.num_heads, scheme.head_dim
+        return scheme.position_kernel, value.T.reshape(-1, h, d)  # (h·d, w) -> (w, h, d)
+    return getattr(scheme, name), value
 
 
 def from_torch(module, *, dtype=None):
     """The Keras layer equivalent to a relpos PyTorch module, with its weights copied.
 
-    Supported: :class:`relpos.MultiheadAttention` (any scheme Keras has, grouped-query too) →
+    Supported: :class:`relpos.MultiheadAttention` (any scheme Keras has, grouped-query too, the
+    scheme's learned weights included) →
     :class:`RelativeMultiHeadAttention`; :class:`relpos.TokenPositionEmbedding` with a learned
     table and unscaled tokens → :class:`TokenAndPositionEmbedding`; the schemes ``learned`` →
     :class:`PositionEmbedding`, ``sinusoidal`` → :class:`SinePositionEncoding`, ``t5`` →

@@ -21,6 +21,7 @@ __all__ = [
     "apply_rope",
     "clipped_relative_index",
     "gather_relative",
+    "kerple_bias",
     "relative_distance",
     "rope_angles",
     "rope_frequencies",
@@ -159,6 +160,20 @@ def alibi_bias(slopes, distance, *, causal: bool):
     d = ops.expand_dims(ops.cast(distance, "float32"), 1)
     d = d if causal else -ops.abs(d)
     return ops.reshape(ops.cast(slopes, "float32"), (1, -1, 1, 1)) * d
+
+
+def kerple_bias(distance, r1, r2, *, variant: str = "log"):
+    """KERPLE (Chi et al., 2022, §4): ``-r1·log(1 + r2·|Δ|)`` (``"log"``) or ``-r1·|Δ|^r2``
+    (``"power"``) per head; :func:`relpos.functional.kerple_bias` in ``keras.ops``.
+
+    Shapes: distance ``(D,)`` integers; r1, r2 ``(h,)`` in range (the caller clamps) →
+    float32 ``(h, D)``.
+    """
+    d = ops.expand_dims(ops.abs(ops.cast(distance, "float32")), 0)  # (1, D)
+    r1, r2 = ops.expand_dims(r1, -1), ops.expand_dims(r2, -1)  # (h, 1)
+    if variant == "log":
+        return -r1 * ops.log1p(r2 * d)
+    return -r1 * ops.power(d, r2)
 
 
 def t5_buckets(distance, *, bidirectional: bool, num_buckets: int = 32, max_distance: int = 128):

@@ -26,6 +26,7 @@ __all__ = [
     "allowed_pairs",
     "continue_positions",
     "dense_and_mask",
+    "distance_range",
     "holds_values",
     "plain_positions",
     "positions_from_mask",
@@ -255,6 +256,26 @@ def sequence_lengths(*parts: Positions) -> tuple[Any, ...]:
         out.append(lengths[:, start : start + size])
         start = start + size
     return tuple(out)
+
+
+def distance_range(queries: Positions, keys: Positions):
+    """``(lo, hi)``, int32 ``(b|1,)``: every ``k_pos - q_pos`` between real tokens of a row lies
+    in ``[lo, hi]`` (0, 0 for a row with no real query or key). Per row and over real tokens only,
+    so a row's range does not grow with the other rows' offsets or its own padding: for positions
+    counted inside rows (a mask, segments, a start index, a cache) ``hi - lo <= i + j - 2``.
+    The Keras twin of :func:`relpos.positions.distance_range`, with no device sync."""
+    far = 2**29  # beyond any position; sums of two stay inside int32
+
+    def extremes(p: Positions):
+        valid = p.valid
+        lo = ops.min(ops.where(valid, p.pos, far), axis=1)
+        hi = ops.max(ops.where(valid, p.pos, -far), axis=1)
+        return lo, hi, ops.any(valid, axis=1)
+
+    q_lo, q_hi, q_any = extremes(queries)
+    k_lo, k_hi, k_any = extremes(keys)
+    real = ops.logical_and(q_any, k_any)
+    return ops.where(real, k_lo - q_hi, 0), ops.where(real, k_hi - q_lo, 0)
 
 
 def allowed_pairs(queries: Positions, keys: Positions, *, causal: bool):

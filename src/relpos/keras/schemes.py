@@ -21,23 +21,28 @@ Absolute schemes (``sinusoidal``, ``learned``) act at the input: see
 
 from __future__ import annotations
 
+import itertools
 import math
 from typing import Any, ClassVar
 
 import keras
+import torch
 from keras import ops
 
 from ..functional.alibi import alibi_slopes
 from ..functional.rope_axes import axis_frequencies
 from ..functional.rope_scaling import scaled_rope_frequencies
+from ..functional.sinusoidal import sinusoidal_table
 from ..functional.xpos import check_xpos_position, xpos_decay
 from ..schemes import SCHEMES, SchemeConfig, config_from_dict
 from ..schemes import scheme_config as shared_scheme_config
+from ..schemes.kerple import _EPS as KERPLE_EPS
 from .ops import (
     alibi_bias,
     apply_rope,
     clipped_relative_index,
     gather_relative,
+    kerple_bias,
     relative_distance,
     rope_angles,
     scatter_relative,
@@ -45,9 +50,21 @@ from .ops import (
     t5_buckets,
     xpos_scale,
 )
-from .positions import Positions, holds_values, sequence_lengths
+from .positions import (
+    Positions,
+    distance_range,
+    holds_values,
+    sequence_length,
+    sequence_lengths,
+)
 
-__all__ = ["KERAS_SCHEMES", "AttentionScheme", "make_attention_scheme", "scheme_config"]
+__all__ = [
+    "KERAS_SCHEMES",
+    "AttentionScheme",
+    "DistanceBiasScheme",
+    "make_attention_scheme",
+    "scheme_config",
+]
 
 #: Keras attention schemes by name (the names of :data:`relpos.SCHEMES` that act in attention).
 KERAS_SCHEMES: dict[str, type[AttentionScheme]] = {}
@@ -299,14 +316,18 @@ class ShawScheme(AttentionScheme):
         shape = (
             (self.num_heads, self.rows, self.head_dim) if c.per_head else (self.rows, self.head_dim)
         )
-        init = keras.initializers.RandomNormal(stddev=self.head_dim**-0.5)
+
+        # A fresh initializer per table: one instance would draw the same values for both.
+        def init():
+            return keras.initializers.RandomNormal(stddev=self.head_dim**-0.5)
+
         self.key_table = (
-            self.add_weight(name="key_table", shape=shape, initializer=init, dtype="float32")
+            self.add_weight(name="key_table", shape=shape, initializer=init(), dtype="float32")
             if c.keys
             else None
         )
         self.value_table = (
-            self.add_weight(name="value_table", shape=shape, initializer=init, dtype="float32")
+            self.add_weight(name="value_table", shape=shape, initializer=init(), dtype="float32")
             if c.values
             else None
         )
@@ -378,6 +399,230 @@ class MusicScheme(AttentionScheme):
             keys, index = keys[:, lo : hi + 1], ops.clip(index, lo, hi) - lo
         rel = ops.einsum("bihd,hrd->bhir", ops.cast(q, "float32"), keys)
         return gather_relative(rel, index)
+
+
+class DistanceBiasScheme(AttentionScheme):
+    """A scheme whose logit term is a per-head function of the signed distance only,
+    ``f_h(p_j - p_i)``: the Keras twin of :class:`relpos.schemes.DistanceBiasScheme` (KERPLE,
+    learned ALiBi, the dynamic position bias).
+
+    Subclasses implement :meth:`distance_bias`. ``score_bias`` evaluates it once per distance of
+    a window per row and gathers: the window starts at the row's smallest distance between real
+    tokens (:func:`~relpos.keras.positions.distance_range`) and holds ``i + j - 1`` distances,
+    every distance positions counted inside rows can reach (a mask, segments, a start index, a
+    cache). So ``O(b·h·(i + j))`` evaluations, never ``O(h·i·j)``, and a static size under
+    ``jit``. A row whose distances overflow the window (explicit ``positions=`` with gaps) makes
+    the call evaluate the function per pair instead, ``(b, h, i, j)`` evaluations: the same
+    numbers (``keras.ops.cond`` when traced, a Python branch otherwise).
+    """
+
+    adds_terms = True
+
+    def distance_bias(self, distance):
+        """The bias of each distance for each head: float32 ``(h, N)`` for int32 ``(N,)``."""
+        raise NotImplementedError
+
+    def _bias_of(self, distance):
+        """``distance (bb, ...)`` → float32 ``(bb, h, ...)``."""
+        shape = ops.shape(distance)
+        values = self.distance_bias(ops.reshape(distance, (-1,)))  # (h, N)
+        values = ops.reshape(values, (self.num_heads, *shape))
+        return ops.moveaxis(values, 0, 1)
+
+    def score_bias(self, q, q_positions, k_positions):
+        dist = relative_distance(q_positions.pos, k_positions.pos)  # (bb, i, j)
+        lo, hi = distance_range(q_positions, k_positions)  # (bb,)
+        size = sequence_length(q_positions.pos) + sequence_length(k_positions.pos) - 1
+        if isinstance(size, int):
+            size = max(size, 1)
+
+        def window():
+            offsets = ops.expand_dims(ops.arange(size, dtype="int32"), 0)
+            table = self._bias_of(ops.expand_dims(lo, 1) + offsets)  # (bb, h, D)
+            index = ops.clip(dist - ops.reshape(lo, (-1, 1, 1)), 0, size - 1)
+            return gather_relative(ops.expand_dims(table, 2), index)
+
+        def per_pair():
+            return self._bias_of(dist)
+
+        fits = ops.all(hi - lo < size)
+        if holds_values(fits) and keras.backend.backend() != "torch":
+            return window() if bool(ops.convert_to_numpy(fits)) else per_pair()
+        return ops.cond(fits, window, per_pair)  # torch: a Python branch (meta tensors: window)
+
+
+@_register
+class KerpleScheme(DistanceBiasScheme):
+    """KERPLE (Chi et al., 2022, §4): ``-r1·log(1 + r2·|Δ|)`` (``variant="log"``) or
+    ``-r1·|Δ|^r2`` (``"power"``) with ``r1, r2`` learned per head (float32 weights ``(h,)``,
+    initialised ``U(0, 2)`` and ``U(0, 1)`` plus 0.01), clamped into range at use (``>= 0.01``;
+    ``r2 <= 2`` for the power variant), as the PyTorch scheme."""
+
+    scheme_name = "kerple"
+
+    def build(self, input_shape=None) -> None:
+        uniform = keras.initializers.RandomUniform
+        for name, top in (("r1", 2.0), ("r2", 1.0)):
+            weight = self.add_weight(
+                name=name,
+                shape=(self.num_heads,),
+                initializer=uniform(KERPLE_EPS, top + KERPLE_EPS),
+                dtype="float32",
+            )
+            setattr(self, name, weight)
+        self.built = True
+
+    def distance_bias(self, distance):
+        power = self.config.variant == "power"
+        r1 = ops.maximum(ops.cast(self.r1, "float32"), KERPLE_EPS)
+        r2 = ops.clip(ops.cast(self.r2, "float32"), KERPLE_EPS, 2.0 if power else 3.0e38)
+        return kerple_bias(distance, r1, r2, variant=self.config.variant)
+
+
+@_register
+class LearnedAlibiScheme(DistanceBiasScheme):
+    """ALiBi with trained slopes: ``slope_h·(p_j - p_i)`` (causal) or ``-slope_h·|p_j - p_i|``
+    (bidirectional); ``slopes`` a float32 weight ``(h,)`` initialised to ALiBi's (or the
+    config's) and kept ``>= 0`` at use."""
+
+    scheme_name = "learned_alibi"
+
+    def build(self, input_shape=None) -> None:
+        initial = tuple(alibi_slopes(self.num_heads, self.config.slopes).tolist())
+        self.slopes = self.add_weight(
+            name="slopes",
+            shape=(self.num_heads,),
+            initializer=lambda shape, dtype: ops.convert_to_tensor(initial, dtype),
+            dtype="float32",
+        )
+        self.built = True
+
+    def distance_bias(self, distance):
+        slopes = ops.expand_dims(ops.maximum(ops.cast(self.slopes, "float32"), 0.0), -1)
+        d = ops.expand_dims(ops.cast(distance, "float32"), 0)
+        return slopes * (d if self.causal else -ops.abs(d))
+
+
+@_register
+class DynamicPositionBiasScheme(DistanceBiasScheme):
+    """The dynamic position bias (Wang et al., 2021, CrossFormer §3.3): an MLP maps each distance
+    ``Δ`` (``|Δ|`` when causal; ``sign(Δ)·log(1 + |Δ|)`` with ``log_distance``) to one bias per
+    head: ``Dense(hidden)``, ``depth`` blocks of ``LayerNorm, ReLU, Dense(hidden)``, then
+    ``LayerNorm, ReLU, Dense(h)``; float32 weights, initialised as PyTorch's ``nn.Linear`` and
+    ``nn.LayerNorm``. The MLP runs once per distance of the window
+    (:class:`DistanceBiasScheme`). Weights: ``dense_{l}_kernel (in, out)``, ``dense_{l}_bias``
+    for the ``depth + 2`` dense layers, ``norm_{l}_gamma``, ``norm_{l}_beta`` for the
+    ``depth + 1`` norms."""
+
+    scheme_name = "dpb"
+
+    def build(self, input_shape=None) -> None:
+        c = self.config
+        widths = [1] + [c.hidden] * (c.depth + 1) + [self.num_heads]
+        self.kernels, self.biases, self.gammas, self.betas = [], [], [], []
+        for layer, (fan_in, fan_out) in enumerate(itertools.pairwise(widths)):
+            bound = fan_in**-0.5  # nn.Linear's U(±1/√fan_in), kernel and bias
+            for store, name, shape in (
+                (self.kernels, "kernel", (fan_in, fan_out)),
+                (self.biases, "bias", (fan_out,)),
+            ):
+                # A fresh initializer per weight: one instance draws the same values twice.
+                init = keras.initializers.RandomUniform(-bound, bound)
+                weight = self.add_weight(
+                    name=f"dense_{layer}_{name}", shape=shape, initializer=init, dtype="float32"
+                )
+                store.append(weight)
+        norms = ((self.gammas, "gamma", "ones"), (self.betas, "beta", "zeros"))
+        for layer in range(c.depth + 1):
+            for store, name, init in norms:
+                label = f"norm_{layer}_{name}"
+                weight = self.add_weight(
+                    name=label, shape=(c.hidden,), initializer=init, dtype="float32"
+                )
+                store.append(weight)
+        self.built = True
+
+    def distance_bias(self, distance):
+        x = ops.cast(distance, "float32")
+        if self.causal:
+            x = ops.abs(x)
+        if self.config.log_distance:
+            x = ops.sign(x) * ops.log1p(ops.abs(x))
+        x = ops.expand_dims(x, -1)  # (N, 1)
+        f32 = lambda w: ops.cast(w, "float32")  # noqa: E731
+        x = ops.matmul(x, f32(self.kernels[0])) + f32(self.biases[0])
+        for gamma, beta, kernel, bias in zip(
+            self.gammas, self.betas, self.kernels[1:], self.biases[1:], strict=True
+        ):
+            mean = ops.mean(x, axis=-1, keepdims=True)
+            var = ops.mean(ops.square(x - mean), axis=-1, keepdims=True)
+            x = (x - mean) * ops.rsqrt(var + 1e-5) * f32(gamma) + f32(beta)  # nn.LayerNorm
+            x = ops.matmul(ops.relu(x), f32(kernel)) + f32(bias)
+        return ops.transpose(x)  # (N, h) -> (h, N)
+
+
+@_register
+class TransformerXLScheme(AttentionScheme):
+    """Transformer-XL (Dai et al., 2019, §3.3): logits
+    ``(q_i·k_j + q_i·W_R R_δ + u·k_j + v·W_R R_δ) / √d``, ``δ = clip(p_i - p_j)`` at
+    ``max_distance``, ``R`` the sinusoidal encoding (halves ``[sin, cos]``, width ``h·d``),
+    ``W_R`` a float32 weight ``position_kernel (h·d, h, d)`` (``nn.Linear``'s initialisation),
+    ``u``, ``v`` float32 ``content_bias``, ``position_bias`` ``(h, d)`` starting at 0.
+
+    ``rotate`` adds ``u`` to the queries (the content logits then carry ``u·k``);
+    ``score_bias`` is ``(q - u + v)·(W_R R)ᵀ/√d`` over the table's rows (``max_distance + 1``
+    causal, ``2·max_distance + 1`` otherwise; in self-attention only the rows the length can
+    reach), gathered by each pair's clipped distance through a ``(b, h, i, j)`` int32 index: two
+    ``(b, h, i, j)`` tensors beside the logits, never an ``(i, j, d)`` one.
+    """
+
+    scheme_name = "transformer_xl"
+    adds_terms = True
+
+    def __init__(self, config, **kwargs) -> None:
+        super().__init__(config, **kwargs)
+        width = self.num_heads * self.head_dim
+        if width % 2:
+            raise ValueError(
+                f"transformer_xl needs an even num_heads·head_dim (sin/cos), got {width}"
+            )
+        m = config.max_distance
+        distances = torch.arange(-m, (0 if self.causal else m) + 1)  # p_j - p_i, row by row
+        # R_{p_i - p_j}: the PyTorch scheme's table, computed by the same function
+        self.encodings = sinusoidal_table(-distances, width, interleaved=False).numpy()
+
+    def build(self, input_shape=None) -> None:
+        h, d = self.num_heads, self.head_dim
+        bound = (h * d) ** -0.5
+        self.position_kernel = self.add_weight(
+            name="position_kernel",
+            shape=(h * d, h, d),
+            initializer=keras.initializers.RandomUniform(-bound, bound),
+            dtype="float32",
+        )
+        for name in ("content_bias", "position_bias"):
+            weight = self.add_weight(name=name, shape=(h, d), initializer="zeros", dtype="float32")
+            setattr(self, name, weight)
+        self.built = True
+
+    def rotate(self, q, k, q_positions, k_positions):
+        return q + ops.cast(self.content_bias, q.dtype), k
+
+    def score_bias(self, q, q_positions, k_positions):
+        m = self.config.max_distance
+        distance = relative_distance(q_positions.pos, k_positions.pos)
+        index = ops.clip(distance, -m, 0 if self.causal else m) + m
+        rows = self.encodings
+        n = k_positions.pos.shape[1]
+        if q_positions is k_positions and n is not None and n - 1 < m:
+            # Self-attention: |distance| <= n - 1, so only rows M-(n-1) .. M(+n-1) are read.
+            lo, hi = m - (n - 1), m + (0 if self.causal else n - 1)
+            rows, index = rows[lo : hi + 1], ops.clip(index, lo, hi) - lo
+        kernel = ops.cast(self.position_kernel, "float32")
+        keys = ops.einsum("rw,whd->hrd", ops.convert_to_tensor(rows), kernel)
+        shift = ops.cast(self.position_bias, "float32") - ops.cast(self.content_bias, "float32")
+        rel = ops.einsum("bihd,hrd->bhir", ops.cast(q, "float32") + shift, keys)
+        return gather_relative(rel / math.sqrt(self.head_dim), index)
 
 
 def scheme_config(spec: str | dict[str, Any] | SchemeConfig | None) -> SchemeConfig:
