@@ -65,7 +65,20 @@ SCHEME_SPECS: list[dict] = [
     # them coordinates. rotary_dim 4 fits every head dim the suites draw.
     {"name": "rope", "rotary_dim": 4, "sections": [1, 1]},
     {"name": "rope", "rotary_dim": 4, "sections": [1, 1], "axial": True, "interleaved": True},
+    # Causal only: the suites skip its bidirectional cases (causal_only); its positions come from
+    # the layer input (contextualize), so the backend suites leave it to tests/test_forgetting.py.
+    {"name": "forgetting"},
 ]
+
+
+def causal_only(spec: dict) -> bool:
+    """Whether a spec's scheme refuses bidirectional attention (the Forgetting Transformer)."""
+    return relpos.SCHEMES[spec["name"]].causal_only
+
+
+def contextual(spec: dict) -> bool:
+    """Whether a spec's scheme computes positions from the layer's input (``contextualize``)."""
+    return "contextualize" in relpos.SCHEMES[spec["name"]].hooks
 
 
 def length_dependent(spec: dict) -> bool:
@@ -95,8 +108,12 @@ def _same_backend_path(spec: dict) -> bool:
 #: receives q and k already rotated, so plain RoPE, the interleaved partial layout and the
 #: length-dependent scalings (whose keys rotate after the cache) stand for the RoPE family, NoPE
 #: for the absolute schemes and KERPLE for the distance-function biases; the conformance and
-#: oracle suites run every spec.
-BACKEND_SPECS: list[dict] = [s for s in SCHEME_SPECS if not _same_backend_path(s)]
+#: oracle suites run every spec. A contextual scheme (the forget gate) needs positions computed
+#: from the layer input, which the suites' direct backend calls lack: tests/test_forgetting.py
+#: runs every backend on it.
+BACKEND_SPECS: list[dict] = [
+    s for s in SCHEME_SPECS if not _same_backend_path(s) and not contextual(s)
+]
 
 
 def spec_id(spec: dict) -> str:

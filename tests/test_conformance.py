@@ -18,6 +18,7 @@ import relpos
 from relpos import Positions, Transformer, TransformerConfig, checks
 from tests.helpers import (
     SCHEME_SPECS,
+    causal_only,
     length_dependent,
     randomize_parameters,
     spec_id,
@@ -54,6 +55,13 @@ def random_docs(rng: random.Random, count: int, lo: int = 1, hi: int = 9) -> lis
 
 
 causal_ids = ["causal", "bidirectional"]
+
+
+def skip_bidirectional(spec: dict, causal: bool) -> None:
+    if causal_only(spec) and not causal:
+        pytest.skip("a causal-only scheme")
+
+
 #: The reference and the default: both must keep padded, packed and cached runs exact.
 parity_backends = pytest.mark.parametrize("backend", ["eager", "auto"])
 
@@ -63,6 +71,7 @@ parity_backends = pytest.mark.parametrize("backend", ["eager", "auto"])
 @pytest.mark.parametrize("side", ["left", "right"])
 @parity_backends
 def test_padded_batch_equals_each_sample_alone(spec, causal, side, backend):
+    skip_bidirectional(spec, causal)
     docs = random_docs(random.Random(1), 4)
     assert checks.padded_gap(tiny_model(spec, causal, backend=backend), docs, side=side) < ATOL
 
@@ -71,6 +80,7 @@ def test_padded_batch_equals_each_sample_alone(spec, causal, side, backend):
 @pytest.mark.parametrize("causal", [True, False], ids=causal_ids)
 @parity_backends
 def test_packed_row_equals_each_document_alone(spec, causal, backend):
+    skip_bidirectional(spec, causal)
     rng = random.Random(2)
     rows = [random_docs(rng, 3), random_docs(rng, 2)]
     assert checks.packed_gap(tiny_model(spec, causal, backend=backend), rows) < ATOL
@@ -163,7 +173,7 @@ def test_attention_dtypes_and_shapes(spec, dtype):
 
 @pytest.mark.parametrize("spec", SCHEME_SPECS, ids=spec_id)
 def test_fully_masked_rows_give_zeros_and_finite_gradients(spec):
-    attn = relpos.MultiheadAttention(16, 2, spec, causal=False)
+    attn = relpos.MultiheadAttention(16, 2, spec, causal=causal_only(spec))
     randomize_parameters(attn)
     x = torch.randn(2, 4, 16, requires_grad=True)
     mask = torch.tensor([[False] * 4, [True, True, False, False]])
@@ -184,7 +194,8 @@ def test_bf16_bias_does_not_overflow():
 
 #: torch.compile is slow to run (seconds a spec): by default one spec per kind of hook (no
 #: positions, rotation, a learned relative table with a value term, a bucketed bias, a linear
-#: bias, a distance function, rotation after the cache); the others under ``make test-all``.
+#: bias, a distance function, rotation after the cache, positions from the layer input); the
+#: others under ``make test-all``.
 COMPILE_DEFAULT = [
     {"name": "nope"},
     {"name": "rope"},
@@ -193,6 +204,7 @@ COMPILE_DEFAULT = [
     {"name": "alibi"},
     {"name": "kerple"},
     next(s for s in SCHEME_SPECS if length_dependent(s)),
+    {"name": "forgetting"},
 ]
 COMPILE_SPECS = [
     s if s in COMPILE_DEFAULT else pytest.param(s, marks=pytest.mark.slow) for s in SCHEME_SPECS
@@ -227,6 +239,7 @@ def test_torch_compile_smoke(spec):
             "dpb",
             "transformer_xl",
             "deberta",
+            "forgetting",
         )
         or s.get("learned_freq")
     ],
@@ -262,6 +275,9 @@ class _Probe(torch.nn.Module):
     def forward(self, q, k, v, pos):
         if "embed" in self.scheme.hooks:
             return self.scheme.embed(pos)
+        if "contextualize" in self.scheme.hooks:  # the gates read a fixed layer input
+            x = torch.linspace(-2, 2, len(pos) * self.scheme.d_model, dtype=q.dtype)
+            pos = self.scheme.contextualize(x.view(1, len(pos), -1), pos)
         q, k = self.scheme.rotate(q, k, pos, pos)
         return relpos.eager_attention(q, k, v, self.scheme, pos, pos, causal=self.causal)
 

@@ -29,6 +29,7 @@ from hypothesis import strategies as st
 from relpos import KVCache, MultiheadAttention, Positions
 from tests.helpers import (
     SCHEME_SPECS,
+    causal_only,
     length_dependent,
     random_segments,
     randomize_parameters,
@@ -62,6 +63,10 @@ def build(spec: dict, h: int, d: int, causal: bool, dtype=torch.float32):
         spec["name"] == "rope" and (rotary % 2 or rotary > d)
     ):
         with pytest.raises(ValueError, match=r"d_model|dim"):
+            MultiheadAttention(h * d, h, spec, causal=causal)
+        return None
+    if causal_only(spec) and not causal:
+        with pytest.raises(ValueError, match="causal only"):
             MultiheadAttention(h * d, h, spec, causal=causal)
         return None
     m = MultiheadAttention(h * d, h, spec, causal=causal, backend="eager")
@@ -269,7 +274,7 @@ EMPTY_CASES = [
         backend, spec, causal, how, id=f"{backend}-{spec_id(spec)}-{causal}-{how}"
     )
     for backend in BACKENDS for spec in SCHEME_SPECS if not unsupported(spec, backend)
-    for causal in (True, False) for how in EMPTY
+    for causal in (True, False) if causal or not causal_only(spec) for how in EMPTY
 ]  # fmt: skip
 
 

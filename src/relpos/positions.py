@@ -367,6 +367,15 @@ class Positions:
             self.pos.to(device), self.seg.to(device), self.contiguous, self.span, coords, decay
         )
 
+    def detach(self) -> Positions:
+        """The same positions with ``log_decay`` detached from its graph (a stop-gradient memory
+        keeps no graph of earlier segments)."""
+        if self.log_decay is None:
+            return self
+        return Positions(
+            self.pos, self.seg, self.contiguous, self.span, self.coords, self.log_decay.detach()
+        )
+
     def expand(self, batch: int) -> Positions:
         """The same positions for ``batch`` rows (only a batch-1 value can expand)."""
         if self.batch == batch:

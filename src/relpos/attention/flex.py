@@ -90,8 +90,9 @@ def flex_supports(
     Not with a value term (Shaw values), not with gradients on CPU (Inductor compiles
     FlexAttention's CPU kernel for inference only), a bias only from a
     :class:`~relpos.schemes.RelativeScheme`, a :class:`~relpos.schemes.LinearBiasScheme`, a
-    :class:`~relpos.schemes.DistanceBiasScheme` or a :class:`~relpos.schemes.DecayBiasScheme`, and a key bias only from a
-    :class:`~relpos.schemes.RelativeScheme` (``relative_key_logits``).
+    :class:`~relpos.schemes.DistanceBiasScheme` or a :class:`~relpos.schemes.DecayBiasScheme`,
+    and a key bias only from a :class:`~relpos.schemes.RelativeScheme`
+    (``relative_key_logits``).
     """
     if not flex_available() or "value_term" in scheme.hooks:
         return False
