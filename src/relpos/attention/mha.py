@@ -27,7 +27,9 @@ class MultiheadAttention(nn.Module):
     :class:`Positions`: the scheme sees the distance ``k_pos - q_pos`` between a query and a
     context token (RoPE rotates each by its own position), segment ``s`` of the queries attends to
     segment ``s`` of the context (packed pairs of documents), and ``causal`` keeps its meaning
-    (``k_pos <= q_pos``). Both uses share the same weights.
+    (``k_pos <= q_pos``). Both uses share the same weights. A scheme that computes positions
+    from the layer's tokens (``contextualize``: the Forgetting Transformer's gates) is called
+    with ``x`` before ``rotate``, continuing the cache's values; it is self-attention only.
 
     Args:
         d_model: model width, divisible by ``num_heads``.
