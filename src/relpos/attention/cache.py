@@ -13,6 +13,8 @@ __all__ = ["KVCache"]
 class KVCache:
     """Keys and values seen so far and their :class:`Positions`. Keys are stored as the scheme's
     ``rotate`` left them (rotated, for RoPE), or raw for a scheme that ``rotates_cached_keys``.
+    The positions keep what ``contextualize`` added (the forget gate's per-token ``log_decay``), so
+    new tokens continue each row's sums.
 
     Decoding feeds one token, or a chunk, at a time; :meth:`update` appends the new keys and values
     and returns everything a query may attend to. The new tokens' positions continue each row's
