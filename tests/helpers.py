@@ -33,6 +33,9 @@ SCHEME_SPECS: list[dict] = [
         "share_att_key": False,
         "norm_rel_ebd": "none",
     },
+    # CoPE: contextual positions clamp at 5, reached by short sequences. Causal only (its
+    # bidirectional cells check the refusal); tests/test_cope.py runs its backends.
+    {"name": "cope", "npos_max": 6},
     {"name": "alibi"},
     {"name": "learned_alibi"},
     {"name": "kerple"},
@@ -71,11 +74,6 @@ SCHEME_SPECS: list[dict] = [
 ]
 
 
-def causal_only(spec: dict) -> bool:
-    """Whether a spec's scheme refuses bidirectional attention (the Forgetting Transformer)."""
-    return relpos.SCHEMES[spec["name"]].causal_only
-
-
 def contextual(spec: dict) -> bool:
     """Whether a spec's scheme computes positions from the layer's input (``contextualize``)."""
     return "contextualize" in relpos.SCHEMES[spec["name"]].hooks
@@ -87,6 +85,19 @@ def length_dependent(spec: dict) -> bool:
         spec["name"] == "rope"
         and relpos.RotaryConfig(**{k: v for k, v in spec.items() if k != "name"}).length_dependent
     )
+
+
+def causal_only(spec: dict) -> bool:
+    """Whether the scheme is defined for causal attention only (CoPE): building it with
+    ``causal=False`` raises a ``ValueError``."""
+    return bool(getattr(relpos.SCHEMES[spec["name"]], "causal_only", False))
+
+
+def tiles_refuse(spec: dict) -> bool:
+    """Whether ``chunked`` and ``flex`` refuse the scheme: a ``key_bias`` with no relative form
+    (CoPE's gates read every key at once); ``eager`` and ``sdpa`` run it (``auto``: ``sdpa``)."""
+    scheme = relpos.SCHEMES[spec["name"]]
+    return "key_bias" in scheme.hooks and not issubclass(scheme, relpos.RelativeScheme)
 
 
 def _same_backend_path(spec: dict) -> bool:
@@ -108,11 +119,13 @@ def _same_backend_path(spec: dict) -> bool:
 #: receives q and k already rotated, so plain RoPE, the interleaved partial layout and the
 #: length-dependent scalings (whose keys rotate after the cache) stand for the RoPE family, NoPE
 #: for the absolute schemes and KERPLE for the distance-function biases; the conformance and
-#: oracle suites run every spec. A contextual scheme (the forget gate) needs positions computed
-#: from the layer input, which the suites' direct backend calls lack: tests/test_forgetting.py
-#: runs every backend on it.
+#: oracle suites run every spec. A causal-only scheme that only ``eager`` and ``sdpa`` run (CoPE)
+#: has its backend parity in its own test file; so has a contextual scheme (the forget gate),
+#: whose positions come from the layer input, which the suites' direct backend calls lack.
 BACKEND_SPECS: list[dict] = [
-    s for s in SCHEME_SPECS if not _same_backend_path(s) and not contextual(s)
+    s
+    for s in SCHEME_SPECS
+    if not _same_backend_path(s) and not (causal_only(s) and tiles_refuse(s)) and not contextual(s)
 ]
 
 

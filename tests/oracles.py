@@ -88,11 +88,26 @@ def content_scale(scheme: relpos.Scheme, d: int) -> float:
 
 
 def logit_term(
-    scheme: relpos.Scheme, q: Tensor, h: int, pi: int, pj: int, k: Tensor | None = None
+    scheme: relpos.Scheme,
+    q: Tensor,
+    h: int,
+    pi: int,
+    pj: int,
+    k: Tensor | None = None,
+    seen: list[tuple[int, Tensor]] | None = None,
 ) -> Tensor | float:
     """The scheme's additive term of the scaled logit of query ``q`` (position pi) and key ``k``
-    (position pj)."""
+    (position pj); ``seen``: ``(position, key)`` of every key the query may attend to (CoPE)."""
     d = q.shape[-1]
+    if isinstance(scheme, relpos.CoPE):  # Golovneva et al., 2024, §3
+        # p_ij = Σ_{t=j}^{i} σ(q_i·k_t/√d): the keys the query sees from key j's position up to
+        # its own (causal: none after it), clamped to npos_max - 1.
+        gates = [torch.sigmoid(torch.dot(q, kt) / math.sqrt(d)) for pt, kt in seen if pt >= pj]
+        p = torch.clamp(sum(gates), max=scheme.config.npos_max - 1)
+        table = scheme.pos_emb[h] if scheme.config.per_head else scheme.pos_emb
+        lo, hi = math.floor(p.item()), math.ceil(p.item())
+        w = p - lo  # e[p] interpolated between its integer rows
+        return (1 - w) * torch.dot(q, table[lo]) + w * torch.dot(q, table[hi])
     if isinstance(scheme, relpos.DeBERTa):  # He et al., 2021, eq. 4: c2p and p2c
         row = deberta_row(scheme.config, pi, pj)
         term = 0.0
@@ -364,14 +379,18 @@ def attention(
                     continue
                 qc = None if q_coords is None else q_coords[b][i]
                 qi = rotate_vector(scheme, q[b, h, i], pi, length=length[si], coords=qc)
-                logits = []
+                rotated = {}
                 for j in keys:
                     kc = None if k_coords is None else k_coords[b][j]
-                    kj = rotate_vector(
+                    rotated[j] = rotate_vector(
                         scheme, k[b, h, j], k_pos[b][j], length=length[si], key=True, coords=kc
                     )
+                seen = [(k_pos[b][t], rotated[t]) for t in keys]
+                logits = []
+                for j in keys:
+                    kj = rotated[j]
                     logit = torch.dot(qi, kj) * content_scale(scheme, D)
-                    logit = logit + logit_term(scheme, qi, h, pi, k_pos[b][j], kj)
+                    logit = logit + logit_term(scheme, qi, h, pi, k_pos[b][j], kj, seen)
                     if x is not None:
                         logit = logit + forget_sum(
                             scheme, x[b], k_pos[b], k_seg[b], h, pi, k_pos[b][j], si

@@ -351,7 +351,7 @@ def test_mixed_layers_and_packed_rows():
 
 # ----------------------------------------------------------------------------- bad input
 def test_bidirectional_is_refused():
-    with pytest.raises(ValueError, match="'forgetting' is causal only"):
+    with pytest.raises(ValueError, match="forgetting needs causal=True: the scheme is causal only"):
         relpos.make_scheme(SPEC, d_model=8, num_heads=2, causal=False)
     with pytest.raises(ValueError, match="causal only"):
         MultiheadAttention(8, 2, SPEC, causal=False)

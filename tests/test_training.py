@@ -199,6 +199,7 @@ def test_cli_train_eval_generate(tiny_data, tmp_path, capsys):
         == 0
     )
     assert out.is_file() and out.with_suffix(".musicxml").is_file()
+    assert out.with_suffix(".png").read_bytes()[:4] == b"\x89PNG"  # the piano roll
     text = capsys.readouterr().out
     assert "valid:" in text and str(out) in text
     # The same run again without --resume would overwrite it: refused.

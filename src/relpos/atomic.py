@@ -15,8 +15,9 @@ import stat
 import tempfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import Any
 
-__all__ = ["atomic_path", "remove_stale_temporaries", "stale_temporaries"]
+__all__ = ["atomic_path", "remove_stale_temporaries", "save_png", "stale_temporaries"]
 
 # The random part of a tempfile.mkstemp name: 8 characters of this alphabet.
 _RANDOM = r"[a-z0-9_]{8}"
@@ -77,6 +78,20 @@ def atomic_path(path: str | os.PathLike[str], *, suffix: str = "") -> Iterator[P
             tmp.unlink()
         raise
     _fsync_dir(directory)
+
+
+def save_png(fig: Any, path: str | os.PathLike[str]) -> Path:
+    """Lay out a matplotlib figure, write it as a PNG at ``path`` atomically, and close it."""
+    import matplotlib.pyplot as plt
+
+    path = Path(path)
+    try:
+        fig.tight_layout()
+        with atomic_path(path, suffix=".png") as tmp:
+            fig.savefig(tmp, format="png")
+    finally:
+        plt.close(fig)
+    return path
 
 
 def stale_temporaries(directory: str | os.PathLike[str], names: Iterable[str]) -> list[Path]:

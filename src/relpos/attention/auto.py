@@ -18,9 +18,9 @@ Forget gate (a per-token decay)    ``sdpa``; ``chunked``        ``sdpa``; ``chun
                                    with gradients               gradients
 =================================  ===========================  ==================================
 
-A scheme whose ``key_bias`` has no relative form runs on ``sdpa`` only (``chunked`` cannot tile
-it: :func:`~relpos.attention.chunked.chunked_supports`), and on ``eager`` if it also has a value
-term.
+A scheme whose ``key_bias`` has no relative form (CoPE) runs on ``sdpa`` only (``chunked``
+cannot tile it: :func:`~relpos.attention.chunked.chunked_supports`), and on ``eager`` if it also
+has a value term.
 
 Short sequences (``i·j <= 512²``, :data:`SMALL`) take ``sdpa`` whenever it supports the scheme:
 the ``(i, j)`` tensors are small and its fused kernels beat ``chunked``'s per-tile overhead. The

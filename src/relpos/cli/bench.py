@@ -71,6 +71,7 @@ SCHEMES = [
     "music",
     "transformer_xl",
     "deberta",
+    "cope",
     "kerple",
     "learned_alibi",
     "dpb",
@@ -164,12 +165,18 @@ def _sdpa_memory(scheme: str, b: int, h: int, n: int, d: int) -> float:
         return 8.0 * b * h * n * d * 4  # plain positions, no bias: no mask at all
     if scheme == "alibi":
         return 4.0 * h * n * n * 4  # one (1, H, L, L) mask (and the bias it is built from)
-    return 7.0 * b * h * n * n * 4  # a learned bias: the math kernel differentiates the mask
+    return _bias_memory(scheme, b, h, n, d)  # a learned bias: the math kernel differentiates it
+
+
+def _bias_memory(scheme: str, b: int, h: int, n: int, d: int) -> float:
+    """A materialised ``(B, H, L, L)`` bias and its probabilities; CoPE also keeps its gates,
+    contextual positions, their row indices and interpolation weights for the backward pass."""
+    return (21.0 if scheme == "cope" else 7.0) * b * h * n * n * 4
 
 
 IMPLEMENTATIONS: dict[str, Impl] = {
     "sdpa-plain": Impl("sdpa-plain", sdpa_plain, lambda s, b, h, n, d: 8.0 * b * h * n * d * 4, ()),
-    "eager": Impl("eager", backend_call("eager"), lambda s, b, h, n, d: 7.0 * b * h * n * n * 4),
+    "eager": Impl("eager", backend_call("eager"), _bias_memory),
     "sdpa": Impl("sdpa", backend_call("sdpa"), _sdpa_memory),
     "chunked": Impl(
         "chunked", backend_call("chunked"), lambda s, b, h, n, d: 40.0 * b * h * n * d * 4
@@ -189,9 +196,13 @@ IMPLEMENTATIONS: dict[str, Impl] = {
 }
 
 
-def _supported(impl: str, scheme: str) -> bool:
+def _supported(impl: str, scheme: str, causal: bool = True) -> bool:
     if impl == "sdpa" and scheme == "shaw":
         return False  # Shaw's value term: sdpa declines it (auto picks chunked)
+    if not causal and _causal(scheme):
+        return False  # causal only (CoPE, the forget gate)
+    if scheme == "cope" and impl == "chunked":
+        return False  # its key bias has no relative form (auto picks sdpa)
     return scheme in IMPLEMENTATIONS[impl].schemes
 
 
@@ -435,7 +446,7 @@ def run(args: argparse.Namespace, log: Callable[[str], None] = print) -> list[Re
                     Config(sc, impl, n, b, causal)
                     for sc in args.schemes
                     for impl in args.impls
-                    if impl != "sdpa-plain" and _supported(impl, sc) and (causal or not _causal(sc))
+                    if impl != "sdpa-plain" and _supported(impl, sc, causal)
                 ]
                 # Every configuration is timed alternating with the baseline (measure_paired).
                 base = make_setup("none", n, b, causal=causal, grad=True, **kw)

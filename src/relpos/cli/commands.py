@@ -577,14 +577,15 @@ def _midi_out(args: argparse.Namespace, run_dir: Path) -> Path:
             f"--out: expected a MIDI file path ending in .mid (the MusicXML goes beside it), "
             f"got {out}"
         )
-    if out.with_suffix(".musicxml").is_dir():
-        raise CLIError(f"--out: {out.with_suffix('.musicxml')} is a folder; choose another name")
+    for beside in (".musicxml", ".png"):
+        if out.with_suffix(beside).is_dir():
+            raise CLIError(f"--out: {out.with_suffix(beside)} is a folder; choose another name")
     _output_folder("--out", out.parent)
     return out
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    from ..music import sample_chorale, write_midi, write_musicxml
+    from ..music import sample_chorale, write_midi, write_musicxml, write_piano_roll
 
     run_dir = _run_folder("--run-dir", args.run_dir)
     out = _midi_out(args, run_dir)
@@ -606,8 +607,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     write_midi(chorale, out, tempo_bpm=80)
     xml = write_musicxml(chorale, out.with_suffix(".musicxml"))
+    png = write_piano_roll(chorale, out.with_suffix(".png"), title=out.stem)
     print(
-        f"wrote {out} and {xml} ({len(chorale)} sixteenth-note steps, "
+        f"wrote {out}, {xml} and {png} ({len(chorale)} sixteenth-note steps, "
         f"{'primed with ' + str(len(prime)) + ' steps, ' if prime is not None else ''}"
         f"temperature {args.temperature}, top-k {args.top_k or 'off'}, seed {args.seed})"
     )
@@ -649,7 +651,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         f"  learning curve: {run_dir / 'learning_curve.png'}\n"
         f"  metrics:        {run_dir / 'metrics.jsonl'}\n"
         f"  evaluation:     {run_dir / 'eval.json'}\n"
-        f"  chorale:        {run_dir / 'samples' / 'sample-seed0.mid'} (+ .musicxml)"
+        f"  chorale:        {run_dir / 'samples' / 'sample-seed0.mid'} (+ .musicxml, .png)"
     )
     return 0
 

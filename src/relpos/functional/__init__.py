@@ -1,6 +1,7 @@
 """Pure tensor functions: the math of every scheme, stateless and compile-friendly."""
 
 from .alibi import alibi_bias, alibi_slopes
+from .cope import cope_logits, cope_positions
 from .deberta import deberta_buckets, deberta_index, deberta_span
 from .dtypes import compute_dtype
 from .kerple import kerple_bias
@@ -18,6 +19,8 @@ __all__ = [
     "apply_rope",
     "clipped_relative_index",
     "compute_dtype",
+    "cope_logits",
+    "cope_positions",
     "deberta_buckets",
     "deberta_index",
     "deberta_span",

@@ -21,6 +21,7 @@ from .generate import sample_chorale
 from .jsb import load_jsb_json
 from .load import MUSIC21, load_chorales
 from .midi import chorale_to_score, write_midi, write_musicxml
+from .pianoroll import write_piano_roll
 from .splits import (
     NUM_VOICES,
     SILENCE,
@@ -29,6 +30,13 @@ from .splits import (
     ChoraleSplits,
     SplitName,
     check_chorale,
+)
+from .stats import (
+    chorale_statistics,
+    compare_chorales,
+    parallel_motion,
+    pitch_class_distance,
+    pitch_class_histogram,
 )
 from .tokens import (
     BOS,
@@ -64,7 +72,9 @@ __all__ = [
     "TokenData",
     "allowed_shifts",
     "check_chorale",
+    "chorale_statistics",
     "chorale_to_score",
+    "compare_chorales",
     "decode",
     "default_cache_dir",
     "encode",
@@ -72,6 +82,9 @@ __all__ = [
     "load_jsb_json",
     "load_music21_chorales",
     "load_token_data",
+    "parallel_motion",
+    "pitch_class_distance",
+    "pitch_class_histogram",
     "random_transpose",
     "sample_chorale",
     "split_of",
@@ -80,4 +93,5 @@ __all__ = [
     "voice_ranges",
     "write_midi",
     "write_musicxml",
+    "write_piano_roll",
 ]

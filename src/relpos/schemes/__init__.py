@@ -15,6 +15,7 @@ from .base import (
     register,
     scheme_config,
 )
+from .cope import CoPE, CoPEConfig
 from .deberta import DeBERTa, DebertaConfig
 from .dpb import DynamicPositionBias, DynamicPositionBiasConfig
 from .forgetting import ForgetGate, ForgetGateConfig
@@ -30,6 +31,8 @@ __all__ = [
     "SCHEMES",
     "ALiBi",
     "ALiBiConfig",
+    "CoPE",
+    "CoPEConfig",
     "DeBERTa",
     "DebertaConfig",
     "DecayBiasScheme",

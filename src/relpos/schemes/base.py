@@ -172,8 +172,8 @@ class Scheme(nn.Module):
         self.causal = bool(causal)
         if self.causal_only and not self.causal:
             raise ValueError(
-                f"scheme {config.name!r} is causal only (its term sums over the tokens between "
-                "a key and a later query); build it with causal=True"
+                f"{config.name} needs causal=True: the scheme is causal only (its term runs "
+                "over the tokens from a key up to a later query)"
             )
 
     # ---------------------------------------------------------------- hooks (defaults: no-ops)

@@ -8,7 +8,15 @@ from .checkpoint import load_checkpoint, save_checkpoint
 from .config import TrainConfig
 from .dataset import TokenDataset
 from .evaluate import evaluate_nll, window_loss
-from .loop import RUN_FILES, RunPaths, TrainingDiverged, check_data, lr_at, train
+from .loop import (
+    RUN_FILES,
+    RunPaths,
+    TrainingDiverged,
+    accumulate_gradients,
+    check_data,
+    lr_at,
+    train,
+)
 from .windows import WindowGrid, Windows, eval_windows, random_windows
 
 __all__ = [
@@ -19,6 +27,7 @@ __all__ = [
     "TrainingDiverged",
     "WindowGrid",
     "Windows",
+    "accumulate_gradients",
     "check_data",
     "eval_windows",
     "evaluate_nll",

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ..atomic import atomic_path
+from ..atomic import save_png
 
 __all__ = ["plot_learning_curve"]
 
@@ -31,9 +31,4 @@ def plot_learning_curve(
     ax.set_title(title or "learning curve")
     ax.grid(alpha=0.3)
     ax.legend()
-    fig.tight_layout()
-    path = Path(path)
-    with atomic_path(path, suffix=".png") as tmp:
-        fig.savefig(tmp, format="png")
-    plt.close(fig)
-    return path
+    return save_png(fig, path)
