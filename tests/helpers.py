@@ -68,7 +68,15 @@ SCHEME_SPECS: list[dict] = [
     # them coordinates. rotary_dim 4 fits every head dim the suites draw.
     {"name": "rope", "rotary_dim": 4, "sections": [1, 1]},
     {"name": "rope", "rotary_dim": 4, "sections": [1, 1], "axial": True, "interleaved": True},
+    # Causal only: the suites skip its bidirectional cases (causal_only); its positions come from
+    # the layer input (contextualize), so the backend suites leave it to tests/test_forgetting.py.
+    {"name": "forgetting"},
 ]
+
+
+def contextual(spec: dict) -> bool:
+    """Whether a spec's scheme computes positions from the layer's input (``contextualize``)."""
+    return "contextualize" in relpos.SCHEMES[spec["name"]].hooks
 
 
 def length_dependent(spec: dict) -> bool:
@@ -112,11 +120,12 @@ def _same_backend_path(spec: dict) -> bool:
 #: length-dependent scalings (whose keys rotate after the cache) stand for the RoPE family, NoPE
 #: for the absolute schemes and KERPLE for the distance-function biases; the conformance and
 #: oracle suites run every spec. A causal-only scheme that only ``eager`` and ``sdpa`` run (CoPE)
-#: has its backend parity in its own test file.
+#: has its backend parity in its own test file; so has a contextual scheme (the forget gate),
+#: whose positions come from the layer input, which the suites' direct backend calls lack.
 BACKEND_SPECS: list[dict] = [
     s
     for s in SCHEME_SPECS
-    if not _same_backend_path(s) and not (causal_only(s) and tiles_refuse(s))
+    if not _same_backend_path(s) and not (causal_only(s) and tiles_refuse(s)) and not contextual(s)
 ]
 
 

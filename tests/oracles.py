@@ -166,6 +166,29 @@ def logit_term(
     return 0.0
 
 
+def forget_sum(
+    scheme: relpos.Scheme,
+    x: Tensor,
+    pos: list[int],
+    seg: list[int],
+    h: int,
+    pi: int,
+    pj: int,
+    s: int,
+) -> Tensor | float:
+    """The Forgetting Transformer's ``D_ij = Σ_{l=j+1}^{i} log f_l`` (Lin et al., 2025, eq. 5) for
+    head ``h``: over the tokens ``l`` of the row (``x (n, d_model)`` at ``pos``/``seg``) in
+    sequence ``s`` at positions ``pj < p_l <= pi``, with ``f_l = σ(w_h·x_l + b_h)``."""
+    if not isinstance(scheme, relpos.ForgetGate):
+        return 0.0
+    w, b = scheme.gate.weight[h], scheme.gate.bias[h]
+    total = 0.0
+    for t in range(len(pos)):
+        if seg[t] == s and pj < pos[t] <= pi:
+            total = total + torch.log(torch.sigmoid(torch.dot(w, x[t]) + b))
+    return total
+
+
 def value_vector(scheme: relpos.Scheme, h: int, pi: int, pj: int) -> Tensor | None:
     """Shaw's ``a^V_ij``, added to value j for query i."""
     if isinstance(scheme, relpos.ShawRelative) and scheme.value_table is not None:
@@ -324,12 +347,14 @@ def attention(
     causal: bool,
     q_coords: list[list[list[int]]] | None = None,
     k_coords: list[list[list[int]]] | None = None,
+    x: Tensor | None = None,
 ) -> Tensor:
     """Attention of un-rotated ``q (b, h, i, d)`` over ``k, v (b, h, j, d)``, one pair at a time.
 
     Query i may see key j when both are real tokens (segment != -1) of the same segment and, if
     causal, ``k_pos <= q_pos``. A query that sees nothing outputs zeros. ``q_coords`` /
     ``k_coords`` ``(b, n, a)``: per-axis coordinates for multi-axis RoPE (both or neither).
+    ``x (b, j, d_model)``: the keys' layer inputs, for the forget gates (:func:`forget_sum`).
     """
     n_b, n_h, n_i, D = q.shape
     n_j = k.shape[2]
@@ -365,7 +390,12 @@ def attention(
                 for j in keys:
                     kj = rotated[j]
                     logit = torch.dot(qi, kj) * content_scale(scheme, D)
-                    logits.append(logit + logit_term(scheme, qi, h, pi, k_pos[b][j], kj, seen))
+                    logit = logit + logit_term(scheme, qi, h, pi, k_pos[b][j], kj, seen)
+                    if x is not None:
+                        logit = logit + forget_sum(
+                            scheme, x[b], k_pos[b], k_seg[b], h, pi, k_pos[b][j], si
+                        )
+                    logits.append(logit)
                 probs = torch.softmax(torch.stack(logits), dim=0)
                 acc = q.new_zeros(D)
                 for p, j in zip(probs, keys, strict=True):

@@ -55,6 +55,8 @@ def random_docs(rng: random.Random, count: int, lo: int = 1, hi: int = 9) -> lis
 
 
 causal_ids = ["causal", "bidirectional"]
+
+
 #: The reference and the default: both must keep padded, packed and cached runs exact.
 parity_backends = pytest.mark.parametrize("backend", ["eager", "auto"])
 
@@ -189,7 +191,8 @@ def test_bf16_bias_does_not_overflow():
 
 #: torch.compile is slow to run (seconds a spec): by default one spec per kind of hook (no
 #: positions, rotation, a learned relative table with a value term, a bucketed bias, a linear
-#: bias, a distance function, rotation after the cache); the others under ``make test-all``.
+#: bias, a distance function, rotation after the cache, positions from the layer input); the
+#: others under ``make test-all``.
 COMPILE_DEFAULT = [
     {"name": "nope"},
     {"name": "rope"},
@@ -198,6 +201,7 @@ COMPILE_DEFAULT = [
     {"name": "alibi"},
     {"name": "kerple"},
     next(s for s in SCHEME_SPECS if length_dependent(s)),
+    {"name": "forgetting"},
 ]
 COMPILE_SPECS = [
     s if s in COMPILE_DEFAULT else pytest.param(s, marks=pytest.mark.slow) for s in SCHEME_SPECS
@@ -232,6 +236,7 @@ def test_torch_compile_smoke(spec):
             "dpb",
             "transformer_xl",
             "deberta",
+            "forgetting",
             "cope",
         )
         or s.get("learned_freq")
@@ -268,6 +273,9 @@ class _Probe(torch.nn.Module):
     def forward(self, q, k, v, pos):
         if "embed" in self.scheme.hooks:
             return self.scheme.embed(pos)
+        if "contextualize" in self.scheme.hooks:  # the gates read a fixed layer input
+            x = torch.linspace(-2, 2, len(pos) * self.scheme.d_model, dtype=q.dtype)
+            pos = self.scheme.contextualize(x.view(1, len(pos), -1), pos)
         q, k = self.scheme.rotate(q, k, pos, pos)
         return relpos.eager_attention(q, k, v, self.scheme, pos, pos, causal=self.causal)
 

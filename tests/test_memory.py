@@ -8,7 +8,12 @@ import relpos
 from relpos import Positions, Transformer, TransformerConfig
 from tests.helpers import randomize_parameters
 
-SPECS = [{"name": "transformer_xl", "max_distance": 8}, "rope", {"name": "t5", "num_buckets": 8}]
+SPECS = [
+    {"name": "transformer_xl", "max_distance": 8},
+    "rope",
+    {"name": "t5", "num_buckets": 8},
+    "forgetting",  # the cache carries each token's cumulative forget gates
+]
 
 
 def model(spec, num_layers: int = 2) -> Transformer:

@@ -15,6 +15,7 @@ from tests import oracles
 from tests.helpers import (
     SCHEME_SPECS,
     causal_only,
+    contextual,
     random_segments,
     randomize_parameters,
     spec_id,
@@ -45,13 +46,18 @@ def check_against_oracle(
     kp = Positions.from_segments(seg, offset=torch.tensor([rng.randint(0, 5) for _ in range(b)]))
     if plain:  # one contiguous sequence per row: the fast paths (e.g. the skew) apply
         kp = Positions.from_length(n, offset=rng.randint(0, 5))
+    # A contextual scheme (the forget gate) reads the keys' layer inputs x (b, n, d_model).
+    x = None
+    if contextual(spec):
+        x = torch.randn(b, n, h * d, dtype=torch.float64, requires_grad=True)
+        kp = scheme.contextualize(x, kp)
     # Queries: all keys (self-attention), or the last few (a KV cache holding earlier keys).
     qp = kp[n - rng.randint(1, n) :] if cached else kp
     i = len(qp)
     q = torch.randn(b, h, i, d, dtype=torch.float64, requires_grad=True)
     k = torch.randn(b, h, n, d, dtype=torch.float64, requires_grad=True)
     v = torch.randn(b, h, n, d, dtype=torch.float64, requires_grad=True)
-    params = [p for p in scheme.parameters()]
+    params = [p for p in scheme.parameters()] + ([] if x is None else [x])
 
     out = fast_attention(scheme, q, k, v, qp, kp, causal)
     qe, ke = qp.expand(b), kp.expand(b)  # plain positions have batch 1 and broadcast
@@ -65,6 +71,7 @@ def check_against_oracle(
         ke.pos.tolist(),
         ke.seg.tolist(),
         causal=causal,
+        x=x,
     )
     torch.testing.assert_close(out, ref, rtol=1e-6, atol=1e-6)
     ref = ref + 0.0 * q.sum()  # keep a graph when every query is padding (all-zero output)

@@ -10,6 +10,11 @@ and width of a video token), for the multi-axis rotary embeddings (M-RoPE, axial
 ``seg`` keep their meaning (the position is the token's rank inside its segment), so masks, caches
 and every one-axis scheme work unchanged on such positions.
 
+A token may also carry a *contextual position* computed from the layer's input: ``log_decay``, a
+cumulative sum over the earlier tokens of its own segment (the Forgetting Transformer's forget
+gates; :meth:`Positions.with_log_decay`). Like coordinates it follows the tokens through slicing,
+expansion and concatenation, so a KV cache carries it.
+
 Shape legend: ``b`` batch, ``n`` tokens, ``a`` axes, ``i`` query, ``j`` key. A ``Positions`` may
 have batch size 1 and stand for every row of a batch (the plain ``from_length`` case): its tensors
 broadcast.
@@ -83,6 +88,10 @@ class Positions:
         seg: ``(b, n)`` int64, the token's sequence id within its row; ``-1`` for padding.
         coords: ``(b, n, a)`` int64 coordinates, one per axis, or None (one axis: ``pos``).
             Padding tokens have coordinates 0. Only multi-axis schemes read them.
+        log_decay: ``(b, n, c)`` float, or None: per channel (a head), the cumulative log decay
+            ``Σ log f_l`` over the tokens ``l`` of the token's segment at positions up to its own
+            (:meth:`with_log_decay`); 0 for padding. Set per attention layer from its input (the
+            ``contextualize`` hook); only decay schemes (``forgetting``) read it.
 
     ``b`` may be 1 for a batch whose rows all share the same positions.
     """
@@ -100,6 +109,7 @@ class Positions:
     #: (cross-attention) may be farther apart.
     span: int | None = None
     coords: Tensor | None = None
+    log_decay: Tensor | None = None
 
     def __post_init__(self) -> None:
         _check_int_tensor("pos", self.pos, 2)
@@ -116,6 +126,8 @@ class Positions:
                     f"coords must have shape (b, n, a) with (b, n) = {tuple(self.pos.shape)} "
                     f"and a >= 1, got {tuple(self.coords.shape)}"
                 )
+        if self.log_decay is not None:
+            _check_decay("log_decay", self.log_decay, tuple(self.pos.shape))
 
     # ------------------------------------------------------------------ constructors
     @classmethod
@@ -262,7 +274,69 @@ class Positions:
             coords = coords.expand(b, -1, -1)
         checked = Positions(base.pos, base.seg, base.contiguous, base.span, coords.long())
         zeroed = torch.where(checked.valid.unsqueeze(-1), checked.coords, 0)
-        return Positions(base.pos, base.seg, base.contiguous, base.span, zeroed)
+        return Positions(base.pos, base.seg, base.contiguous, base.span, zeroed, base.log_decay)
+
+    def with_log_decay(self, log_f: Tensor, *, cached: Positions | None = None) -> Positions:
+        """A copy whose tokens carry the cumulative log decay of their own sequence.
+
+        Token ``t`` gets ``c_t = Σ log_f_l`` over the tokens ``l`` of its segment at positions
+        ``<= p_t``, so that ``c_i - c_j = Σ_{p_j < p_l <= p_i} log_f_l`` for a query ``i`` and a
+        key ``j`` of one segment (the Forgetting Transformer's bias, Lin et al., 2025). The sums
+        restart at every segment (packed documents) and skip padding, whose ``log_f`` is ignored
+        (NaN included) and whose value is 0; a non-finite ``log_f`` makes the rest of its own
+        segment NaN and nothing else.
+
+        Args:
+            log_f: ``(b|1, n, c)`` float, per token and channel (a head), e.g. ``log σ(w·x + b)``.
+            cached: the positions of earlier tokens of these rows with their ``log_decay`` (a KV
+                cache's): a token continues the value of the cached token of its segment with the
+                largest position. New tokens come after the cached tokens of their segment (as
+                in decoding), so decoding by one token or by chunks gives the full forward's
+                values.
+
+        Precision: the sums run in float64 and are kept in float64 (float32 on MPS, which has no
+        float64), so ``c_i - c_j`` loses nothing to the growth of ``c`` with the sequence's length
+        (in float32, a ``c`` of ``-10^4`` would be known to ``10^-3`` only).
+
+        Shapes: returns positions of batch ``b = max(b, self.batch)``, ``log_decay (b, n, c)``.
+        """
+        _check_decay("log_f", log_f, None)
+        b = max(self.batch, log_f.shape[0])
+        if log_f.shape[1] != len(self) or log_f.shape[0] not in (1, b):
+            raise ValueError(
+                f"log_f must have shape (b, n, c) with (b|1, n) = {tuple(self.pos.shape)}, got "
+                f"{tuple(log_f.shape)}"
+            )
+        base = self.expand(b)
+        acc = torch.float32 if log_f.device.type == "mps" else torch.float64
+        step = torch.where(base.valid.unsqueeze(-1), log_f.expand(b, -1, -1).to(acc), 0.0)
+        if cached is not None and len(cached):
+            width = None if cached.log_decay is None else cached.log_decay.shape[-1]
+            if width != log_f.shape[-1]:
+                raise ValueError(
+                    f"cached positions must carry a log_decay of {log_f.shape[-1]} channels "
+                    f"(those of earlier calls), got {width} (None: no log_decay)"
+                )
+            if cached.batch not in (1, b):
+                raise ValueError(f"cached positions have batch {cached.batch}, expected {b}")
+            old = cached.expand(b)
+            # Every cached token restarts the running sum at its own value, so a new token adds
+            # its segment's log_f to the value of the latest cached token before it.
+            anchors = torch.where(old.valid.unsqueeze(-1), old.log_decay.to(acc), 0.0)
+            restart = torch.cat([old.valid, torch.zeros_like(base.valid)], 1)
+            total = _segment_cumsum(
+                torch.cat([anchors, step], 1),
+                torch.cat([old.seg, base.seg], 1),
+                torch.cat([old.pos, base.pos], 1),
+                restart,
+            )
+            decay = total[:, len(old) :]
+        elif base.contiguous:  # one sequence per row, in order: a plain running sum
+            decay = step.cumsum(1)
+        else:
+            decay = _segment_cumsum(step, base.seg, base.pos)
+        decay = torch.where(base.valid.unsqueeze(-1), decay, 0.0)
+        return Positions(base.pos, base.seg, base.contiguous, base.span, base.coords, decay)
 
     # ------------------------------------------------------------------ views
     @property
@@ -288,8 +362,18 @@ class Positions:
 
     def to(self, device: torch.device | str) -> Positions:
         coords = None if self.coords is None else self.coords.to(device)
+        decay = None if self.log_decay is None else self.log_decay.to(device)
         return Positions(
-            self.pos.to(device), self.seg.to(device), self.contiguous, self.span, coords
+            self.pos.to(device), self.seg.to(device), self.contiguous, self.span, coords, decay
+        )
+
+    def detach(self) -> Positions:
+        """The same positions with ``log_decay`` detached from its graph (a stop-gradient memory
+        keeps no graph of earlier segments)."""
+        if self.log_decay is None:
+            return self
+        return Positions(
+            self.pos, self.seg, self.contiguous, self.span, self.coords, self.log_decay.detach()
         )
 
     def expand(self, batch: int) -> Positions:
@@ -299,12 +383,14 @@ class Positions:
         if self.batch != 1:
             raise ValueError(f"cannot expand Positions of batch {self.batch} to batch {batch}")
         coords = None if self.coords is None else self.coords.expand(batch, -1, -1)
+        decay = None if self.log_decay is None else self.log_decay.expand(batch, -1, -1)
         return Positions(
             self.pos.expand(batch, -1),
             self.seg.expand(batch, -1),
             self.contiguous,
             self.span,
             coords,
+            decay,
         )
 
     def __getitem__(self, tokens: slice) -> Positions:
@@ -315,21 +401,40 @@ class Positions:
             )
         contiguous = self.contiguous and tokens.step in (None, 1)
         coords = None if self.coords is None else self.coords[:, tokens]
-        return Positions(self.pos[:, tokens], self.seg[:, tokens], contiguous, self.span, coords)
+        decay = None if self.log_decay is None else self.log_decay[:, tokens]
+        return Positions(
+            self.pos[:, tokens], self.seg[:, tokens], contiguous, self.span, coords, decay
+        )
 
     def cat(self, other: Positions) -> Positions:
         """Concatenate along the token axis (cached keys followed by new keys).
 
-        Both or neither must have coordinates, with the same number of axes."""
+        Both or neither must have coordinates, with the same number of axes; likewise a
+        ``log_decay`` with the same number of channels."""
         if self.num_axes != other.num_axes:
             raise ValueError(
                 "cannot concatenate positions with different coordinate axes: "
                 f"{self.num_axes} and {other.num_axes} (None: no coords)"
             )
+        widths = [None if p.log_decay is None else p.log_decay.shape[-1] for p in (self, other)]
+        if widths[0] != widths[1]:
+            raise ValueError(
+                "cannot concatenate positions with different log_decay channels: "
+                f"{widths[0]} and {widths[1]} (None: no log_decay)"
+            )
         b = max(self.batch, other.batch)
         a, o = self.expand(b), other.expand(b)
         coords = None if a.coords is None else torch.cat([a.coords, o.coords], 1)
-        return Positions(torch.cat([a.pos, o.pos], 1), torch.cat([a.seg, o.seg], 1), coords=coords)
+        decay = None
+        if a.log_decay is not None:
+            dtype = torch.promote_types(a.log_decay.dtype, o.log_decay.dtype)
+            decay = torch.cat([a.log_decay.to(dtype), o.log_decay.to(dtype)], 1)
+        return Positions(
+            torch.cat([a.pos, o.pos], 1),
+            torch.cat([a.seg, o.seg], 1),
+            coords=coords,
+            log_decay=decay,
+        )
 
     def continued(self, n: int) -> Positions:
         """Positions of ``n`` new tokens that continue each row's last sequence (KV decoding).
@@ -340,6 +445,8 @@ class Positions:
         With coordinates, new token ``t`` has the coordinate ``c + 1 + t`` on every axis, ``c`` the
         largest coordinate (any axis) of the row's last segment: M-RoPE's rule for text after an
         image or video (Wang et al., 2024, "Qwen2-VL", §2.1; Hugging Face's ``rope_deltas``).
+        A ``log_decay`` is not continued: each attention layer computes its new tokens' values from
+        its own input (:meth:`with_log_decay` with ``cached=``).
         """
         if n < 0:
             raise ValueError(f"n must be >= 0, got {n}")
@@ -383,7 +490,55 @@ class Positions:
 
     def __repr__(self) -> str:
         coords = "" if self.coords is None else f", coords={self.coords.tolist()}"
+        if self.log_decay is not None:
+            coords += f", log_decay=<{tuple(self.log_decay.shape)} {self.log_decay.dtype}>"
         return f"Positions(pos={self.pos.tolist()}, seg={self.seg.tolist()}{coords})"
+
+
+def _check_decay(name: str, t: Tensor, shape: tuple[int, ...] | None) -> None:
+    """A float ``(b, n, c)`` tensor, ``(b, n) == shape`` when a shape is given."""
+    if not isinstance(t, Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if not t.dtype.is_floating_point:
+        raise TypeError(f"{name} must be a floating tensor, got dtype {t.dtype}")
+    if t.ndim != 3 or (shape is not None and tuple(t.shape[:2]) != shape):
+        want = "(b, n, c)" if shape is None else f"(b, n, c) with (b, n) = {shape}"
+        raise ValueError(f"{name} must have shape {want}, got {tuple(t.shape)}")
+
+
+def _segment_cumsum(
+    values: Tensor, seg: Tensor, pos: Tensor, restart: Tensor | None = None
+) -> Tensor:
+    """Running sums of ``values (b, n, c)`` over each segment's tokens in position order.
+
+    The sum restarts at every segment and at every token where ``restart (b, n)`` is True (that
+    token's value starts it). A non-finite value makes the rest of its run NaN, never another run:
+    the running sums are taken over the finite values and the non-finite ones are counted apart.
+    """
+    b, n, c = values.shape
+    if n == 0:
+        return values
+    # Lexicographic (segment, position) order: a stable sort by position, then by segment.
+    order = torch.sort(pos, dim=1, stable=True).indices
+    by_seg = torch.sort(torch.gather(seg, 1, order), dim=1, stable=True).indices
+    order = torch.gather(order, 1, by_seg)
+    sorted_seg = torch.gather(seg, 1, order)
+    starts = torch.ones_like(sorted_seg, dtype=torch.bool)
+    starts[:, 1:] = sorted_seg[:, 1:] != sorted_seg[:, :-1]
+    if restart is not None:
+        starts = starts | torch.gather(restart, 1, order)
+    wide = order.unsqueeze(-1).expand(b, n, c)
+    v = torch.gather(values, 1, wide)
+    bad = ~torch.isfinite(v)
+    clean = torch.where(bad, 0.0, v)
+    idx = torch.arange(n, device=values.device).expand(b, n)
+    first = torch.cummax(torch.where(starts, idx, 0), dim=1).values.unsqueeze(-1).expand(b, n, c)
+    total = clean.cumsum(1)
+    runs = total - (torch.gather(total, 1, first) - torch.gather(clean, 1, first))
+    nbad = bad.to(torch.int64).cumsum(1)
+    poisoned = nbad - (torch.gather(nbad, 1, first) - torch.gather(bad.to(torch.int64), 1, first))
+    runs = torch.where(poisoned > 0, torch.nan, runs)
+    return runs.new_zeros(b, n, c).scatter(1, wide, runs)
 
 
 def distance_range(queries: Positions, keys: Positions) -> tuple[int, int]:

@@ -13,6 +13,9 @@ T5, Shaw keys, Music Transformer   ``chunked`` (band + flash)   ``chunked`` with
 Shaw with a value term             ``chunked``                  ``chunked``
 DeBERTa (a key term)               ``chunked`` (tiles) with     ``chunked`` (tiles) with
                                    gradients, ``sdpa`` without  gradients, ``sdpa`` without
+Forget gate (a per-token decay)    ``sdpa``; ``chunked``        ``sdpa``; ``chunked`` (tiles)
+                                   (tiles) past 512² on CPU     past 512² on CPU with
+                                   with gradients               gradients
 =================================  ===========================  ==================================
 
 A scheme whose ``key_bias`` has no relative form (CoPE) runs on ``sdpa`` only (``chunked``

@@ -13,6 +13,8 @@ __all__ = ["KVCache"]
 class KVCache:
     """Keys and values seen so far and their :class:`Positions`. Keys are stored as the scheme's
     ``rotate`` left them (rotated, for RoPE), or raw for a scheme that ``rotates_cached_keys``.
+    The positions keep what ``contextualize`` added (the forget gate's per-token ``log_decay``), so
+    new tokens continue each row's sums.
 
     Decoding feeds one token, or a chunk, at a time; :meth:`update` appends the new keys and values
     and returns everything a query may attend to. The new tokens' positions continue each row's
@@ -26,8 +28,9 @@ class KVCache:
         """Args:
         max_len: keep only the last ``max_len`` tokens between calls (a sliding memory); each
             call still attends to all of them plus its own tokens. ``None``: keep everything.
-        detach: store keys and values without their autograd history, so a later call's loss
-            does not backpropagate into earlier calls (Transformer-XL's stop-gradient memory).
+        detach: store keys and values (and a positions' ``log_decay``) without their autograd
+            history, so a later call's loss does not backpropagate into earlier calls
+            (Transformer-XL's stop-gradient memory).
         """
         if max_len is not None and (isinstance(max_len, bool) or not isinstance(max_len, int)):
             raise TypeError(f"max_len must be an int or None, got {max_len!r}")
@@ -68,4 +71,5 @@ class KVCache:
         self.k, self.v, self.positions = k_all[..., keep, :], v_all[..., keep, :], p_all[keep]
         if self.detach:
             self.k, self.v = self.k.detach(), self.v.detach()
+            self.positions = self.positions.detach()
         return k_all, v_all, p_all

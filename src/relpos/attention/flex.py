@@ -12,6 +12,8 @@ relative table.
   from its table over the distances the call can see, so nothing ``(i, j)`` is materialised;
   a relative key term (DeBERTa's p2c) adds ``rel_k[b, h, j, r(p_j - p_i)]`` with ``rel_k =
   relative_key_logits(k)`` ``(b, h, j, R)``. A ``key_bias`` without that form is unsupported.
+  A decay bias (the Forgetting Transformer) adds ``c[b, h, i] - c[b, h, j]`` from the positions'
+  per-token ``log_decay`` (float64; the difference cast to the score's dtype).
 * The ``BlockMask`` says which pairs may attend (same segment, real tokens, and ``p_j <= p_i`` when
   causal); blocks with no allowed pair are skipped. For plain positions it is cached per shape.
 * Shaw's value term is not expressible (FlexAttention returns no probabilities): unsupported.
@@ -43,6 +45,7 @@ from torch import Tensor
 from ..positions import PAD_SEGMENT, Positions, distance_range
 from ..schemes.base import (
     LOGIT_HOOKS,
+    DecayBiasScheme,
     DistanceBiasScheme,
     LinearBiasScheme,
     RelativeScheme,
@@ -86,9 +89,10 @@ def flex_supports(
 
     Not with a value term (Shaw values), not with gradients on CPU (Inductor compiles
     FlexAttention's CPU kernel for inference only), a bias only from a
-    :class:`~relpos.schemes.RelativeScheme`, a :class:`~relpos.schemes.LinearBiasScheme` or a
-    :class:`~relpos.schemes.DistanceBiasScheme`, and a key bias only from a
-    :class:`~relpos.schemes.RelativeScheme` (``relative_key_logits``).
+    :class:`~relpos.schemes.RelativeScheme`, a :class:`~relpos.schemes.LinearBiasScheme`, a
+    :class:`~relpos.schemes.DistanceBiasScheme` or a :class:`~relpos.schemes.DecayBiasScheme`,
+    and a key bias only from a :class:`~relpos.schemes.RelativeScheme`
+    (``relative_key_logits``).
     """
     if not flex_available() or "value_term" in scheme.hooks:
         return False
@@ -99,7 +103,9 @@ def flex_supports(
         return False
     if "score_bias" not in scheme.hooks:
         return True
-    return isinstance(scheme, LinearBiasScheme | RelativeScheme | DistanceBiasScheme)
+    return isinstance(
+        scheme, LinearBiasScheme | RelativeScheme | DistanceBiasScheme | DecayBiasScheme
+    )
 
 
 def _compiled_flex() -> Callable[..., Tensor]:
@@ -175,6 +181,14 @@ def _score_mod(
             return score + slopes[h] * dist
 
         return alibi_mod
+    if isinstance(scheme, DecayBiasScheme):
+        cq, ck = scheme.decays(q_positions, k_positions)  # (b, h, i), (b, h, j): float64
+
+        def decay_mod(score, b, h, q_idx, kv_idx):
+            c_i, c_j = cq[b if qb > 1 else 0, h, q_idx], ck[b if kb > 1 else 0, h, kv_idx]
+            return score + (c_i - c_j).to(score.dtype)
+
+        return decay_mod
     if isinstance(scheme, DistanceBiasScheme):
         lo, table = scheme.distance_table(q_positions, k_positions)  # (h, D)
         table = table.to(device=q.device, dtype=torch.float32)

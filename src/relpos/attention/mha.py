@@ -27,7 +27,9 @@ class MultiheadAttention(nn.Module):
     :class:`Positions`: the scheme sees the distance ``k_pos - q_pos`` between a query and a
     context token (RoPE rotates each by its own position), segment ``s`` of the queries attends to
     segment ``s`` of the context (packed pairs of documents), and ``causal`` keeps its meaning
-    (``k_pos <= q_pos``). Both uses share the same weights.
+    (``k_pos <= q_pos``). Both uses share the same weights. A scheme that computes positions
+    from the layer's tokens (``contextualize``: the Forgetting Transformer's gates) is called
+    with ``x`` before ``rotate``, continuing the cache's values; it is self-attention only.
 
     Args:
         d_model: model width, divisible by ``num_heads``.
@@ -137,6 +139,9 @@ class MultiheadAttention(nn.Module):
             cached=None if cache is None else cache.positions,
             device=x.device,
         )
+        if "contextualize" in self.scheme.hooks:  # per-token values from x (FoX's gates)
+            cached = None if cache is None else cache.positions
+            positions = self.scheme.contextualize(x, positions, cached)
         h, kvh, d = self.num_heads, self.num_kv_heads, self.head_dim
         if context is None:
             q, k, v = self.qkv(x).split([h * d, kvh * d, kvh * d], dim=-1)
@@ -204,6 +209,11 @@ class MultiheadAttention(nn.Module):
             )
         if context.dtype != x.dtype:
             raise TypeError(f"context must have x's dtype {x.dtype}, got dtype {context.dtype}")
+        if "contextualize" in self.scheme.hooks:
+            raise ValueError(
+                f"scheme {self.scheme.config.name!r} computes its positions from the layer's own "
+                "tokens (contextualize: self-attention only); context= cannot be used with it"
+            )
         if cache is not None:
             raise ValueError(
                 "cache cannot be combined with context: a cross-attention layer has no keys of "

@@ -75,6 +75,7 @@ SCHEMES = [
     "kerple",
     "learned_alibi",
     "dpb",
+    "forgetting",
 ]
 DEFAULT_LENGTHS = [256, 1024, 2048]
 ALL_LENGTHS = [256, 1024, 2048, 4096, 8192]
@@ -91,6 +92,16 @@ class Setup:
     scheme: Any
     positions: Any
     causal: bool
+    #: The layer input ``(B, L, H·d)`` a contextual scheme (the forget gate) reads, else None.
+    x: Tensor | None = None
+
+
+def _positions(s: Setup) -> Any:
+    """The call's positions: a contextual scheme computes its values from ``x`` at every call
+    (part of its cost, and a fresh graph for every backward)."""
+    if s.x is None:
+        return s.positions
+    return s.scheme.contextualize(s.x, s.positions)
 
 
 def backend_call(name: str) -> Callable[[Setup], Tensor]:
@@ -99,8 +110,9 @@ def backend_call(name: str) -> Callable[[Setup], Tensor]:
     def fn(s: Setup) -> Tensor:
         from ..attention.backends import BACKENDS
 
-        q, k = s.scheme.rotate(s.q, s.k, s.positions, s.positions)
-        return BACKENDS[name](q, k, s.v, s.scheme, s.positions, s.positions, causal=s.causal)
+        p = _positions(s)
+        q, k = s.scheme.rotate(s.q, s.k, p, p)
+        return BACKENDS[name](q, k, s.v, s.scheme, p, p, causal=s.causal)
 
     return fn
 
@@ -187,9 +199,18 @@ IMPLEMENTATIONS: dict[str, Impl] = {
 def _supported(impl: str, scheme: str, causal: bool = True) -> bool:
     if impl == "sdpa" and scheme == "shaw":
         return False  # Shaw's value term: sdpa declines it (auto picks chunked)
-    if scheme == "cope" and (impl == "chunked" or not causal):
-        return False  # causal only, and its key bias has no relative form (auto picks sdpa)
+    if not causal and _causal(scheme):
+        return False  # causal only (CoPE, the forget gate)
+    if scheme == "cope" and impl == "chunked":
+        return False  # its key bias has no relative form (auto picks sdpa)
     return scheme in IMPLEMENTATIONS[impl].schemes
+
+
+def _causal(scheme: str) -> bool:
+    """Whether a scheme runs causal attention only (its bidirectional rows are left out)."""
+    from ..schemes.base import SCHEMES
+
+    return scheme in SCHEMES and SCHEMES[scheme].causal_only
 
 
 def make_setup(
@@ -221,7 +242,10 @@ def make_setup(
         for _ in range(3)
     )
     positions = relpos.Positions.from_length(n, device=device)
-    return Setup(q, k, v, scheme, positions, causal)
+    x = None
+    if "contextualize" in scheme.hooks:
+        x = torch.randn(b, n, heads * head_dim, device=device, dtype=dtype).requires_grad_(grad)
+    return Setup(q, k, v, scheme, positions, causal, x)
 
 
 # ----------------------------------------------------------------------------- measuring
@@ -232,7 +256,7 @@ def _sync(device: str) -> None:
 
 def _step(fn: Callable[[Setup], Tensor], s: Setup, backward: bool) -> None:
     if backward:
-        for t in (s.q, s.k, s.v, *s.scheme.parameters()):
+        for t in (s.q, s.k, s.v, *s.scheme.parameters(), *([] if s.x is None else [s.x])):
             t.grad = None
         out = fn(s)
         out.backward(torch.ones_like(out))
@@ -403,7 +427,8 @@ def _available_bytes() -> float:
 def _auto_pick(s: Setup) -> str:
     from ..attention.auto import choose_backend
 
-    return choose_backend(s.scheme, s.q, s.positions, s.positions, needs_grad=True)
+    p = _positions(s)
+    return choose_backend(s.scheme, s.q, p, p, needs_grad=True)
 
 
 def run(args: argparse.Namespace, log: Callable[[str], None] = print) -> list[Result]:

@@ -4,6 +4,7 @@ from .absolute import LearnedAbsolute, LearnedAbsoluteConfig, Sinusoidal, Sinuso
 from .alibi import ALiBi, ALiBiConfig, LearnedALiBi, LearnedALiBiConfig
 from .base import (
     SCHEMES,
+    DecayBiasScheme,
     DistanceBiasScheme,
     LinearBiasScheme,
     RelativeScheme,
@@ -17,6 +18,7 @@ from .base import (
 from .cope import CoPE, CoPEConfig
 from .deberta import DeBERTa, DebertaConfig
 from .dpb import DynamicPositionBias, DynamicPositionBiasConfig
+from .forgetting import ForgetGate, ForgetGateConfig
 from .kerple import Kerple, KerpleConfig
 from .music import MusicConfig, MusicRelative
 from .nope import NoPE, NoPEConfig
@@ -33,9 +35,12 @@ __all__ = [
     "CoPEConfig",
     "DeBERTa",
     "DebertaConfig",
+    "DecayBiasScheme",
     "DistanceBiasScheme",
     "DynamicPositionBias",
     "DynamicPositionBiasConfig",
+    "ForgetGate",
+    "ForgetGateConfig",
     "Kerple",
     "KerpleConfig",
     "LearnedALiBi",

@@ -1,6 +1,6 @@
-"""The scheme contract: a frozen config, a thin module, five optional hooks, one registry.
+"""The scheme contract: a frozen config, a thin module, six optional hooks, one registry.
 
-A scheme contributes to a transformer through at most five hooks (every default does nothing):
+A scheme contributes to a transformer through at most six hooks (every default does nothing):
 
 ===========================  =================================================================
 hook                         contract
@@ -15,6 +15,11 @@ hook                         contract
                              included, key/value heads repeated to ``h``); DeBERTa's
                              position-to-content term, CoPE's gates
 ``value_term(p, qp, kp)``    float32 ``(b, h, i, d)`` added to the attention output ``p·v``
+``contextualize(x, p, c)``   the :class:`~relpos.Positions` ``p`` of ``x``'s tokens with values
+                             computed from the layer's input ``x (b, n, d_model)`` (a
+                             *contextual position*: ``log_decay``), continuing the KV cache's
+                             positions ``c``; called by self-attention before ``rotate``; the
+                             Forgetting Transformer's gates
 ===========================  =================================================================
 
 Shape legend: ``b`` batch, ``h`` heads, ``i`` queries, ``j`` keys, ``d`` head dim, ``n`` tokens.
@@ -33,6 +38,13 @@ Two declared refinements tell the fast backends what else a scheme offers:
   ``-slope_h·|p_j - p_i|`` (bidirectional) with fixed per-head ``slopes``: ALiBi.
 * :class:`DistanceBiasScheme` — the logit term is any per-head function of the signed distance
   (KERPLE), evaluated once per distinct distance and gathered.
+* :class:`DecayBiasScheme` — the logit term is ``c_i,h - c_j,h``, the difference of the tokens'
+  cumulative log decay (``Positions.log_decay``, set by ``contextualize`` from per-token gates):
+  the Forgetting Transformer. Causal only; ``flex`` reads the per-token values in a
+  ``score_mod``.
+
+A scheme that makes sense only for causal attention says so with the class flag ``causal_only``
+(building it with ``causal=False`` raises a ``ValueError``).
 """
 
 from __future__ import annotations
@@ -53,6 +65,7 @@ from ..positions import Positions, distance_range
 __all__ = [
     "LOGIT_HOOKS",
     "SCHEMES",
+    "DecayBiasScheme",
     "DistanceBiasScheme",
     "LinearBiasScheme",
     "RelativeScheme",
@@ -128,6 +141,8 @@ class Scheme(nn.Module):
     #: dynamic NTK, LongRoPE). Then keys enter the KV cache unrotated and ``rotate`` receives every
     #: key, cached ones included, at every call. Set per instance by the scheme.
     rotates_cached_keys: bool = False
+    #: Whether the scheme exists only for causal attention (``causal=False`` is refused).
+    causal_only: ClassVar[bool] = False
 
     def __init__(
         self, config: SchemeConfig | None = None, *, d_model: int, num_heads: int, causal: bool
@@ -155,11 +170,27 @@ class Scheme(nn.Module):
         self.num_heads = num_heads
         self.head_dim = d_model // num_heads
         self.causal = bool(causal)
+        if self.causal_only and not self.causal:
+            raise ValueError(
+                f"{config.name} needs causal=True: the scheme is causal only (its term runs "
+                "over the tokens from a key up to a later query)"
+            )
 
     # ---------------------------------------------------------------- hooks (defaults: no-ops)
     def embed(self, positions: Positions) -> Tensor | None:
         """Absolute encoding ``(b|1, n, d_model)`` to add to token embeddings, or None."""
         return None
+
+    def contextualize(
+        self, x: Tensor, positions: Positions, cached: Positions | None = None
+    ) -> Positions:
+        """The positions of ``x``'s tokens with per-token values computed from ``x`` (the layer's
+        input, ``(b, n, d_model)``), continuing ``cached`` (the KV cache's positions, or None).
+
+        Self-attention calls it before :meth:`rotate` when ``"contextualize"`` is in
+        :attr:`hooks`; what it returns goes to every other hook, the backends and the cache.
+        Default: the positions unchanged."""
+        return positions
 
     def rotate(
         self, q: Tensor, k: Tensor, q_positions: Positions, k_positions: Positions
@@ -342,6 +373,67 @@ class LinearBiasScheme(Scheme):
 
     def score_bias(self, q: Tensor, q_positions: Positions, k_positions: Positions) -> Tensor:
         return alibi_bias(self.slopes, q_positions.distance(k_positions), causal=self.causal)
+
+
+class DecayBiasScheme(Scheme):
+    """A causal logit term from per-token decays: ``D_ij,h = Σ_{l=j+1}^{i} log f_l,h`` over the
+    tokens between key ``j`` and query ``i`` of one sequence, with ``f_l,h`` in ``(0, 1]``
+    computed from each token's layer input (the Forgetting Transformer's forget gates, Lin et
+    al., 2025).
+
+    Subclasses implement :meth:`token_log_decay`, ``log f`` per token and head. ``contextualize``
+    turns it into each token's cumulative sum over its own segment, ``c_t = Σ_{l <= t} log f_l``
+    (:meth:`Positions.with_log_decay`: restarting at every document, skipping padding, continuing
+    the KV cache's values), and ``score_bias`` is ``c_i - c_j`` (the difference taken in float64).
+    Backends see only the positions: ``chunked`` slices them per tile, ``flex`` reads ``c`` per
+    query and key in a ``score_mod``; gradients reach the gates through ``log_decay``.
+    """
+
+    hooks: ClassVar[frozenset[str]] = frozenset({"contextualize", "score_bias"})
+    causal_only: ClassVar[bool] = True
+
+    @abstractmethod
+    def token_log_decay(self, x: Tensor) -> Tensor:
+        """``log f`` of every token and head, ``(b, n, h)`` float (at least float32), from the
+        layer input ``x (b, n, d_model)``."""
+
+    def contextualize(
+        self, x: Tensor, positions: Positions, cached: Positions | None = None
+    ) -> Positions:
+        if not isinstance(x, Tensor) or x.ndim != 3 or x.shape[-1] != self.d_model:
+            shape = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
+            raise ValueError(f"x must have shape (b, n, d_model={self.d_model}), got {shape}")
+        if not x.dtype.is_floating_point:
+            raise TypeError(f"x must be a floating tensor, got dtype {x.dtype}")
+        if not isinstance(positions, Positions):
+            raise TypeError(f"positions must be a Positions, got {type(positions).__name__}")
+        if len(positions) != x.shape[1] or positions.batch not in (1, x.shape[0]):
+            raise ValueError(
+                f"positions have shape (b, n) = {tuple(positions.pos.shape)}; expected "
+                f"({x.shape[0]}, {x.shape[1]}) or (1, {x.shape[1]}) for x of shape "
+                f"{tuple(x.shape)}"
+            )
+        if cached is not None and not isinstance(cached, Positions):
+            raise TypeError(f"cached must be a Positions or None, got {type(cached).__name__}")
+        return positions.with_log_decay(self.token_log_decay(x), cached=cached)
+
+    def decays(self, q_positions: Positions, k_positions: Positions) -> tuple[Tensor, Tensor]:
+        """``(c_q (b|1, h, i), c_k (b|1, h, j))``: the queries' and keys' cumulative log decay
+        per head (``log_decay``, transposed); a clear error when ``contextualize`` did not set
+        them."""
+        for name, p in (("q_positions", q_positions), ("k_positions", k_positions)):
+            if p.log_decay is None or p.log_decay.shape[-1] != self.num_heads:
+                width = None if p.log_decay is None else p.log_decay.shape[-1]
+                raise ValueError(
+                    f"{type(self).__name__} needs {name} with a log_decay of {self.num_heads} "
+                    f"heads (got {width}), set by contextualize: MultiheadAttention calls it "
+                    "with its input"
+                )
+        return q_positions.log_decay.transpose(1, 2), k_positions.log_decay.transpose(1, 2)
+
+    def score_bias(self, q: Tensor, q_positions: Positions, k_positions: Positions) -> Tensor:
+        cq, ck = self.decays(q_positions, k_positions)
+        return (cq.unsqueeze(-1) - ck.unsqueeze(-2)).to(compute_dtype(q.dtype))
 
 
 def register(cls: type[Scheme]) -> type[Scheme]:

@@ -23,8 +23,10 @@ A ``key_bias`` (a term read from the keys' content) runs only in the relative fo
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor
 
@@ -128,11 +130,38 @@ def chunked_attention(
     params = [p for p in scheme.parameters() if p.requires_grad]
     if chosen == "fused":
         return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
-    job = Job(scheme, q_positions, k_positions, causal, scale, params=params)
+    q_positions, k_positions, decays = _decay_leaves(q_positions, k_positions)
+    job = Job(scheme, q_positions, k_positions, causal, scale, params=params + list(decays))
     if chosen == "alibi":
         return AlibiAttention.apply(q, k, v, job)
     if chosen == "region":
         return region_attention(q, k, v, job)
     job.plan = plan_tiles(q_positions, k_positions, causal=causal, q_block=q_block, k_block=k_block)
     job.dropout_p = dropout_p if training else 0.0
-    return TiledAttention.apply(q, k, v, job, *params)
+    return TiledAttention.apply(q, k, v, job, *params, *decays.values())
+
+
+def _decay_leaves(
+    q_positions: Positions, k_positions: Positions
+) -> tuple[Positions, Positions, dict[Tensor, Tensor]]:
+    """The positions with every ``log_decay`` that needs a gradient swapped for a detached leaf,
+    and ``{leaf: original}``.
+
+    The tiled path's custom backward pushes each tile's bias gradient into the leaves (as into
+    the scheme's parameters) and returns it for the originals, whose graph leads to the gates and
+    the layer input. Queries and keys that share one tensor (self-attention) share one leaf."""
+    decays: dict[Tensor, Tensor] = {}
+    leaves: dict[int, Tensor] = {}
+
+    def swap(p: Positions) -> Positions:
+        t = p.log_decay
+        if t is None or not (torch.is_grad_enabled() and t.requires_grad):
+            return p
+        if id(t) not in leaves:
+            leaf = t.detach().requires_grad_(True)
+            leaves[id(t)], decays[leaf] = leaf, t
+        return dataclasses.replace(p, log_decay=leaves[id(t)])
+
+    qp = swap(q_positions)
+    kp = qp if k_positions is q_positions else swap(k_positions)
+    return qp, kp, decays

@@ -113,11 +113,12 @@ def _scores(
     if rel is not None:
         s.add_(gather_relative(rel, index))
     elif job.has_bias and not job.rel_bias:
-        qp, kp = job.q_positions[i0:i1], job.k_positions[j0:j1]
         if bias_leaf is not None:
-            with torch.enable_grad():
+            with torch.enable_grad():  # slice inside: a log_decay leaf's slice keeps its graph
+                qp, kp = job.q_positions[i0:i1], job.k_positions[j0:j1]
                 bias = job.scheme.score_bias(bias_leaf, qp, kp)
         else:
+            qp, kp = job.q_positions[i0:i1], job.k_positions[j0:j1]
             bias = job.scheme.score_bias(qb, qp, kp)
         if bias is not None:
             s.add_(bias.detach().to(s.dtype))
