@@ -90,7 +90,7 @@ def length_dependent(spec: dict) -> bool:
 def causal_only(spec: dict) -> bool:
     """Whether the scheme is defined for causal attention only (CoPE): building it with
     ``causal=False`` raises a ``ValueError``."""
-    return bool(getattr(relpos.SCHEMES[spec["name"]], "causal_only", False))
+    return relpos.SCHEMES[spec["name"]].causal_only
 
 
 def tiles_refuse(spec: dict) -> bool:

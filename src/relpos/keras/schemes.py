@@ -36,7 +36,7 @@ from ..functional.sinusoidal import sinusoidal_table
 from ..functional.xpos import check_xpos_position, xpos_decay
 from ..schemes import SCHEMES, SchemeConfig, config_from_dict
 from ..schemes import scheme_config as shared_scheme_config
-from ..schemes.kerple import _EPS as KERPLE_EPS
+from ..schemes.kerple import KERPLE_EPS
 from .ops import (
     alibi_bias,
     apply_rope,

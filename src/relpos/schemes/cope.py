@@ -78,12 +78,7 @@ class CoPE(Scheme):
     causal_only: ClassVar[bool] = True
 
     def __init__(self, config: CoPEConfig | None = None, **dims) -> None:
-        super().__init__(config, **dims)
-        if not self.causal:
-            raise ValueError(
-                "cope needs causal=True: CoPE counts the keys from a key up to its query "
-                "(Golovneva et al., 2024) and has no bidirectional form"
-            )
+        super().__init__(config, **dims)  # refuses causal=False (causal_only)
         c = self.config
         shape = (self.num_heads,) if c.per_head else ()
         self.pos_emb = nn.Parameter(torch.zeros(*shape, c.npos_max, self.head_dim))

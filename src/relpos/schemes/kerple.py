@@ -11,10 +11,10 @@ from ..functional.dtypes import compute_dtype
 from ..functional.kerple import KERPLE_VARIANTS, kerple_bias
 from .base import DistanceBiasScheme, SchemeConfig, register
 
-__all__ = ["Kerple", "KerpleConfig"]
+__all__ = ["KERPLE_EPS", "Kerple", "KerpleConfig"]
 
 #: Smallest value of ``r1`` and ``r2`` (and, for the power variant, largest ``r2``: 2).
-_EPS = 1e-2
+KERPLE_EPS = 1e-2
 
 
 @dataclass(frozen=True)
@@ -48,15 +48,17 @@ class Kerple(DistanceBiasScheme):
     def __init__(self, config: KerpleConfig | None = None, **dims) -> None:
         super().__init__(config, **dims)
         h = self.num_heads
-        # The paper's initialisation: r1 ~ U(0, 2), r2 ~ U(0, 1), kept above _EPS.
-        self.r1 = nn.Parameter(torch.rand(h) * 2 + _EPS)
-        self.r2 = nn.Parameter(torch.rand(h) + _EPS)
+        # The paper's initialisation: r1 ~ U(0, 2), r2 ~ U(0, 1), kept above KERPLE_EPS.
+        self.r1 = nn.Parameter(torch.rand(h) * 2 + KERPLE_EPS)
+        self.r2 = nn.Parameter(torch.rand(h) + KERPLE_EPS)
 
     def parameters_in_range(self) -> tuple[Tensor, Tensor]:
         """``(r1, r2)`` clamped into their domain, in at least float32."""
         dtype = compute_dtype(self.r1.dtype)
         r2_max = 2.0 if self.config.variant == "power" else None
-        return self.r1.to(dtype).clamp(min=_EPS), self.r2.to(dtype).clamp(min=_EPS, max=r2_max)
+        return self.r1.to(dtype).clamp(min=KERPLE_EPS), self.r2.to(dtype).clamp(
+            min=KERPLE_EPS, max=r2_max
+        )
 
     def distance_bias(self, distance: Tensor) -> Tensor:
         r1, r2 = self.parameters_in_range()
