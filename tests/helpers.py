@@ -38,6 +38,12 @@ SCHEME_SPECS: list[dict] = [
     {"name": "kerple"},
     {"name": "kerple", "variant": "power"},
     {"name": "dpb", "hidden": 8, "depth": 1, "log_distance": True},
+    # FIRE's threshold L = 4.5 is crossed by short test sequences: queries on both sides of it.
+    {"name": "fire", "hidden": 8, "init_threshold": 4.5},
+    {"name": "sandwich", "dim": 32},
+    # Per-head control: head 0 alone gets the bias (on the fused T5 paths too).
+    {"name": "t5", "num_buckets": 8, "max_distance": 12, "heads": [0]},
+    {"name": "kerple", "heads": [0]},
     {"name": "rope"},
     {"name": "rope", "interleaved": True, "rotary_dim": 4},
     {
@@ -151,3 +157,9 @@ def gqa_and_repeated(
         full.out.load_state_dict(gqa.out.state_dict())
         full.scheme.load_state_dict(gqa.scheme.state_dict())
     return gqa.eval(), full.eval()
+
+
+def causal_only(spec) -> bool:
+    """Whether a spec's scheme refuses bidirectional attention (FIRE)."""
+    name = spec.get("name") if isinstance(spec, dict) else spec
+    return getattr(relpos.SCHEMES.get(name), "causal_only", False)

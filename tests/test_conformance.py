@@ -18,6 +18,7 @@ import relpos
 from relpos import Positions, Transformer, TransformerConfig, checks
 from tests.helpers import (
     SCHEME_SPECS,
+    causal_only,
     length_dependent,
     randomize_parameters,
     spec_id,
@@ -163,7 +164,7 @@ def test_attention_dtypes_and_shapes(spec, dtype):
 
 @pytest.mark.parametrize("spec", SCHEME_SPECS, ids=spec_id)
 def test_fully_masked_rows_give_zeros_and_finite_gradients(spec):
-    attn = relpos.MultiheadAttention(16, 2, spec, causal=False)
+    attn = relpos.MultiheadAttention(16, 2, spec, causal=causal_only(spec))
     randomize_parameters(attn)
     x = torch.randn(2, 4, 16, requires_grad=True)
     mask = torch.tensor([[False] * 4, [True, True, False, False]])
@@ -184,7 +185,8 @@ def test_bf16_bias_does_not_overflow():
 
 #: torch.compile is slow to run (seconds a spec): by default one spec per kind of hook (no
 #: positions, rotation, a learned relative table with a value term, a bucketed bias, a linear
-#: bias, a distance function, rotation after the cache); the others under ``make test-all``.
+#: bias, a distance function, a per-pair MLP, rotation after the cache); the others under
+#: ``make test-all``.
 COMPILE_DEFAULT = [
     {"name": "nope"},
     {"name": "rope"},
@@ -192,6 +194,7 @@ COMPILE_DEFAULT = [
     {"name": "t5", "num_buckets": 8, "max_distance": 12},
     {"name": "alibi"},
     {"name": "kerple"},
+    {"name": "fire", "hidden": 8, "init_threshold": 4.5},  # a per-pair MLP: custom autograd
     next(s for s in SCHEME_SPECS if length_dependent(s)),
 ]
 COMPILE_SPECS = [
@@ -227,6 +230,7 @@ def test_torch_compile_smoke(spec):
             "dpb",
             "transformer_xl",
             "deberta",
+            "fire",
         )
         or s.get("learned_freq")
     ],

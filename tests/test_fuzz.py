@@ -29,6 +29,7 @@ from hypothesis import strategies as st
 from relpos import KVCache, MultiheadAttention, Positions
 from tests.helpers import (
     SCHEME_SPECS,
+    causal_only,
     length_dependent,
     random_segments,
     randomize_parameters,
@@ -58,6 +59,10 @@ def unsupported(spec: dict, backend: str) -> bool:
 def build(spec: dict, h: int, d: int, causal: bool, dtype=torch.float32):
     """The module (``eager``) with random weights; None where the scheme rejects the geometry."""
     rotary = spec.get("rotary_dim", d)
+    if causal_only(spec) and not causal:
+        with pytest.raises(ValueError, match="causal attention only"):
+            MultiheadAttention(h * d, h, spec, causal=causal)
+        return None
     if (spec["name"] in ("sinusoidal", "transformer_xl") and h * d % 2) or (
         spec["name"] == "rope" and (rotary % 2 or rotary > d)
     ):

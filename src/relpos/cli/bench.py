@@ -74,7 +74,11 @@ SCHEMES = [
     "kerple",
     "learned_alibi",
     "dpb",
+    "fire",
+    "sandwich",
 ]
+#: Schemes refused for bidirectional attention (their rows are left out there).
+CAUSAL_ONLY = ("fire",)
 DEFAULT_LENGTHS = [256, 1024, 2048]
 ALL_LENGTHS = [256, 1024, 2048, 4096, 8192]
 
@@ -177,7 +181,9 @@ IMPLEMENTATIONS: dict[str, Impl] = {
 }
 
 
-def _supported(impl: str, scheme: str) -> bool:
+def _supported(impl: str, scheme: str, causal: bool = True) -> bool:
+    if scheme in CAUSAL_ONLY and not causal:
+        return False  # FIRE is defined for causal attention only
     if impl == "sdpa" and scheme == "shaw":
         return False  # Shaw's value term: sdpa declines it (auto picks chunked)
     return scheme in IMPLEMENTATIONS[impl].schemes
@@ -412,7 +418,7 @@ def run(args: argparse.Namespace, log: Callable[[str], None] = print) -> list[Re
                     Config(sc, impl, n, b, causal)
                     for sc in args.schemes
                     for impl in args.impls
-                    if impl != "sdpa-plain" and _supported(impl, sc)
+                    if impl != "sdpa-plain" and _supported(impl, sc, causal)
                 ]
                 # Every configuration is timed alternating with the baseline (measure_paired).
                 base = make_setup("none", n, b, causal=causal, grad=True, **kw)

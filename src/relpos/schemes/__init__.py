@@ -16,10 +16,12 @@ from .base import (
 )
 from .deberta import DeBERTa, DebertaConfig
 from .dpb import DynamicPositionBias, DynamicPositionBiasConfig
+from .fire import Fire, FireConfig
 from .kerple import Kerple, KerpleConfig
 from .music import MusicConfig, MusicRelative
 from .nope import NoPE, NoPEConfig
 from .rope import Rotary, RotaryConfig
+from .sandwich import Sandwich, SandwichConfig
 from .shaw import ShawConfig, ShawRelative
 from .t5 import T5Bias, T5Config
 from .transformer_xl import TransformerXL, TransformerXLConfig
@@ -33,6 +35,8 @@ __all__ = [
     "DistanceBiasScheme",
     "DynamicPositionBias",
     "DynamicPositionBiasConfig",
+    "Fire",
+    "FireConfig",
     "Kerple",
     "KerpleConfig",
     "LearnedALiBi",
@@ -47,6 +51,8 @@ __all__ = [
     "RelativeScheme",
     "Rotary",
     "RotaryConfig",
+    "Sandwich",
+    "SandwichConfig",
     "Scheme",
     "SchemeConfig",
     "ShawConfig",

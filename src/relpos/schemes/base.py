@@ -49,6 +49,7 @@ from ..functional.alibi import alibi_bias
 from ..functional.dtypes import compute_dtype
 from ..functional.skew import gather_relative, scatter_relative
 from ..positions import Positions, distance_range
+from .heads import head_selection, select_heads
 
 __all__ = [
     "LOGIT_HOOKS",
@@ -304,10 +305,17 @@ class DistanceBiasScheme(Scheme):
     Subclasses implement :meth:`distance_bias`. ``score_bias`` evaluates it once per distance the
     call can see (``D <= max(p) - min(p)`` over queries and keys, so ``O(h·D)`` work, never
     ``O(h·i·j)`` evaluations of the function) and gathers the table by each pair's distance.
-    Reading the range of positions costs one device sync per call.
+    Reading the range of positions costs one device sync per call. A config field ``heads`` (head
+    indices, or None for all) zeroes the table of the heads left out.
     """
 
     hooks: ClassVar[frozenset[str]] = frozenset({"score_bias"})
+
+    def __init__(self, config: SchemeConfig | None = None, **dims: Any) -> None:
+        super().__init__(config, **dims)
+        # Per-head control: the config's ``heads`` (None: every head gets the bias).
+        selection = head_selection(getattr(self.config, "heads", None), self.num_heads)
+        self.register_buffer("bias_heads", selection, persistent=False)
 
     @abstractmethod
     def distance_bias(self, distance: Tensor) -> Tensor:
@@ -318,6 +326,7 @@ class DistanceBiasScheme(Scheme):
         every distance between these queries and keys; ``table`` is ``(h, D)`` float32."""
         lo, hi = distance_range(q_positions, k_positions)
         table = self.distance_bias(torch.arange(lo, hi + 1, device=q_positions.device))
+        table = select_heads(table, self.bias_heads)  # heads left out of ``heads`` get 0
         return lo, table.to(compute_dtype(table.dtype))
 
     def score_bias(self, q: Tensor, q_positions: Positions, k_positions: Positions) -> Tensor:
