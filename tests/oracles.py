@@ -106,7 +106,7 @@ def logit_term(
         return 0.0
     if isinstance(scheme, relpos.Fire):  # Li et al., 2024, §3: f(ψ(i - j) / ψ(max(L, i)))
         c = scheme.c.abs()
-        threshold = (scheme.threshold * scheme.config.init_threshold).abs()
+        threshold = (scheme.threshold_scale * scheme.config.init_threshold).abs()
         reach = threshold if threshold > pi else torch.tensor(float(pi), dtype=c.dtype)
 
         def psi(x):

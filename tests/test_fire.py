@@ -33,7 +33,7 @@ def make(h: int = 2, spec: dict = SPEC, seed: int = 0, dtype=torch.float64) -> r
 def loop_bias(scheme: relpos.Fire, qp: Positions, kp: Positions) -> torch.Tensor:
     """``f_θ(ψ(p_i - p_j) / ψ(max(L, p_i)))`` pair by pair, ``ψ(x) = log(|c|·x + 1)``."""
     c = scheme.c.abs()
-    big_l = (scheme.threshold * scheme.config.init_threshold).abs()
+    big_l = (scheme.threshold_scale * scheme.config.init_threshold).abs()
     w1, b1 = scheme.mlp[0].weight[:, 0], scheme.mlp[0].bias
     w2, b2 = scheme.mlp[2].weight, scheme.mlp[2].bias
     b = max(qp.batch, kp.batch)
@@ -116,7 +116,7 @@ def test_queries_below_the_threshold_share_one_normaliser():
     fraction of the query's position: the first token of a long sequence gets ``f_θ(1)``."""
     scheme = make(2, spec={**SPEC, "init_threshold": 6.0})
     with torch.no_grad():
-        scheme.threshold.fill_(1.0)  # L = 6
+        scheme.threshold_scale.fill_(1.0)  # L = 6
     pos = Positions.from_length(20)
     bias = scheme.score_bias(None, pos, pos)[0]  # (h, i, j)
     for i in range(1, 6):  # p_i <= L: same as the query at L for every distance
@@ -180,7 +180,7 @@ def test_bidirectional_is_refused():
 def test_paper_defaults_and_float32_in_bf16():
     scheme = relpos.make_scheme("fire", d_model=16, num_heads=4, causal=True)
     assert scheme.mlp[0].out_features == 32 and scheme.mlp[2].out_features == 4
-    assert scheme.c.item() == pytest.approx(0.1) and scheme.threshold.item() == 1.0
+    assert scheme.c.item() == pytest.approx(0.1) and scheme.threshold_scale.item() == 1.0
     assert scheme.config.init_threshold == 512.0
     pos = Positions.from_length(5)
     assert scheme.to(torch.bfloat16).score_bias(None, pos, pos).dtype == torch.float32

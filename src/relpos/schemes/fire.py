@@ -49,10 +49,10 @@ class Fire(Scheme):
         ``f_θ(ψ(p_i - p_j) / ψ(max(L, p_i)))_h``,  ``ψ(x) = log(c·x + 1)``,
 
     with ``f_θ`` = ``Linear(1, hidden)``, ReLU, ``Linear(hidden, num_heads)``, and ``c`` and the
-    threshold ``L = |s|·init_threshold`` learned (``s`` starts at 1; ``|c|`` is used), as in the
-    paper's reference code (which also adds ``1e-6`` to the normaliser). ``p`` are the tokens'
-    positions in their own sequences, so padded, packed and cached batches get the bias of each
-    sequence alone.
+    threshold ``L = |s|·init_threshold`` learned (``s``: ``threshold_scale``, starting at 1; ``|c|``
+    is used), as in the paper's reference code (which also adds ``1e-6`` to the normaliser).
+    ``p`` are the tokens' positions in their own sequences, so padded, packed and cached batches
+    get the bias of each sequence alone.
 
     The bias depends on the query's position, not just the distance: it is evaluated per pair, by
     :func:`~relpos.functional.fire_bias` in blocks of at most :attr:`mlp_block` pairs forward and
@@ -84,7 +84,7 @@ class Fire(Scheme):
             nn.Linear(1, c.hidden), nn.ReLU(), nn.Linear(c.hidden, self.num_heads)
         )
         self.c = nn.Parameter(torch.tensor(float(c.init_c)))
-        self.threshold = nn.Parameter(torch.tensor(1.0))  # L = |threshold|·init_threshold
+        self.threshold_scale = nn.Parameter(torch.tensor(1.0))  # L = |scale|·init_threshold
         self.register_buffer(
             "bias_heads", head_selection(c.heads, self.num_heads), persistent=False
         )
@@ -98,7 +98,7 @@ class Fire(Scheme):
             q_positions.pos,
             k_positions.pos,
             self.c.to(dtype),
-            self.threshold.to(dtype) * self.config.init_threshold,
+            self.threshold_scale.to(dtype) * self.config.init_threshold,
             first.weight.to(dtype),
             first.bias.to(dtype),
             w2,
