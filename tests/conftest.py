@@ -26,3 +26,14 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+def pytest_collection_modifyitems(items):
+    """Skip the bidirectional cases of a causal-only scheme (FIRE refuses to be built so)."""
+    from tests.helpers import causal_only
+
+    for item in items:
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        spec = params.get("spec")
+        if params.get("causal") is False and isinstance(spec, dict) and causal_only(spec):
+            item.add_marker(pytest.mark.skip(reason=f"{spec['name']} is causal only"))

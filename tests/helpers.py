@@ -41,6 +41,12 @@ SCHEME_SPECS: list[dict] = [
     {"name": "kerple"},
     {"name": "kerple", "variant": "power"},
     {"name": "dpb", "hidden": 8, "depth": 1, "log_distance": True},
+    # FIRE's threshold L = 4.5 is crossed by short test sequences: queries on both sides of it.
+    {"name": "fire", "hidden": 8, "init_threshold": 4.5},
+    {"name": "sandwich", "dim": 32},
+    # Per-head control: head 0 alone gets the bias (on the fused T5 paths too).
+    {"name": "t5", "num_buckets": 8, "max_distance": 12, "heads": [0]},
+    {"name": "kerple", "heads": [0]},
     {"name": "rope"},
     {"name": "rope", "interleaved": True, "rotary_dim": 4},
     {
@@ -88,7 +94,8 @@ def length_dependent(spec: dict) -> bool:
 
 
 def causal_only(spec: dict) -> bool:
-    """Whether the scheme is defined for causal attention only (CoPE): building it with
+    """Whether the scheme is defined for causal attention only (CoPE, FIRE, the forget gate):
+    building it with
     ``causal=False`` raises a ``ValueError``."""
     return relpos.SCHEMES[spec["name"]].causal_only
 

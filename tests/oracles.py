@@ -116,6 +116,29 @@ def logit_term(
         if "p2c" in scheme.config.pos_att_type:
             term = term + torch.dot(k, deberta_position_state(scheme, "p2c", h, row))
         return term * content_scale(scheme, d)
+    heads = getattr(scheme.config, "heads", None)
+    if heads is not None and h not in heads:  # per-head control: this head gets no bias
+        return 0.0
+    if isinstance(scheme, relpos.Fire):  # Li et al., 2024, §3: f(ψ(i - j) / ψ(max(L, i)))
+        c = scheme.c.abs()
+        threshold = (scheme.threshold_scale * scheme.config.init_threshold).abs()
+        reach = threshold if threshold > pi else torch.tensor(float(pi), dtype=c.dtype)
+
+        def psi(x):
+            return torch.log(c * x + 1)
+
+        x = psi(max(pi - pj, 0)) / (psi(reach) + 1e-6)
+        first, last = scheme.mlp[0], scheme.mlp[2]
+        hidden = [
+            torch.relu(first.weight[u, 0] * x + first.bias[u]) for u in range(len(first.bias))
+        ]
+        return sum(last.weight[h, u] * a for u, a in enumerate(hidden)) + last.bias[h]
+    if isinstance(scheme, relpos.Sandwich):  # Chi et al., 2023, §5: p_i·p_j, shifted, per head
+        c = scheme.config
+        inner = sum(
+            math.cos((pj - pi) / c.base ** (2 * k / c.dim)) for k in range(1, c.dim // 2 + 1)
+        )
+        return (inner - c.dim / 2) / (8 * (h + 1) / scheme.num_heads)
     if isinstance(scheme, relpos.TransformerXL):  # Dai et al., 2019, §3.3: terms (b), (c), (d)
         m = scheme.config.max_distance
         delta = pi - clip(pj, pi - m, pi if scheme.causal else pi + m)  # clipped p_i - p_j

@@ -191,8 +191,8 @@ def test_bf16_bias_does_not_overflow():
 
 #: torch.compile is slow to run (seconds a spec): by default one spec per kind of hook (no
 #: positions, rotation, a learned relative table with a value term, a bucketed bias, a linear
-#: bias, a distance function, rotation after the cache, positions from the layer input); the
-#: others under ``make test-all``.
+#: bias, a distance function, a per-pair MLP, rotation after the cache, positions from the
+#: layer input); the others under ``make test-all``.
 COMPILE_DEFAULT = [
     {"name": "nope"},
     {"name": "rope"},
@@ -200,6 +200,7 @@ COMPILE_DEFAULT = [
     {"name": "t5", "num_buckets": 8, "max_distance": 12},
     {"name": "alibi"},
     {"name": "kerple"},
+    {"name": "fire", "hidden": 8, "init_threshold": 4.5},  # a per-pair MLP: custom autograd
     next(s for s in SCHEME_SPECS if length_dependent(s)),
     {"name": "forgetting"},
 ]
@@ -238,6 +239,7 @@ def test_torch_compile_smoke(spec):
             "deberta",
             "forgetting",
             "cope",
+            "fire",
         )
         or s.get("learned_freq")
     ],

@@ -68,6 +68,10 @@ def build(spec: dict, h: int, d: int, causal: bool, dtype=torch.float32):
             MultiheadAttention(h * d, h, spec, causal=causal)
         return None
     rotary = spec.get("rotary_dim", d)
+    if causal_only(spec) and not causal:
+        with pytest.raises(ValueError, match="causal attention only"):
+            MultiheadAttention(h * d, h, spec, causal=causal)
+        return None
     if (spec["name"] in ("sinusoidal", "transformer_xl") and h * d % 2) or (
         spec["name"] == "rope" and (rotary % 2 or rotary > d)
     ):

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 import relpos
 from relpos import Positions
-from relpos.attention.chunked import chunked_attention
+from relpos.attention.chunked import chunked_attention, chunked_path
 from relpos.attention.chunked import geometry as geometry_mod
 from relpos.attention.chunked import narrow as narrow_mod
 from relpos.attention.chunked.band import Band
@@ -214,3 +214,20 @@ def test_scratch_keeps_nothing_past_its_budget(monkeypatch):
     narrow_mod._SCRATCH.buffers.clear()
     assert_same(_shaw_call(2), atol=1e-9, rtol=1e-9)
     assert narrow_mod._SCRATCH.buffers.items() == []
+
+
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
+def test_a_nan_value_stays_in_its_batch_row(causal):
+    """The flat key buffers keep whole padding blocks between (batch, head) rows: a window never
+    reads the next row's values, where a zero probability times NaN would cross batch rows."""
+    torch.manual_seed(0)
+    scheme = relpos.make_scheme(
+        {"name": "shaw", "max_distance": 2}, d_model=2, num_heads=1, causal=causal
+    )
+    pos = Positions.from_length(18)
+    q, k, v = (torch.randn(2, 1, 18, 2) for _ in range(3))
+    assert chunked_path(scheme, q, pos, pos) == "region"
+    clean = chunked_attention(q, k, v, scheme, pos, pos, causal=causal)
+    v[1, 0, 0, 0] = float("nan")
+    dirty = chunked_attention(q, k, v, scheme, pos, pos, causal=causal)
+    assert torch.equal(dirty[0], clean[0])

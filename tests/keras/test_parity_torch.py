@@ -31,6 +31,11 @@ DYNAMIC, LONGROPE = [spec for spec in SCHEME_SPECS if length_dependent(spec)]
 XPOS = {"name": "rope", "xpos_scale_base": 8.0}  # a small γ: a visible decay over 9 tokens
 #: RoPE variants: on the grouped-query shape only (JAX compiles each op once per shape).
 VARIANTS = [DYNAMIC, LONGROPE, XPOS, {"name": "rope", "learned_freq": True, "interleaved": True}]
+#: Per-head control: the heads left out get no bias (the grouped-query shape has 4 heads).
+VARIANTS += [
+    {"name": "alibi", "heads": [0, 3]},
+    {"name": "t5", "num_buckets": 8, "max_distance": 6, "heads": [1]},
+]
 SCHEMES = [
     "nope",
     "rope",

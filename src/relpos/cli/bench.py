@@ -76,6 +76,8 @@ SCHEMES = [
     "learned_alibi",
     "dpb",
     "forgetting",
+    "fire",
+    "sandwich",
 ]
 DEFAULT_LENGTHS = [256, 1024, 2048]
 ALL_LENGTHS = [256, 1024, 2048, 4096, 8192]

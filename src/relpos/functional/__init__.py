@@ -4,10 +4,12 @@ from .alibi import alibi_bias, alibi_slopes
 from .cope import cope_logits, cope_positions
 from .deberta import deberta_buckets, deberta_index, deberta_span
 from .dtypes import compute_dtype
+from .fire import fire_bias, fire_inputs
 from .kerple import kerple_bias
 from .relative import clipped_relative_index, relative_distance
 from .rope import apply_rope, rope_angles, rope_frequencies
 from .rope_scaling import scaled_rope_frequencies, sequence_rope_frequencies
+from .sandwich import sandwich_bias, sandwich_head_scales
 from .sinusoidal import sinusoid_frequencies, sinusoidal_table
 from .skew import gather_relative, scatter_relative, skew
 from .t5 import t5_buckets
@@ -24,11 +26,15 @@ __all__ = [
     "deberta_buckets",
     "deberta_index",
     "deberta_span",
+    "fire_bias",
+    "fire_inputs",
     "gather_relative",
     "kerple_bias",
     "relative_distance",
     "rope_angles",
     "rope_frequencies",
+    "sandwich_bias",
+    "sandwich_head_scales",
     "scaled_rope_frequencies",
     "scatter_relative",
     "sequence_rope_frequencies",

@@ -36,6 +36,7 @@ from ..functional.sinusoidal import sinusoidal_table
 from ..functional.xpos import check_xpos_position, xpos_decay
 from ..schemes import SCHEMES, SchemeConfig, config_from_dict
 from ..schemes import scheme_config as shared_scheme_config
+from ..schemes.heads import head_selection, select_heads
 from ..schemes.kerple import KERPLE_EPS
 from .ops import (
     alibi_bias,
@@ -244,8 +245,11 @@ class AlibiScheme(AttentionScheme):
 
     def __init__(self, config, **kwargs) -> None:
         super().__init__(config, **kwargs)
-        # fixed: computed once (the config's per-head slopes, or the paper's)
-        self.slopes = tuple(alibi_slopes(self.num_heads, config.slopes).tolist())
+        # fixed: computed once (the config's per-head slopes, or the paper's); 0 for the heads
+        # left out of ``heads``
+        slopes = alibi_slopes(self.num_heads, config.slopes)
+        slopes = select_heads(slopes, head_selection(config.heads, self.num_heads))
+        self.slopes = tuple(slopes.tolist())
 
     def score_bias(self, q, q_positions, k_positions):
         slopes = ops.convert_to_tensor(self.slopes, dtype="float32")
@@ -269,6 +273,9 @@ class T5Scheme(AttentionScheme):
             raise ValueError(
                 f"bidirectional T5 bias needs an even num_buckets >= 4, got {config.num_buckets}"
             )
+        # per-head control: 1 for the heads that get the bias, 0 for the others
+        selection = head_selection(config.heads, self.num_heads)
+        self.head_scale = None if selection is None else tuple(float(x) for x in selection)
 
     def build(self, input_shape=None) -> None:
         self.table = self.add_weight(
@@ -287,7 +294,10 @@ class T5Scheme(AttentionScheme):
             num_buckets=c.num_buckets,
             max_distance=c.max_distance,
         )
-        values = ops.take(ops.cast(self.table, "float32"), buckets, axis=0)  # (b, i, j, h)
+        table = ops.cast(self.table, "float32")
+        if self.head_scale is not None:
+            table = table * ops.convert_to_tensor(self.head_scale, dtype="float32")
+        values = ops.take(table, buckets, axis=0)  # (b, i, j, h)
         return ops.transpose(values, (0, 3, 1, 2))
 
 

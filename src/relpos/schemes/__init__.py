@@ -18,11 +18,13 @@ from .base import (
 from .cope import CoPE, CoPEConfig
 from .deberta import DeBERTa, DebertaConfig
 from .dpb import DynamicPositionBias, DynamicPositionBiasConfig
+from .fire import Fire, FireConfig
 from .forgetting import ForgetGate, ForgetGateConfig
 from .kerple import Kerple, KerpleConfig
 from .music import MusicConfig, MusicRelative
 from .nope import NoPE, NoPEConfig
 from .rope import Rotary, RotaryConfig
+from .sandwich import Sandwich, SandwichConfig
 from .shaw import ShawConfig, ShawRelative
 from .t5 import T5Bias, T5Config
 from .transformer_xl import TransformerXL, TransformerXLConfig
@@ -39,6 +41,8 @@ __all__ = [
     "DistanceBiasScheme",
     "DynamicPositionBias",
     "DynamicPositionBiasConfig",
+    "Fire",
+    "FireConfig",
     "ForgetGate",
     "ForgetGateConfig",
     "Kerple",
@@ -55,6 +59,8 @@ __all__ = [
     "RelativeScheme",
     "Rotary",
     "RotaryConfig",
+    "Sandwich",
+    "SandwichConfig",
     "Scheme",
     "SchemeConfig",
     "ShawConfig",

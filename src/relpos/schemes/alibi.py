@@ -10,6 +10,7 @@ from torch import Tensor, nn
 from ..functional.alibi import alibi_slopes
 from ..functional.dtypes import compute_dtype
 from .base import DistanceBiasScheme, LinearBiasScheme, SchemeConfig, register
+from .heads import check_heads_field, head_selection, select_heads
 
 __all__ = ["ALiBi", "ALiBiConfig", "LearnedALiBi", "LearnedALiBiConfig"]
 
@@ -33,13 +34,16 @@ class ALiBiConfig(SchemeConfig):
     """Args:
     slopes: one slope per head instead of the paper's geometric sequence; a slope of 0 leaves
         that head without a bias (per-head control: bias some heads, not others).
+    heads: the heads that get the bias (indices), or None for every head; the others get 0.
     """
 
     name = "alibi"
     slopes: tuple[float, ...] | None = None
+    heads: tuple[int, ...] | None = None
 
     def validate(self) -> None:
         object.__setattr__(self, "slopes", _check_slopes(self.slopes))
+        object.__setattr__(self, "heads", check_heads_field(self.heads))
 
 
 @register
@@ -54,6 +58,8 @@ class ALiBi(LinearBiasScheme):
     def __init__(self, config: ALiBiConfig | None = None, **dims) -> None:
         super().__init__(config, **dims)
         slopes = alibi_slopes(self.num_heads, self.config.slopes)
+        # Heads left out of ``heads`` get slope 0: no bias, on every backend's fused path too.
+        slopes = select_heads(slopes, head_selection(self.config.heads, self.num_heads))
         self.register_buffer("slopes", slopes, persistent=False)
 
 
@@ -61,13 +67,16 @@ class ALiBi(LinearBiasScheme):
 class LearnedALiBiConfig(SchemeConfig):
     """Args:
     slopes: initial slopes, one per head (default: ALiBi's geometric sequence).
+    heads: the heads that get the bias (indices), or None for every head; the others get 0.
     """
 
     name = "learned_alibi"
     slopes: tuple[float, ...] | None = None
+    heads: tuple[int, ...] | None = None
 
     def validate(self) -> None:
         object.__setattr__(self, "slopes", _check_slopes(self.slopes))
+        object.__setattr__(self, "heads", check_heads_field(self.heads))
 
 
 @register

@@ -61,6 +61,7 @@ from ..functional.alibi import alibi_bias
 from ..functional.dtypes import compute_dtype
 from ..functional.skew import gather_relative, scatter_relative
 from ..positions import Positions, distance_range
+from .heads import head_selection, select_heads
 
 __all__ = [
     "LOGIT_HOOKS",
@@ -172,8 +173,8 @@ class Scheme(nn.Module):
         self.causal = bool(causal)
         if self.causal_only and not self.causal:
             raise ValueError(
-                f"{config.name} needs causal=True: the scheme is causal only (its term runs "
-                "over the tokens from a key up to a later query)"
+                f"{config.name} needs causal=True: the scheme is causal only (its paper defines "
+                "its term for keys at or before the query)"
             )
 
     # ---------------------------------------------------------------- hooks (defaults: no-ops)
@@ -335,10 +336,17 @@ class DistanceBiasScheme(Scheme):
     Subclasses implement :meth:`distance_bias`. ``score_bias`` evaluates it once per distance the
     call can see (``D <= max(p) - min(p)`` over queries and keys, so ``O(h·D)`` work, never
     ``O(h·i·j)`` evaluations of the function) and gathers the table by each pair's distance.
-    Reading the range of positions costs one device sync per call.
+    Reading the range of positions costs one device sync per call. A config field ``heads`` (head
+    indices, or None for all) zeroes the table of the heads left out.
     """
 
     hooks: ClassVar[frozenset[str]] = frozenset({"score_bias"})
+
+    def __init__(self, config: SchemeConfig | None = None, **dims: Any) -> None:
+        super().__init__(config, **dims)
+        # Per-head control: the config's ``heads`` (None: every head gets the bias).
+        selection = head_selection(getattr(self.config, "heads", None), self.num_heads)
+        self.register_buffer("bias_heads", selection, persistent=False)
 
     @abstractmethod
     def distance_bias(self, distance: Tensor) -> Tensor:
@@ -349,6 +357,7 @@ class DistanceBiasScheme(Scheme):
         every distance between these queries and keys; ``table`` is ``(h, D)`` float32."""
         lo, hi = distance_range(q_positions, k_positions)
         table = self.distance_bias(torch.arange(lo, hi + 1, device=q_positions.device))
+        table = select_heads(table, self.bias_heads)  # heads left out of ``heads`` get 0
         return lo, table.to(compute_dtype(table.dtype))
 
     def score_bias(self, q: Tensor, q_positions: Positions, k_positions: Positions) -> Tensor:

@@ -10,6 +10,7 @@ from torch import Tensor, nn
 from ..functional.dtypes import compute_dtype
 from ..functional.kerple import KERPLE_VARIANTS, kerple_bias
 from .base import DistanceBiasScheme, SchemeConfig, register
+from .heads import check_heads_field
 
 __all__ = ["KERPLE_EPS", "Kerple", "KerpleConfig"]
 
@@ -22,14 +23,17 @@ class KerpleConfig(SchemeConfig):
     """Args:
     variant: ``"log"`` (``-r1·log(1 + r2·|Δ|)``, the paper's better extrapolator) or ``"power"``
         (``-r1·|Δ|^r2``).
+    heads: the heads that get the bias (indices), or None for every head; the others get 0.
     """
 
     name = "kerple"
     variant: str = "log"
+    heads: tuple[int, ...] | None = None
 
     def validate(self) -> None:
         if self.variant not in KERPLE_VARIANTS:
             raise ValueError(f"variant must be one of {KERPLE_VARIANTS}, got {self.variant!r}")
+        object.__setattr__(self, "heads", check_heads_field(self.heads))
 
 
 @register

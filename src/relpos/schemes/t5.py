@@ -11,6 +11,7 @@ from ..functional.dtypes import compute_dtype
 from ..functional.t5 import t5_buckets
 from ..positions import Positions
 from .base import RelativeScheme, SchemeConfig, check_int, register
+from .heads import check_heads_field, head_selection, select_heads
 
 __all__ = ["T5Bias", "T5Config"]
 
@@ -20,15 +21,18 @@ class T5Config(SchemeConfig):
     """Args:
     num_buckets: buckets shared by all distances (half per direction when bidirectional).
     max_distance: distance from which all pairs share the farthest bucket.
+    heads: the heads that get the bias (indices), or None for every head; the others get 0.
     """
 
     name = "t5"
     num_buckets: int = 32
     max_distance: int = 128
+    heads: tuple[int, ...] | None = None
 
     def validate(self) -> None:
         check_int("num_buckets", self.num_buckets, minimum=2)
         check_int("max_distance", self.max_distance, minimum=1)
+        object.__setattr__(self, "heads", check_heads_field(self.heads))
 
 
 @register
@@ -60,10 +64,17 @@ class T5Bias(RelativeScheme):
                 f"({per_direction // 2})"
             )
         self.table = nn.Parameter(torch.randn(c.num_buckets, self.num_heads) * 0.02)
+        self.register_buffer(
+            "bias_heads", head_selection(c.heads, self.num_heads), persistent=False
+        )
+
+    def bias_table(self) -> Tensor:
+        """The table ``(R, h)`` in at least float32, zero in the heads left out of ``heads``."""
+        table = self.table.to(compute_dtype(self.table.dtype))
+        return select_heads(table, self.bias_heads, dim=1)
 
     def score_bias(self, q: Tensor, q_positions: Positions, k_positions: Positions) -> Tensor:
-        table = self.table.to(compute_dtype(self.table.dtype))
-        values = table[self.relative_index(q_positions, k_positions)]  # (b, i, j, h)
+        values = self.bias_table()[self.relative_index(q_positions, k_positions)]  # (b, i, j, h)
         return values.permute(0, 3, 1, 2)
 
     # ------------------------------------------------------------ relative form (fused backends)
@@ -89,5 +100,4 @@ class T5Bias(RelativeScheme):
         broadcasting over queries).
         """
         del q
-        table = self.table.to(compute_dtype(self.table.dtype))
-        return table.t().reshape(1, self.num_heads, 1, -1)
+        return self.bias_table().t().reshape(1, self.num_heads, 1, -1)

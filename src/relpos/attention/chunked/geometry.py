@@ -129,6 +129,9 @@ class Band:
     rows: slice | None = None
     #: the tile engine's logit buffers for this call, by shape
     logit_buffers: dict[tuple, Any] = field(default_factory=dict)
+    #: padding positions after each row's ``n`` (whole blocks) in the distance engine's flat
+    #: buffers, so that no real query's key window reaches the next (batch, head) row's keys
+    gap: int = 0
 
     @classmethod
     def build(cls, scheme: RelativeScheme, n: int, lo: int, hi: int, block: int, device) -> Band:
@@ -160,7 +163,7 @@ class Band:
 
     @property
     def num_blocks(self) -> int:
-        return -(-self.n // self.block)
+        return -(-(self.n + self.gap) // self.block)
 
     def groups(self, batch: int, heads: int) -> list[tuple[int, int]]:
         """``[(c0, c1)]``: blocks per group, each at most :data:`GROUP_ELEMENTS` elements in its

@@ -87,6 +87,13 @@ def region_attention(q: Tensor, k: Tensor, v: Tensor, job: Job) -> Tensor:
         job.engine = tile_engine
         block = _MIN_BAND_BLOCK if hi - lo < 512 else _BAND_BLOCK
     job.band = Band.build(job.scheme, n, lo, hi, block, q.device)
+    if job.engine is distance_engine:
+        # Whole padding blocks after each (batch, head) row of the flat buffers, as many as a
+        # window reaches past its block: no real query's window reads the next row's keys (a
+        # zero probability times a NaN there would carry it across batch rows).
+        band = job.band
+        reach = max(band.left, band.keys - band.block - band.left)
+        band.gap = -(-reach // band.block) * band.block
     job.far = far
     job.far_rows = [far.left_row, far.right_row] if job.rel_bias else []
     return RegionAttention.apply(q, k, v, job, *job.params)

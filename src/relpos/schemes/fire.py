@@ -1,0 +1,102 @@
+"""FIRE: functional interpolation for relative positions (Li et al., ICLR 2024, §3)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+from torch import Tensor, nn
+
+from ..functional.dtypes import compute_dtype
+from ..functional.fire import fire_bias
+from ..positions import Positions
+from .base import Scheme, SchemeConfig, check_int, check_positive_float, register
+from .heads import check_heads_field, head_selection, select_heads
+
+__all__ = ["Fire", "FireConfig"]
+
+
+@dataclass(frozen=True)
+class FireConfig(SchemeConfig):
+    """Args:
+    hidden: width of the MLP ``f_θ`` (the paper: 32).
+    init_c: initial ``c`` of ``ψ(x) = log(c·x + 1)`` (learned; the paper's code: 0.1).
+    init_threshold: initial threshold ``L`` (learned, as a multiplier of this value; the
+        paper's code: 512). Queries at positions below ``L`` share the normaliser ``ψ(L)``.
+    heads: the heads that get the bias (indices), or None for every head; the others get 0.
+    """
+
+    name = "fire"
+    hidden: int = 32
+    init_c: float = 0.1
+    init_threshold: float = 512.0
+    heads: tuple[int, ...] | None = None
+
+    def validate(self) -> None:
+        check_int("hidden", self.hidden, minimum=1)
+        check_positive_float("init_c", self.init_c)
+        check_positive_float("init_threshold", self.init_threshold)
+        object.__setattr__(self, "heads", check_heads_field(self.heads))
+
+
+@register
+class Fire(Scheme):
+    """FIRE (Li et al., 2024, "Functional Interpolation for Relative Positions Improves Long
+    Context Transformers"): for causal attention, head ``h`` adds to the logit of query ``i`` and
+    key ``j``
+
+        ``f_θ(ψ(p_i - p_j) / ψ(max(L, p_i)))_h``,  ``ψ(x) = log(c·x + 1)``,
+
+    with ``f_θ`` = ``Linear(1, hidden)``, ReLU, ``Linear(hidden, num_heads)``, and ``c`` and the
+    threshold ``L = |s|·init_threshold`` learned (``s``: ``threshold_scale``, starting at 1; ``|c|``
+    is used), as in the paper's reference code (which also adds ``1e-6`` to the normaliser).
+    ``p`` are the tokens' positions in their own sequences, so padded, packed and cached batches
+    get the bias of each sequence alone.
+
+    The bias depends on the query's position, not just the distance: it is evaluated per pair, by
+    :func:`~relpos.functional.fire_bias` in blocks of at most :attr:`mlp_block` pairs forward and
+    backward (``chunked`` calls it per tile). ``flex`` does not run it.
+
+    Causal only: the paper defines the normalised distance for ``p_j <= p_i`` (it lies in
+    ``[0, 1]``); building FIRE for bidirectional attention raises ``ValueError``.
+
+    Shapes:
+        ``score_bias`` returns ``(b|1, h, i, j)`` in at least float32.
+    """
+
+    config_class = FireConfig
+    hooks = frozenset({"score_bias"})
+    #: The most (query, key) pairs one MLP call sees; bounds the ``(pairs, hidden)`` activations.
+    mlp_block: int = 1 << 16
+    #: Refuses bidirectional attention (tests read it).
+    causal_only: ClassVar[bool] = True
+
+    def __init__(self, config: FireConfig | None = None, **dims) -> None:
+        super().__init__(config, **dims)  # refuses causal=False (causal_only)
+        c = self.config
+        self.mlp = nn.Sequential(
+            nn.Linear(1, c.hidden), nn.ReLU(), nn.Linear(c.hidden, self.num_heads)
+        )
+        self.c = nn.Parameter(torch.tensor(float(c.init_c)))
+        self.threshold_scale = nn.Parameter(torch.tensor(1.0))  # L = |scale|·init_threshold
+        self.register_buffer(
+            "bias_heads", head_selection(c.heads, self.num_heads), persistent=False
+        )
+
+    def score_bias(self, q: Tensor, q_positions: Positions, k_positions: Positions) -> Tensor:
+        dtype = compute_dtype(self.c.dtype)
+        first, last = self.mlp[0], self.mlp[2]
+        w2 = select_heads(last.weight.to(dtype), self.bias_heads)  # heads left out output 0
+        b2 = select_heads(last.bias.to(dtype), self.bias_heads)
+        return fire_bias(
+            q_positions.pos,
+            k_positions.pos,
+            self.c.to(dtype),
+            self.threshold_scale.to(dtype) * self.config.init_threshold,
+            first.weight.to(dtype),
+            first.bias.to(dtype),
+            w2,
+            b2,
+            block=self.mlp_block,
+        )

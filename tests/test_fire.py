@@ -1,0 +1,214 @@
+"""FIRE (Li et al., ICLR 2024): the bias against a loop over (i, j) straight from the paper's
+formula (values and every parameter's gradient), its memory bound (the MLP never sees more than
+``mlp_block`` pairs, forward or backward), the threshold's progressive interpolation, the backends
+and the refusals. The shared suites (``SCHEME_SPECS``) run it through the attention oracle,
+padded / packed / cached parity, every backend against eager, compile and gradcheck."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import relpos
+from relpos import Positions
+from relpos.attention.backends import BACKENDS
+from relpos.attention.chunked import chunked_attention
+from relpos.attention.flex import flex_available, flex_supports
+from relpos.functional import fire as fire_mod
+from tests.helpers import random_segments, randomize_parameters
+
+SPEC = {"name": "fire", "hidden": 8, "init_threshold": 4.5}
+
+
+def make(h: int = 2, spec: dict = SPEC, seed: int = 0, dtype=torch.float64) -> relpos.Fire:
+    scheme = relpos.make_scheme(spec, d_model=4 * h, num_heads=h, causal=True).to(dtype)
+    randomize_parameters(scheme, seed)
+    return scheme
+
+
+def loop_bias(scheme: relpos.Fire, qp: Positions, kp: Positions) -> torch.Tensor:
+    """``f_θ(ψ(p_i - p_j) / ψ(max(L, p_i)))`` pair by pair, ``ψ(x) = log(|c|·x + 1)``."""
+    c = scheme.c.abs()
+    big_l = (scheme.threshold_scale * scheme.config.init_threshold).abs()
+    w1, b1 = scheme.mlp[0].weight[:, 0], scheme.mlp[0].bias
+    w2, b2 = scheme.mlp[2].weight, scheme.mlp[2].bias
+    b = max(qp.batch, kp.batch)
+    qpos, kpos = qp.expand(b).pos.tolist(), kp.expand(b).pos.tolist()
+    rows = []
+    for r in range(b):
+        pairs = []
+        for pi in qpos[r]:
+            for pj in kpos[r]:
+                reach = big_l if big_l > pi else torch.tensor(float(pi), dtype=c.dtype)
+                x = torch.log(c * max(pi - pj, 0) + 1) / (torch.log(c * reach + 1) + 1e-6)
+                hidden = torch.relu(w1 * x + b1)
+                pairs.append(w2 @ hidden + b2)  # one value per head
+        rows.append(torch.stack(pairs).T.reshape(-1, len(qpos[r]), len(kpos[r])))
+    return torch.stack(rows)
+
+
+def random_positions(rng: random.Random, b: int, n: int) -> Positions:
+    seg = torch.tensor([random_segments(rng, n) for _ in range(b)])
+    return Positions.from_segments(seg, offset=torch.tensor([rng.randint(0, 9) for _ in range(b)]))
+
+
+@settings(max_examples=6)
+@given(seed=st.integers(0, 2**16), block=st.integers(1, 40))
+def test_bias_and_parameter_gradients_match_the_loop(seed, block):
+    rng = random.Random(seed)
+    h, b, n = rng.randint(1, 3), rng.randint(1, 2), rng.randint(1, 9)
+    scheme = make(h, seed=seed)
+    scheme.mlp_block = block
+    kp = random_positions(rng, b, n)
+    qp = kp[n - rng.randint(1, n) :]  # the last few tokens: a KV cache's queries
+    out = scheme.score_bias(None, qp, kp)
+    ref = loop_bias(scheme, qp, kp)
+    torch.testing.assert_close(out, ref, rtol=1e-10, atol=1e-10)
+    weights = torch.randn_like(ref)
+    params = list(scheme.parameters())
+    g = torch.autograd.grad((out * weights).sum(), params, allow_unused=True)
+    g_ref = torch.autograd.grad((ref * weights).sum(), params, allow_unused=True)
+    for name, a, r in zip([n for n, _ in scheme.named_parameters()], g, g_ref, strict=True):
+        r = torch.zeros_like(a) if r is None else r  # e.g. L below every query: no gradient
+        torch.testing.assert_close(a, r, rtol=1e-9, atol=1e-10, msg=name)
+
+
+def test_the_mlp_sees_at_most_mlp_block_pairs_forward_and_backward(monkeypatch):
+    """A counter on the only function that makes an ``(n, hidden)`` tensor."""
+    sizes = []
+    original = fire_mod.fire_hidden
+    monkeypatch.setattr(
+        fire_mod, "fire_hidden", lambda x, w1, b1: sizes.append(x.numel()) or original(x, w1, b1)
+    )
+    scheme = make(2)
+    scheme.mlp_block = 50
+    pos = Positions.from_length(30)
+    bias = scheme.score_bias(None, pos, pos)
+    forward = list(sizes)
+    assert max(forward) <= 50 and sum(forward) == 30 * 30
+    bias.sum().backward()
+    backward = sizes[len(forward) :]
+    assert max(backward) <= 50 and sum(backward) == 30 * 30
+    assert all(p.grad is not None for p in scheme.parameters())
+
+
+def test_chunked_tiles_stay_within_the_block_too(monkeypatch):
+    sizes = []
+    original = fire_mod.fire_hidden
+    monkeypatch.setattr(
+        fire_mod, "fire_hidden", lambda x, w1, b1: sizes.append(x.numel()) or original(x, w1, b1)
+    )
+    scheme = make(2, dtype=torch.float32)
+    scheme.mlp_block = 12
+    pos = Positions.from_length(40)
+    q, k, v = (torch.randn(1, 2, 40, 4, requires_grad=True) for _ in range(3))
+    out = chunked_attention(q, k, v, scheme, pos, pos, causal=True, q_block=8, k_block=8)
+    out.sum().backward()
+    assert sizes and max(sizes) <= 12
+
+
+def test_queries_below_the_threshold_share_one_normaliser():
+    """Below ``L`` the bias is a function of the distance alone; beyond it the distance is a
+    fraction of the query's position: the first token of a long sequence gets ``f_θ(1)``."""
+    scheme = make(2, spec={**SPEC, "init_threshold": 6.0})
+    with torch.no_grad():
+        scheme.threshold_scale.fill_(1.0)  # L = 6
+    pos = Positions.from_length(20)
+    bias = scheme.score_bias(None, pos, pos)[0]  # (h, i, j)
+    for i in range(1, 6):  # p_i <= L: same as the query at L for every distance
+        torch.testing.assert_close(bias[:, i, : i + 1], bias[:, 6, 6 - i : 7])
+    first = bias[:, 7:, 0]  # p_i > L, key 0: ψ(p_i) / ψ(p_i) = 1 (up to the 1e-6)
+    torch.testing.assert_close(first, first[:, :1].expand_as(first), rtol=1e-5, atol=1e-6)
+
+
+def test_positions_not_indices():
+    """Each sequence's own positions: a packed document gets the bias it gets alone."""
+    scheme = make(2)
+    packed = Positions.from_segments(torch.tensor([[0, 0, 0, 1, 1, 1, 1]]))
+    alone = Positions.from_length(4)
+    bias = scheme.score_bias(None, packed, packed)[0, :, 3:, 3:]
+    torch.testing.assert_close(bias, scheme.score_bias(None, alone, alone)[0])
+
+
+@pytest.mark.parametrize("layout", ["plain", "packed"])
+@pytest.mark.parametrize("backend", ["sdpa", "chunked", "chunked-tiles", "auto"])
+def test_backends_match_eager_with_gradients(backend, layout):
+    rng = random.Random(7)
+    scheme = make(3, seed=7)
+    pos = Positions.from_length(21) if layout == "plain" else random_positions(rng, 2, 21)
+    q, k, v = (torch.randn(2, 3, 21, 4, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    inputs = [q, k, v, *scheme.parameters()]
+    results = []
+    for name in ("eager", backend):
+        if name == "chunked-tiles":
+            out = chunked_attention(q, k, v, scheme, pos, pos, causal=True, q_block=5, k_block=7)
+        else:
+            out = BACKENDS[name](q, k, v, scheme, pos, pos, causal=True)
+        results.append((out, torch.autograd.grad(out.square().sum(), inputs)))
+    (ref, g_ref), (out, g) = results
+    torch.testing.assert_close(out, ref, atol=1e-10, rtol=1e-10)
+    for a, r in zip(g, g_ref, strict=True):
+        torch.testing.assert_close(a, r, atol=1e-10, rtol=1e-10)
+
+
+def test_flex_declines_fire_clearly():
+    scheme = make(2, dtype=torch.float32)
+    assert not flex_supports(scheme, needs_grad=False)
+    if not flex_available():
+        return
+    pos = Positions.from_length(4)
+    q = torch.randn(1, 2, 4, 4)
+    with torch.no_grad(), pytest.raises(ValueError, match="does not support scheme Fire"):
+        BACKENDS["flex"](q, q, q, scheme, pos, pos, causal=True)
+
+
+def test_bidirectional_is_refused():
+    with pytest.raises(ValueError, match="fire needs causal=True"):
+        relpos.make_scheme("fire", d_model=8, num_heads=2, causal=False)
+    with pytest.raises(ValueError, match="causal only"):
+        relpos.Transformer(
+            relpos.TransformerConfig(
+                vocab_size=5, d_model=8, num_heads=2, num_layers=1, causal=False, scheme="fire"
+            )
+        )
+
+
+def test_paper_defaults_and_float32_in_bf16():
+    scheme = relpos.make_scheme("fire", d_model=16, num_heads=4, causal=True)
+    assert scheme.mlp[0].out_features == 32 and scheme.mlp[2].out_features == 4
+    assert scheme.c.item() == pytest.approx(0.1) and scheme.threshold_scale.item() == 1.0
+    assert scheme.config.init_threshold == 512.0
+    pos = Positions.from_length(5)
+    assert scheme.to(torch.bfloat16).score_bias(None, pos, pos).dtype == torch.float32
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("hidden", 0, "hidden must be >= 1, got 0"),
+        ("init_c", -0.5, "init_c must be > 0, got -0.5"),
+        ("init_threshold", 0, "init_threshold must be > 0, got 0"),
+        ("heads", [0, 0], "heads lists a head twice"),
+    ],
+)
+def test_bad_config(field, value, message):
+    with pytest.raises(ValueError, match=message):
+        relpos.FireConfig(**{field: value})
+    with pytest.raises(TypeError, match="init_c must be a number"):
+        relpos.FireConfig(init_c="big")
+
+
+def test_bench_rows_are_causal_only(tmp_path):
+    from relpos.cli import bench
+
+    argv = ["--lengths", "32", "--schemes", "fire,sandwich", "--impls", "sdpa,chunked"]
+    argv += ["--mask", "both", "--repeats", "5", "--warmup", "1", "--no-memory", "--no-plot"]
+    assert bench.main([*argv, "--out", str(tmp_path)]) == 0
+    table = (tmp_path / "bench.md").read_text()
+    assert "| fire | chunked | 32 | 1 | causal |" in table
+    assert "| sandwich | sdpa | 32 | 1 | bidir |" in table
+    assert "| fire | sdpa | 32 | 1 | bidir |" not in table
