@@ -378,7 +378,7 @@ def test_the_default_comparison_is_the_eight_classic_schemes():
         "nope",
     )
     spec = default_spec("copy")
-    assert spec.test_lengths == (16, 24, 32, 48, 64) and spec.train_length == 16
+    assert spec.test_lengths == (16, 20, 24, 32, 48, 64) and spec.train_length == 16
     assert default_spec("chorales-extrapolate").test_lengths == (64, 128, 256, 512)
 
 
@@ -421,3 +421,14 @@ def test_chorales_extrapolate_scores_longer_windows(tmp_path, capsys):
         [*argv, "--run-dir", str(tmp_path / "other"), *flags, "--test-lengths", "8,32"],
         "--test-lengths",
     )
+
+
+def test_chorale_data_in_the_wrong_format_is_refused(tmp_path, capsys):
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"train": "not chorales"}))
+    run = tmp_path / "cmp"
+    argv = ["compare", "--task", "chorales-extrapolate", "--schemes", "nope"]
+    refused(capsys, [*argv, "--run-dir", str(run), "--data", str(bad), "--no-progress"], "--data")
+    refused(capsys, [*argv, "--run-dir", str(run), "--data", str(tmp_path / "none.json")], "--data")
+    refused(capsys, [*argv, "--run-dir", str(run), "--test-examples", "5"], "--test-examples")
+    assert not run.exists()

@@ -125,6 +125,16 @@ def cmd_compare(args: argparse.Namespace) -> int:
     except (ValueError, TypeError) as e:
         raise CLIError(f"{_flag_of(str(e))}: {e}") from None
     command = _command_line(spec, schemes, seeds, run_dir)
+    data = None
+    if not spec.synthetic:
+        from ..music import load_token_data
+
+        try:
+            data = load_token_data(
+                spec.data, max_shift=spec.max_shift, progress=not args.no_progress
+            )
+        except ValueError as e:
+            raise CLIError(f"--data: {e}") from None
     print(
         f"relpos compare: {spec.task}, {len(schemes)} scheme(s) × {len(seeds)} seed(s) in {run_dir}"
     )
@@ -135,6 +145,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
         run_dir,
         progress=not args.no_progress,
         log=lambda line: print(line, flush=True),
+        data=data,
         command=command,
     )
     paths: dict[str, Any] = summary["paths"]

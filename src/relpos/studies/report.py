@@ -49,9 +49,11 @@ def metric_of(spec: CompareSpec) -> dict[str, Any]:
     }
 
 
-def summarise(cells: list[dict[str, Any]], schemes: list[str], lengths: list[int]) -> dict:
-    """Per scheme and length: the mean, min and max over the seeds with a value, and how many
-    seeds there are (``n``) and had a value (``n_valid``)."""
+def summarise(
+    cells: list[dict[str, Any]], schemes: list[str], lengths: list[int], key: str = "values"
+) -> dict:
+    """Per scheme and length: the mean, min and max of the cells' ``key`` over the seeds with a
+    value, and how many seeds there are (``n``) and had a value (``n_valid``)."""
     out: dict[str, dict[str, dict[str, Any]]] = {}
     for label in schemes:
         mine = [c for c in cells if c["scheme"] == label]
@@ -59,7 +61,7 @@ def summarise(cells: list[dict[str, Any]], schemes: list[str], lengths: list[int
             continue
         row = {}
         for length in lengths:
-            vals = [c["values"].get(str(length)) for c in mine]
+            vals = [(c.get(key) or {}).get(str(length)) for c in mine]
             got = [v for v in vals if v is not None]
             row[str(length)] = {
                 "mean": sum(got) / len(got) if got else None,
@@ -84,11 +86,27 @@ def _cell_text(entry: dict[str, Any], metric: dict[str, Any]) -> str:
     return text
 
 
+def _rows(
+    summary: dict, schemes: list[str], lengths: list[int], n: int, metric: dict[str, Any]
+) -> list[str]:
+    """A markdown table: a header, then one row per scheme with results."""
+    lines = [
+        "| scheme | " + " | ".join(f"{L}" + (" (N)" if L == n else "") for L in lengths) + " |",
+        "| --- | " + " | ".join("---:" for _ in lengths) + " |",
+    ]
+    for label in schemes:
+        if label in summary:
+            row = summary[label]
+            cells = " | ".join(_cell_text(row[str(L)], metric) for L in lengths)
+            lines.append(f"| {label} | {cells} |")
+    return lines
+
+
 def _setup_line(spec: CompareSpec, seeds: list[int]) -> str:
     n = spec.train_length
     model = (
-        f"{spec.num_layers} layers, d_model {spec.d_model}, {spec.num_heads} heads, "
-        f"dropout {spec.dropout:g}"
+        f"{spec.num_layers} layer{'s' if spec.num_layers > 1 else ''}, d_model {spec.d_model}, "
+        f"{spec.num_heads} heads, dropout {spec.dropout:g}"
     )
     budget = (
         f"{spec.steps} steps of {spec.batch_size} {'examples' if spec.synthetic else 'windows'}, "
@@ -136,18 +154,17 @@ def render_table(
         + ("; mean (min–max) over seeds" if len(seeds) > 1 else "")
         + "):",
         "",
-        "| scheme | "
-        + " | ".join(f"{n}" + (" (N)" if n == spec.train_length else "") for n in lengths)
-        + " |",
-        "| --- | " + " | ".join("---:" for _ in lengths) + " |",
+        *_rows(summary, schemes, lengths, spec.train_length, metric),
     ]
-    for label in schemes:
-        if label not in summary:
-            continue
-        row = summary[label]
-        lines.append(
-            f"| {label} | " + " | ".join(_cell_text(row[str(n)], metric) for n in lengths) + " |"
-        )
+    if spec.synthetic:
+        tokens = summarise(cells, schemes, lengths, key="token_accuracy")
+        lines += [
+            "",
+            "Token accuracy (%: the share of target tokens, EOS included, written right by the "
+            "same greedy decoding; a first wrong token is fed back, so later ones may follow it):",
+            "",
+            *_rows(tokens, schemes, lengths, spec.train_length, {**metric, "digits": 1}),
+        ]
     pending = [s for s in schemes if s not in summary]
     notes = sorted({f"{c['scheme']}: {note}" for c in cells for note in c.get("notes", [])})
     if notes or pending:

@@ -177,7 +177,7 @@ _CHORALES = {
 
 def default_spec(task: str, **overrides: Any) -> CompareSpec:
     """The task's default spec, with ``overrides`` (``None`` values ignored); test lengths
-    default to ``N, 2N, 4N, 8N`` (chorales) or ``N, 1.5N, 2N, 3N, 4N`` (synthetic)."""
+    default to ``N, 2N, 4N, 8N`` (chorales) or ``N, 1.25N, 1.5N, 2N, 3N, 4N`` (synthetic)."""
     if task not in TASK_NAMES:
         raise ValueError(f"unknown task {task!r}; expected one of {list(TASK_NAMES)}")
     fields: dict[str, Any] = dict(_CHORALES if task == CHORALES else _SYNTHETIC)
@@ -185,7 +185,7 @@ def default_spec(task: str, **overrides: Any) -> CompareSpec:
     fields.update({k: v for k, v in overrides.items() if v is not None})
     n = fields["train_length"]
     if "test_lengths" not in fields and isinstance(n, int) and not isinstance(n, bool):
-        factors = (1, 2, 4, 8) if task == CHORALES else (1, 1.5, 2, 3, 4)
+        factors = (1, 2, 4, 8) if task == CHORALES else (1, 1.25, 1.5, 2, 3, 4)
         fields["test_lengths"] = tuple(dict.fromkeys(max(1, round(f * n)) for f in factors))
     return CompareSpec(task=task, **fields)
 
