@@ -22,8 +22,10 @@ from relpos.studies.tasks import (
     BOS,
     DIGIT0,
     EOS,
+    MAX_COUNT,
     PLUS,
     SEP,
+    add_digits,
     digits_of,
     held_out_examples,
     make_example,
@@ -105,24 +107,25 @@ def test_add_targets_are_the_sums_least_significant_digit_first(length):
         a, b = x[:length], x[length:]
         assert len(a) == len(b) == length and len(y) == length + 1
         assert as_number(y) == as_number(a) + as_number(b)
-    # By hand: 95 + 17 = 112, each written least significant digit first.
-    e = synthetic_add([5, 9], [7, 1])
-    assert digits_of(e.target) == [2, 1, 1]
+    # By hand: 95 + 17 = 112 and 99 + 1 = 100, least significant digit first.
+    assert add_digits(np.array([5, 9]), np.array([7, 1])).tolist() == [2, 1, 1]
+    assert add_digits(np.array([9, 9]), np.array([1, 0])).tolist() == [0, 0, 1]
 
 
-def synthetic_add(a: list[int], b: list[int]):
-    from relpos.studies.tasks import TASKS
+@pytest.mark.parametrize("length", [1, 5, 64, 128])
+def test_count_writes_every_number_from_the_first_to_the_last(length):
+    rng = np.random.default_rng(length)
+    for _ in range(20):
+        (a, b), y = split(make_example("count", length, rng))
+        assert b - a + 1 == length and y == list(range(a, b + 1))
+        assert 0 <= a and b < MAX_COUNT
+    with pytest.raises(ValueError, match="at most 128"):
+        make_example("count", 129, rng)
 
-    x, y = TASKS["add"].make(np.array(a + b))
-    return type(make_example("add", 1, np.random.default_rng(0)))(
-        prompt=np.array([BOS, *[PLUS if v < 0 else v + DIGIT0 for v in x], SEP]),
-        target=np.array([*(y + DIGIT0), EOS]),
-    )
 
-
-@pytest.mark.parametrize("task", ["copy", "reverse", "sort", "add"])
+@pytest.mark.parametrize("task", ["copy", "reverse", "sort", "count", "add"])
 def test_batches_hold_lengths_in_range_and_mask_only_the_targets(task):
-    batch = sample_batch(task, 64, 9, np.random.default_rng(0), min_length=4)
+    batch = sample_batch(task, 64, 9, np.random.default_rng(0), shortest=4)
     assert batch.lengths.min() >= 4 and batch.lengths.max() <= 9
     assert len(set(batch.lengths.tolist())) > 3  # lengths vary
     for row, mask, loss, n in zip(
@@ -136,7 +139,7 @@ def test_batches_hold_lengths_in_range_and_mask_only_the_targets(task):
         assert row[total - 1] == EOS
 
 
-@pytest.mark.parametrize("task", ["copy", "reverse", "sort", "add"])
+@pytest.mark.parametrize("task", ["copy", "reverse", "sort", "count", "add"])
 def test_data_is_a_function_of_the_seed(task):
     one = sample_batch(task, 16, 8, np.random.default_rng([3, 7]))
     two = sample_batch(task, 16, 8, np.random.default_rng([3, 7]))
@@ -150,8 +153,8 @@ def test_data_is_a_function_of_the_seed(task):
 
 
 def test_unknown_task_and_bad_lengths_are_refused():
-    with pytest.raises(ValueError, match="unknown task 'count'"):
-        make_example("count", 3, np.random.default_rng(0))
+    with pytest.raises(ValueError, match="unknown task 'counting'"):
+        make_example("counting", 3, np.random.default_rng(0))
     with pytest.raises(ValueError, match="length"):
         make_example("copy", 0, np.random.default_rng(0))
 
@@ -314,7 +317,8 @@ def test_the_plot_is_written_atomically(tmp_path, monkeypatch):
 
 
 BAD = [
-    (["--task", "count"], ["--task", "unknown task 'count'", "copy, reverse, sort, add"]),
+    (["--task", "counting"], ["--task", "unknown task 'counting'", "copy, reverse, sort, count"]),
+    (["--task", "count", "--test-lengths", "3,200"], ["--test-lengths", "at most 128"]),
     (["--task", "copy", "--schemes", "rope,relative"], ["--schemes", "unknown scheme"]),
     (["--task", "copy", "--schemes", "rope:theta=x"], ["--schemes"]),
     (["--task", "copy", "--schemes", "rope,rope"], ["--schemes", "more than once"]),

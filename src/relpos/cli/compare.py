@@ -171,8 +171,8 @@ def add_parser(sub: Any) -> None:
         description=(
             "Train each scheme on short sequences and test it on longer ones; resumable (a rerun "
             "skips finished cells). Tasks: "
-            f"{CHORALES} (NLL on longer windows of held-out chorales), copy, reverse, sort, add "
-            "(exact match on longer digit strings, greedy decoding)."
+            f"{CHORALES} (NLL on longer windows of held-out chorales), copy, reverse, sort, "
+            "count, add (exact match on longer strings, greedy decoding)."
         ),
     )
     p.add_argument("--task", required=True, help=f"one of {', '.join(TASK_NAMES)}")

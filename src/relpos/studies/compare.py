@@ -35,8 +35,7 @@ from ..training.loop import TrainingDiverged
 from . import extrapolate, synthetic
 from .report import json_safe, write_report
 from .spec import CompareSpec, check_grid, scheme_label
-from .tasks import VOCAB_SIZE as TASK_VOCAB
-from .tasks import sequence_length
+from .tasks import sequence_length, vocab_size
 
 __all__ = [
     "GRID_FILE",
@@ -147,7 +146,7 @@ def prepare(
 def cell_config(spec: CompareSpec, scheme: dict[str, Any], seed: int) -> TrainConfig:
     """The training config of one cell (a :class:`TrainConfig`, as the trainer's)."""
     if spec.synthetic:
-        vocab, context = TASK_VOCAB, sequence_length(spec.task, spec.train_length) - 1
+        vocab, context = vocab_size(spec.task), sequence_length(spec.task, spec.train_length) - 1
         data = f"synthetic:{spec.task}"
     else:
         from ..music import VOCAB_SIZE

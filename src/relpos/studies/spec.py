@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..schemes.base import check_int, config_from_dict
-from .tasks import TASKS
+from .tasks import TASKS, max_length
 
 __all__ = [
     "CHORALES",
@@ -99,6 +99,12 @@ class CompareSpec:
             raise ValueError(
                 f"test_lengths {short} are shorter than the training length {self.train_length}: "
                 "a length-generalisation test needs lengths >= it"
+            )
+        top = max_length(self.task) if self.synthetic else None
+        if top is not None and max(lengths) > top:
+            raise ValueError(
+                f"test_lengths: {self.task} counts with numbers 0..{top - 1}, so a length is at "
+                f"most {top}, got {max(lengths)}"
             )
         object.__setattr__(self, "test_lengths", tuple(sorted(set(lengths))))
         if isinstance(self.lr, bool) or not isinstance(self.lr, (int, float)):
