@@ -436,3 +436,11 @@ def test_chorale_data_in_the_wrong_format_is_refused(tmp_path, capsys):
     refused(capsys, [*argv, "--run-dir", str(run), "--data", str(tmp_path / "none.json")], "--data")
     refused(capsys, [*argv, "--run-dir", str(run), "--test-examples", "5"], "--test-examples")
     assert not run.exists()
+
+
+def test_a_chorale_file_is_kept_as_an_absolute_path(tmp_path, monkeypatch):
+    """A rerun from another directory finds the same file, and the same comparison."""
+    monkeypatch.chdir(tmp_path)
+    spec = default_spec("chorales-extrapolate", data="chorales.json")
+    assert spec.data == str(tmp_path / "chorales.json")
+    assert default_spec("chorales-extrapolate").data == "music21"

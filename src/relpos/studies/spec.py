@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -123,6 +124,8 @@ class CompareSpec:
             )
         if not self.synthetic and not self.data:
             raise ValueError(f"data: the {CHORALES} task needs chorales (music21 or a JSB file)")
+        if self.data and self.data != "music21":  # a file: the same one from any directory
+            object.__setattr__(self, "data", os.path.abspath(os.path.expanduser(self.data)))
 
     @property
     def synthetic(self) -> bool:
