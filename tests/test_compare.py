@@ -395,14 +395,19 @@ def chorale(rng: np.random.Generator, steps: int) -> list[list[int]]:
     return (centre + walk).tolist()
 
 
-def test_chorales_extrapolate_scores_longer_windows(tmp_path, capsys):
+def tiny_chorales(folder: Path) -> Path:
     rng = np.random.default_rng(0)
     data = {
         split: [chorale(rng, int(rng.integers(24, 40))) for _ in range(k)]
         for split, k in (("train", 4), ("valid", 2), ("test", 2))
     }
-    path = tmp_path / "tiny.json"
+    path = folder / "tiny.json"
     path.write_text(json.dumps(data))
+    return path
+
+
+def test_chorales_extrapolate_scores_longer_windows(tmp_path, capsys):
+    path = tiny_chorales(tmp_path)
     run = tmp_path / "cmp"
     argv = ["compare", "--task", "chorales-extrapolate", "--schemes", "alibi,learned:max_len=40"]
     flags = ["--d-model", "8", "--num-heads", "2", "--num-layers", "1", "--steps", "2"]
@@ -444,3 +449,33 @@ def test_a_chorale_file_is_kept_as_an_absolute_path(tmp_path, monkeypatch):
     spec = default_spec("chorales-extrapolate", data="chorales.json")
     assert spec.data == str(tmp_path / "chorales.json")
     assert default_spec("chorales-extrapolate").data == "music21"
+
+
+def test_an_interrupted_chorale_cell_resumes_its_training_run(tmp_path, monkeypatch):
+    from relpos.music import load_token_data
+    from relpos.studies import extrapolate
+    from relpos.training import train
+
+    path = tiny_chorales(tmp_path)
+    spec = default_spec(
+        "chorales-extrapolate",
+        **{"d_model": 8, "num_heads": 2, "num_layers": 1, "steps": 4, "batch_size": 2},
+        **{"warmup": 1, "eval_every": 2, "train_length": 16, "data": str(path), "max_shift": 0},
+    )
+    data = load_token_data(str(path), max_shift=0, progress=False)
+    run = tmp_path / "cmp"
+    quiet = {"progress": False, "data": data}
+    # The trainer stops after 3 steps, as on Ctrl-C: last.pt holds step 3, no result.
+    monkeypatch.setattr(extrapolate, "train", lambda *a, **k: train(*a, **k, stop_after=3))
+    lines: list[str] = []
+    summary = compare.run_compare(spec, ["t5"], [0], run, log=lines.append, **quiet)
+    assert summary["interrupted"] and summary["exit_status"] == 130
+    cell = run / "cells" / "t5-seed0"
+    assert not (cell / "result.json").exists()
+    assert torch.load(cell / "last.pt", weights_only=True)["step"] == 3
+    monkeypatch.setattr(extrapolate, "train", train)
+    lines.clear()
+    summary = compare.run_compare(spec, ["t5"], [0], run, log=lines.append, **quiet)
+    assert "resuming" in lines[0] and summary["ran"] == 1
+    assert torch.load(cell / "last.pt", weights_only=True)["step"] == 4
+    assert json.loads((cell / "result.json").read_text())["best_step"] in (2, 4)
