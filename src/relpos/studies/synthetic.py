@@ -55,7 +55,9 @@ def _optimizer(model: Transformer, cfg: TrainConfig) -> torch.optim.Optimizer:
     )
 
 
-def target_loss(model: Transformer, tokens: torch.Tensor, mask: torch.Tensor, loss_mask) -> Any:
+def target_loss(
+    model: Transformer, tokens: torch.Tensor, mask: torch.Tensor, loss_mask: torch.Tensor
+) -> torch.Tensor:
     """Mean next-token NLL over the target positions (``loss_mask``) of padded examples."""
     logits = model(tokens[:, :-1], padding_mask=mask[:, :-1])
     nll = F.cross_entropy(logits.flatten(0, 1).float(), tokens[:, 1:].flatten(), reduction="none")
