@@ -96,7 +96,11 @@ def _command_line(spec, labels: list[str], seeds: list[int], run_dir: Path) -> s
     from ..studies.spec import default_spec
 
     base = default_spec(spec.task).to_dict()
-    words = ["relpos", "compare", "--task", spec.task, "--schemes", ",".join(labels)]
+    from ..studies.spec import DEFAULT_SCHEMES
+
+    words = ["relpos", "compare", "--task", spec.task]
+    if tuple(labels) != DEFAULT_SCHEMES:
+        words += ["--schemes", ",".join(labels)]
     if seeds != [0]:
         words += ["--seeds", ",".join(map(str, seeds))]
     for name, value in spec.to_dict().items():
