@@ -93,11 +93,9 @@ def _spec(args: argparse.Namespace):
 
 def _command_line(spec, labels: list[str], seeds: list[int], run_dir: Path) -> str:
     """The shortest ``relpos compare`` command that repeats this comparison."""
-    from ..studies.spec import default_spec
+    from ..studies.spec import DEFAULT_SCHEMES, default_spec
 
     base = default_spec(spec.task).to_dict()
-    from ..studies.spec import DEFAULT_SCHEMES
-
     words = ["relpos", "compare", "--task", spec.task]
     if tuple(labels) != DEFAULT_SCHEMES:
         words += ["--schemes", ",".join(labels)]
