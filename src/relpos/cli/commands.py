@@ -53,7 +53,7 @@ MAX_LENGTH = 10_000
 MAX_SEED = 2**63 - 1
 #: What ``--splits`` may name.
 SPLIT_NAMES = ("train", "valid", "test")
-_COMMANDS = ("train", "eval", "generate", "demo", "bench", "tour")
+_COMMANDS = ("train", "eval", "generate", "demo", "bench", "tour", "compare")
 
 
 class CLIError(Exception):
@@ -769,6 +769,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("tour", help="every scheme: parameters and batch-parity checks")
     p.set_defaults(func=cmd_tour)
+
+    from .compare import add_parser as add_compare
+
+    add_compare(sub)
     return parser
 
 
