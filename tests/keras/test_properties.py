@@ -5,6 +5,7 @@ frequencies follow each row's length decodes as its prefix: tests/keras/test_par
 import numpy as np
 import pytest
 
+import relpos
 from relpos.keras import (
     PositionEmbedding,
     RelativeMultiHeadAttention,
@@ -29,6 +30,10 @@ SCHEMES = [
     # with another function: tests/keras/test_parity_torch.py) and Transformer-XL
     "kerple",
     {"name": "transformer_xl", "max_distance": 3},
+    # Issue 17's schemes that read the keys (DeBERTa's p2c, CoPE) or the layer input (FoX)
+    {"name": "deberta", "position_buckets": 4, "max_relative_positions": 8},
+    {"name": "cope", "npos_max": 4},
+    "forgetting",
 ]
 B, N, WIDTH, HEADS = 3, 8, 16, 2
 SPEC_CAUSAL = every_other(
@@ -38,8 +43,9 @@ SPEC_CAUSAL = every_other(
 
 
 def _layer(spec, causal, kv_heads=None):
-    if spec is XPOS and not causal:
-        pytest.skip("xPos is causal only")
+    name = spec if isinstance(spec, str) else spec["name"]
+    if not causal and (spec is XPOS or relpos.SCHEMES[name].causal_only):
+        pytest.skip("causal only")
     layer = RelativeMultiHeadAttention(
         HEADS, WIDTH // HEADS, scheme=spec, causal=causal, num_key_value_heads=kv_heads
     )
@@ -106,7 +112,7 @@ def test_cache_index_per_row_continues_each_prompt(spec):
     layer = _layer(spec, causal=True)
     x = np.random.default_rng(3).normal(size=(B, N, WIDTH)).astype("float32")
     lengths = np.array([3, 5, 2])
-    cache = kt(np.zeros((B, 2, N, HEADS, WIDTH // HEADS), "float32"))
+    cache = layer.empty_cache(B, N, "float32")
     slots = np.arange(N)[None]
     prompt = np.where(slots < lengths[:, None], 1, 0).astype(bool)
     xs = x * prompt[..., None]

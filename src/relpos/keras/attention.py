@@ -291,6 +291,8 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
                 "tokens (self-attention only): call the layer without value= / key="
             )
         gates = None
+        if isinstance(cache_mask, tuple | list) and all(m is None for m in cache_mask):
+            cache_mask = None  # Keras fills `cache_mask` with the Keras masks of a pair cache
         if cache is not None:
             cache, gates = self._split_cache(cache)
             self._check_cache(cache)  # before projecting: a wrong cache fails fast
@@ -398,8 +400,10 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
         if not pair:
             return cache, None
         kv, gates = cache
-        if len(gates.shape) != 3 or gates.shape[2] != self.num_heads or (
-            gates.shape[1] is not None and gates.shape[1] != kv.shape[2]
+        if (
+            len(gates.shape) != 3
+            or gates.shape[2] != self.num_heads
+            or (gates.shape[1] is not None and gates.shape[1] != kv.shape[2])
         ):
             raise ValueError(
                 f"the log gates of the cache must have shape (b, S={kv.shape[2]}, "

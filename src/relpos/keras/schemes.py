@@ -659,6 +659,7 @@ class TransformerXLScheme(AttentionScheme):
         rel = ops.einsum("bihd,hrd->bhir", ops.cast(q, "float32") + shift, keys)
         return gather_relative(rel / math.sqrt(self.head_dim), index)
 
+
 @_register
 class DebertaScheme(AttentionScheme):
     """DeBERTa's disentangled attention (He et al., 2021, §3.1; v2/v3 log buckets): logits
@@ -718,7 +719,9 @@ class DebertaScheme(AttentionScheme):
         )
         if c.norm_rel_ebd == "layer_norm":
             for name, init in (("layer_norm_gamma", "ones"), ("layer_norm_beta", "zeros")):
-                weight = self.add_weight(name=name, shape=(width,), initializer=init, dtype="float32")
+                weight = self.add_weight(
+                    name=name, shape=(width,), initializer=init, dtype="float32"
+                )
                 setattr(self, name, weight)
         bound = width**-0.5  # nn.Linear's U(±1/√fan_in), kernel and bias
         for term in c.pos_att_type:
