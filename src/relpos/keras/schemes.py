@@ -680,8 +680,10 @@ class DebertaScheme(AttentionScheme):
     (c2p) is ``q·(K_r/√d)ᵀ`` ``(b, h, i, R)`` gathered per pair; ``key_bias`` (p2c) is
     ``k·Q_rᵀ/√(s·d)`` ``(b, h, j, R)`` over every key of the call, cached ones included,
     gathered with the transposed index. In self-attention of a static length only the rows the
-    length reaches are projected. Beside the logits: up to two ``(b, h, i, j)`` terms and the
-    ``(b|1, i, j)`` int32 index; never an ``(i, j, d)`` tensor.
+    length reaches are projected (when that spares half of them). Beside the logits: up to two
+    ``(b, h, i, j)`` terms and the ``(b|1, i, j)`` int32 index; never an ``(i, j, d)`` tensor.
+    The c2p projection's bias adds ``q_i·b`` to every key of query ``i``, which softmax ignores:
+    it gets no gradient (as in HF's model).
     """
 
     scheme_name = "deberta"
@@ -748,8 +750,11 @@ class DebertaScheme(AttentionScheme):
         n = k_positions.pos.shape[1]
         if q_positions is k_positions and n is not None and n - 1 < reach:
             # Self-attention: |p_i - p_j| <= n - 1, and the rows grow with the relative position.
-            lo, hi = self.index_table[reach - (n - 1)], self.index_table[reach + n - 1]
-            index = ops.clip(index, lo, hi) - lo
+            # Projected only when that spares half the rows (else one shape for every length).
+            low, high = self.index_table[reach - (n - 1)], self.index_table[reach + n - 1]
+            if high - low + 1 <= self.rows // 2:
+                lo, hi = low, high
+                index = ops.clip(index, lo, hi) - lo
         return index, lo, hi
 
     def _states(self, term: str, lo: int, hi: int):
