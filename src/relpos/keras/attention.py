@@ -120,7 +120,8 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
         use_bias: biases in the projections.
         output_shape: output width (default: the query's).
         scheme: a scheme name (``"nope"``, ``"rope"``, ``"alibi"``, ``"learned_alibi"``,
-            ``"kerple"``, ``"dpb"``, ``"t5"``, ``"shaw"``, ``"music"``, ``"transformer_xl"``),
+            ``"kerple"``, ``"dpb"``, ``"t5"``, ``"shaw"``, ``"music"``, ``"transformer_xl"``,
+            ``"deberta"``, ``"cope"``, ``"forgetting"``),
             config dict or :class:`relpos.schemes.SchemeConfig`.
         causal: causal attention; ``use_causal_mask=True`` at call time also masks. It decides
             the scheme's geometry (T5 bucketing, the Music Transformer's table), so set it here
@@ -146,6 +147,9 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
             ``dynamic`` or ``longrope`` scaling): it stores raw keys and rotates every cached key
             at each call with the length its sequence has now, so decoding step ``t`` equals the
             forward over the row's first ``t`` tokens.
+            A ``contextual`` scheme (``forgetting``) takes the pair ``(that, log_gates)``,
+            ``log_gates`` float32 ``(b, S, h)``: each slot's log forget gate per head, written
+            with its key (:meth:`empty_cache` builds either kind).
         cache_update_index: slot of the first new token, an int or one per row ``(b,)``.
         cache_mask: ``(b, S)`` True for slots holding tokens after this write (default: slots
             before ``cache_update_index + i``). Slot positions are counted from it per row, so a
