@@ -69,10 +69,6 @@ VARIANTS = {
         },
         "num_key_value_heads": 1,
     },
-    "cope-per_head-gqa": {
-        "scheme": {"name": "cope", "npos_max": 3, "per_head": True},
-        "num_key_value_heads": 1,
-    },
 }
 
 # name -> (factory, input); every layer of relpos.keras appears here once per scheme.
