@@ -51,6 +51,45 @@ DYNAMIC = {"rope_type": "dynamic", "factor": 2.0, "original_max_position_embeddi
             "start_index must be >= 0",
         ),
         (
+            lambda: rk.RelativeMultiHeadAttention(2, 4, scheme="forgetting", causal=True),
+            lambda layer: layer(kt(X), kt(X[:, :3])),
+            ValueError,
+            r"scheme 'forgetting' computes its positions from the layer's own tokens "
+            r"\(self-attention only\)",
+        ),
+        (
+            lambda: rk.RelativeMultiHeadAttention(2, 4, scheme="forgetting", causal=True),
+            lambda layer: layer(
+                kt(X), cache=kt(np.zeros((2, 2, 5, 2, 4), "float32")), cache_update_index=0
+            ),
+            ValueError,
+            r"scheme 'forgetting' needs its cache as a pair \(keys and values, log gates\), as "
+            r"empty_cache\(\) builds it; got one tensor",
+        ),
+        (
+            lambda: rk.RelativeMultiHeadAttention(2, 4, scheme="forgetting", causal=True),
+            lambda layer: layer(
+                kt(X),
+                cache=(kt(np.zeros((2, 2, 5, 2, 4), "float32")), kt(np.zeros((2, 5, 3)))),
+                cache_update_index=0,
+            ),
+            ValueError,
+            r"the log gates of the cache must have shape \(b, S=5, h=2\), got \(2, 5, 3\)",
+        ),
+        (
+            lambda: rk.RelativeMultiHeadAttention(2, 4, scheme="rope", causal=True),
+            lambda layer: layer(
+                kt(X),
+                cache=rk.RelativeMultiHeadAttention(
+                    2, 4, scheme="forgetting", causal=True
+                ).empty_cache(2, 5),
+                cache_update_index=0,
+            ),
+            ValueError,
+            r"scheme 'rope' needs its cache as one tensor, as empty_cache\(\) builds it; got a "
+            "pair",
+        ),
+        (
             lambda: rk.RelativeMultiHeadAttention(2, 4, scheme="rope", causal=True),
             lambda layer: layer(
                 kt(X), cache=kt(np.zeros((2, 5, 2, 4), "float32")), cache_update_index=0
@@ -148,8 +187,9 @@ def test_bad_call_arguments(make, call, error, match):
         (
             lambda: rk.RelativeMultiHeadAttention(2, 4, scheme="bogus"),
             ValueError,
-            r"unknown scheme 'bogus'; Keras attention schemes: \['alibi', 'dpb', 'kerple', "
-            r"'learned_alibi', 'music', 'nope', 'rope', 'shaw', 't5', 'transformer_xl'\]",
+            r"unknown scheme 'bogus'; Keras attention schemes: \['alibi', 'cope', 'deberta', "
+            r"'dpb', 'forgetting', 'kerple', 'learned_alibi', 'music', 'nope', 'rope', 'shaw', "
+            r"'t5', 'transformer_xl'\]",
         ),
         (
             lambda: rk.RelativeMultiHeadAttention(1, 3, scheme="transformer_xl"),
@@ -182,6 +222,14 @@ def test_bad_call_arguments(make, call, error, match):
             lambda: rk.RelativeMultiHeadAttention(2, 4, scheme=3),
             TypeError,
             "scheme must be a name, a config dict or a SchemeConfig, got int",
+        ),
+        *(
+            (
+                lambda name=name: rk.RelativeMultiHeadAttention(2, 4, scheme=name),
+                ValueError,
+                f"{name} needs causal=True: the scheme is causal only",
+            )
+            for name in ("cope", "forgetting")
         ),
         (lambda: rk.RelativeMultiHeadAttention(2, 4, dropout=1.0), ValueError, "dropout"),
         (

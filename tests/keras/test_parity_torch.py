@@ -21,7 +21,7 @@ from relpos.keras import (
     from_torch,
     make_attention_scheme,
 )
-from relpos.keras.positions import positions_from_segments
+from relpos.keras.positions import Positions, positions_from_segments
 
 from ..helpers import SCHEME_SPECS, length_dependent
 from .util import BACKEND, COMPILED, LAYOUTS, decode, every_other, kt, layout, np_
@@ -70,6 +70,21 @@ FAMILY = [
     {"name": "transformer_xl", "max_distance": 40},
 ]
 SLOW_FAMILY = (KERPLE_POWER, "dpb")  # under ``make test-all`` on every backend
+#: Issue 17's schemes that read the keys or the layer input, on the grouped-query shape: DeBERTa
+#: bucketed with both terms (shared projections, LayerNorm), and with p2c alone unbucketed
+#: (separate projections, no norm); CoPE shared and per head (its positions clamp at 3: reached);
+#: the forget gate. CoPE and the forget gate are causal only.
+DEBERTA = {"name": "deberta", "position_buckets": 4, "max_relative_positions": 8}
+DEBERTA_P2C = {
+    "name": "deberta",
+    "pos_att_type": ["p2c"],
+    "position_buckets": 0,
+    "max_relative_positions": 3,
+    "share_att_key": False,
+    "norm_rel_ebd": "none",
+}
+COPE, FOX = {"name": "cope", "npos_max": 4}, {"name": "forgetting"}
+CONTEXTUAL = [DEBERTA, DEBERTA_P2C, COPE, {"name": "cope", "npos_max": 6, "per_head": True}, FOX]
 #: (b, n, width, heads, key/value heads): grouped-query (2 query heads per key/value head: a
 #: wrong head order shows; rows up to 9 tokens cross the length-dependent switch), multi-head.
 SHAPES = [(3, 9, 32, 4, 2), (2, 5, 24, 3, 3)]
@@ -77,7 +92,14 @@ CASES = [
     *((s, shape) for s in SCHEMES for shape in SHAPES),
     *((s, SHAPES[0]) for s in VARIANTS),
     *((s, SHAPES[0]) for s in FAMILY),
+    *((s, SHAPES[0]) for s in CONTEXTUAL),
 ]
+
+
+def _causal_only(spec) -> bool:
+    return (
+        spec is XPOS or relpos.SCHEMES[spec if isinstance(spec, str) else spec["name"]].causal_only
+    )
 
 
 def _torch_positions(kind, lay):
@@ -121,8 +143,8 @@ def _module(spec, width, h, kvh=None, *, causal):
 )
 def test_attention_equals_torch(spec, shape, causal):
     b, n, width, h, kvh = shape
-    if spec is XPOS and not causal:
-        pytest.skip("xPos is causal only (refused otherwise: test_errors.py)")
+    if not causal and _causal_only(spec):
+        pytest.skip("causal only (refused otherwise: test_errors.py)")
     torch.manual_seed(zlib.crc32(repr((spec, causal, shape)).encode()))
     module = _module(spec, width, h, kvh, causal=causal)
     layer = from_torch(module)
@@ -177,15 +199,23 @@ def test_length_dependent_decoding_equals_torch_row_alone(spec, kvh):
 
 @pytest.mark.parametrize(
     "spec",
-    [*(pytest.param(s, marks=pytest.mark.slow) for s in (KERPLE, LEARNED_ALIBI)), DPB, TXL],
+    [
+        *(pytest.param(s, marks=pytest.mark.slow) for s in (KERPLE, LEARNED_ALIBI)),
+        DPB,
+        TXL,
+        DEBERTA,
+        COPE,
+        FOX,
+    ],
     ids=str,
 )
 def test_family_decoding_equals_torch(spec):
     """Left-padded prompts, a prefill, then one token a step through the keras-hub cache: every
     step equals the PyTorch layer's full causal forward at that token (the distance window then
-    spans the cache's slots; Transformer-XL's u enters the queries before the cache). KERPLE and
-    learned ALiBi take DPB's path with another function (KERPLE decodes as its full Keras
-    forward in tests/keras/test_properties.py): under ``slow``."""
+    spans the cache's slots; Transformer-XL's u enters the queries before the cache; DeBERTa's
+    p2c and CoPE's gates read the cached keys; the forget gate sums the log gates its cache keeps
+    beside them). KERPLE and learned ALiBi take DPB's path with another function (KERPLE decodes
+    as its full Keras forward in tests/keras/test_properties.py): under ``slow``."""
     b, n, width, h, kvh = SHAPES[0]
     torch.manual_seed(zlib.crc32(repr(spec).encode()))
     module = _module(spec, width, h, kvh, causal=True)
@@ -196,6 +226,56 @@ def test_family_decoding_equals_torch(spec):
     with torch.no_grad():
         want = module(x, padding_mask=torch.from_numpy(mask)).numpy()
     np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("spec", [FOX, COPE], ids=str)
+def test_chunked_decoding_with_a_slot_per_row_equals_torch(spec):
+    """Right-padded prompts of different lengths prefilled, then two chunks of two tokens, each
+    row written at its own slot (``cache_update_index`` per row): every new token equals the
+    PyTorch layer's forward over its row alone. The forget gate continues each row's running
+    sum from the gates its cache holds; CoPE counts over the row's cached keys."""
+    b, n, width, h, kvh = SHAPES[0]
+    torch.manual_seed(zlib.crc32(repr(spec).encode()))
+    module = _module(spec, width, h, kvh, causal=True)
+    layer = from_torch(module)
+    lengths = np.array([4, 2, 3])
+    x = torch.randn(b, n, width)
+    slots = np.arange(n)[None]
+    prompt = slots < lengths[:, None]
+    cache = layer.empty_cache(b, n, "float32")
+    _, cache = layer(kt(x[:, :4]), cache=cache, cache_update_index=0, cache_mask=kt(prompt))
+    got = []
+    for step in range(2):
+        start = lengths + 2 * step
+        chunk = np.stack([x[r, start[r] : start[r] + 2].numpy() for r in range(b)])
+        out, cache = layer(kt(chunk), cache=cache, cache_update_index=kt(start.astype("int32")))
+        got.append(np_(out))
+    got = np.concatenate(got, 1)  # (b, 4, width): tokens lengths[r] .. lengths[r] + 3
+    with torch.no_grad():
+        for r in range(b):
+            want = module(x[r : r + 1, : lengths[r] + 4])[0, lengths[r] :].numpy()
+            np.testing.assert_allclose(got[r], want, atol=1e-5, rtol=1e-5, err_msg=str(r))
+
+
+def test_deberta_rows_equal_torch_far_and_near():
+    """DeBERTa's relative rows (a table of the PyTorch function's values up to where it
+    saturates) equal :func:`relpos.functional.deberta_index` on -1500 .. 1500 and far beyond, for
+    log buckets, clipping and the default v3 config."""
+    from relpos.functional import deberta_index
+
+    rel = np.concatenate([np.arange(-1500, 1501), [-(10**6), -4097, 4097, 10**6]]).astype("int32")
+    for spec in (DEBERTA, DEBERTA_P2C, {"name": "deberta"}):
+        scheme = make_attention_scheme(spec, num_heads=2, head_dim=4, causal=False)
+        c = scheme.config
+        want = deberta_index(
+            torch.from_numpy(rel),
+            position_buckets=c.position_buckets,
+            max_relative_positions=c.max_relative_positions,
+        ).numpy()
+        zero = kt(np.zeros((1, 1), "int32"))
+        queries = Positions(kt(rel[None]), kt(np.zeros((1, rel.size), "int32")))
+        index, lo, _ = scheme._index(queries, Positions(zero, zero))  # p_i - 0 for every row
+        np.testing.assert_array_equal(np_(index)[0, :, 0] + lo, want, err_msg=str(spec))
 
 
 #: Positions with gaps: their distances overflow the window of i + j - 1 (row 1: one gap, the

@@ -5,6 +5,7 @@ frequencies follow each row's length decodes as its prefix: tests/keras/test_par
 import numpy as np
 import pytest
 
+import relpos
 from relpos.keras import (
     PositionEmbedding,
     RelativeMultiHeadAttention,
@@ -13,10 +14,12 @@ from relpos.keras import (
     T5RelativeBias,
 )
 
-from .util import decode, every_other, kt, np_
+from .util import COMPILED, decode, every_other, kt, np_
 
 XPOS = {"name": "rope", "xpos_scale_base": 8.0}
 SHAW = {"name": "shaw", "max_distance": 3}
+DEBERTA = {"name": "deberta", "position_buckets": 4, "max_relative_positions": 8}
+COPE = {"name": "cope", "npos_max": 4}
 SCHEMES = [
     "nope",
     "rope",
@@ -29,17 +32,33 @@ SCHEMES = [
     # with another function: tests/keras/test_parity_torch.py) and Transformer-XL
     "kerple",
     {"name": "transformer_xl", "max_distance": 3},
+    # Issue 17's schemes that read the keys (DeBERTa's p2c, CoPE) or the layer input (FoX). On
+    # JAX and TensorFlow their padded, packed and cached batches are checked against PyTorch in
+    # tests/keras/test_parity_torch.py; here under ``slow`` (each row alone is a shape to compile).
+    DEBERTA,
+    COPE,
+    "forgetting",
 ]
+CONTEXTUAL = (DEBERTA, COPE, "forgetting")
+
+
+def _compiled_duplicate(case) -> bool:
+    spec = case[0] if isinstance(case, tuple) else case
+    return COMPILED and any(spec is s for s in CONTEXTUAL)
+
+
 B, N, WIDTH, HEADS = 3, 8, 16, 2
 SPEC_CAUSAL = every_other(
     [(spec, causal) for spec in SCHEMES for causal in (False, True)],
     ids=lambda c: f"{c[0]}-{'causal' if c[1] else 'bidirectional'}",
+    slow=_compiled_duplicate,
 )
 
 
 def _layer(spec, causal, kv_heads=None):
-    if spec is XPOS and not causal:
-        pytest.skip("xPos is causal only")
+    name = spec if isinstance(spec, str) else spec["name"]
+    if not causal and (spec is XPOS or relpos.SCHEMES[name].causal_only):
+        pytest.skip("causal only")
     layer = RelativeMultiHeadAttention(
         HEADS, WIDTH // HEADS, scheme=spec, causal=causal, num_key_value_heads=kv_heads
     )
@@ -85,6 +104,7 @@ def test_packed_documents_equal_separate_rows(spec, causal):
             (SHAW, 1),
         ],
         ids=str,
+        slow=_compiled_duplicate,
     ),
 )
 def test_cached_decoding_equals_full_forward(spec, kv_heads):
@@ -99,14 +119,14 @@ def test_cached_decoding_equals_full_forward(spec, kv_heads):
     np.testing.assert_allclose(decode(layer, x, mask, prompt=5), full, atol=1e-5)
 
 
-@pytest.mark.parametrize("spec", every_other(SCHEMES, ids=str))
+@pytest.mark.parametrize("spec", every_other(SCHEMES, ids=str, slow=_compiled_duplicate))
 def test_cache_index_per_row_continues_each_prompt(spec):
     """Right-padded prompts of different lengths: each row writes its next token at its own slot
     (``cache_update_index`` per row) and matches the row decoded alone."""
     layer = _layer(spec, causal=True)
     x = np.random.default_rng(3).normal(size=(B, N, WIDTH)).astype("float32")
     lengths = np.array([3, 5, 2])
-    cache = kt(np.zeros((B, 2, N, HEADS, WIDTH // HEADS), "float32"))
+    cache = layer.empty_cache(B, N, "float32")
     slots = np.arange(N)[None]
     prompt = np.where(slots < lengths[:, None], 1, 0).astype(bool)
     xs = x * prompt[..., None]

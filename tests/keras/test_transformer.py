@@ -70,8 +70,15 @@ def _copy_torch_weights(torch_model, model) -> None:
         ({"name": "rope"}, 1),
         ({"name": "transformer_xl", "max_distance": 4}, None),
         pytest.param({"name": "dpb", "hidden": 8}, 1, marks=pytest.mark.slow),
+        ({"name": "forgetting"}, None),  # gates from each block's normalised input
+        pytest.param(
+            {"name": "deberta", "position_buckets": 4, "max_relative_positions": 8},
+            1,
+            marks=pytest.mark.slow,
+        ),
+        pytest.param({"name": "cope", "npos_max": 4}, None, marks=pytest.mark.slow),
     ],
-    ids=["t5", "rope-mqa", "transformer_xl", "dpb-mqa"],
+    ids=["t5", "rope-mqa", "transformer_xl", "dpb-mqa", "forgetting", "deberta-mqa", "cope"],
 )
 def test_matches_the_pytorch_transformer_with_its_weights(scheme, num_kv_heads):
     torch = pytest.importorskip("torch")

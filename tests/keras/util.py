@@ -73,7 +73,7 @@ def decode(layer, x, mask, prompt: int) -> np.ndarray:
     real tokens. Returns every call's outputs, ``(b, n, D)``."""
     b, n, _ = x.shape
     slots = np.arange(n)[None]
-    cache = kt(np.zeros((b, 2, n, layer.num_key_value_heads, layer.key_dim), "float32"))
+    cache = layer.empty_cache(b, n, "float32")
     out, cache = layer(
         kt(x[:, :prompt]), cache=cache, cache_update_index=0, cache_mask=kt(mask & (slots < prompt))
     )

@@ -17,6 +17,8 @@ from .positions import (
     resolve_positions,
     restore_ragged,
     sequence_length,
+    slot_log_decay,
+    with_log_decay,
 )
 from .schemes import make_attention_scheme, scheme_config
 
@@ -41,7 +43,8 @@ def attend(
     Schemes that add no logit or value term (``nope``, ``rope``) run
     ``keras.ops.dot_product_attention`` (the backend's fused kernel) unless scores or dropout are
     asked for; the others compute float32 logits ``q·kᵀ/√d + score_bias``, softmax, ``p·v +
-    value_term``. A query with no key to attend to gets zeros, not NaN.
+    value_term`` (``+ key_bias`` for a scheme that reads the keys: DeBERTa's p2c, CoPE). A query
+    with no key to attend to gets zeros, not NaN.
 
     Shapes:
         q: ``(b, i, h, d)``; k, v: ``(b, j, h, d)`` (rotated; grouped key/value heads already
@@ -62,6 +65,9 @@ def attend(
     bias = scheme.score_bias(q, q_positions, k_positions)
     if bias is not None:
         logits = logits + bias
+    bias = scheme.key_bias(q, k, q_positions, k_positions)
+    if bias is not None:
+        logits = logits + bias
     logits = ops.where(safe, logits, -3.0e38)
     probs = ops.softmax(logits, axis=-1) * ops.cast(ops.expand_dims(allowed, 1), "float32")
     if use_dropout:
@@ -74,7 +80,7 @@ def attend(
 
 
 def _write_cache(cache, new, index):
-    """Write ``new (b, n, h, d)`` into ``cache (b, S, h, d)`` at slots ``index .. index+n-1`` of
+    """Write ``new (b, n, ...)`` into ``cache (b, S, ...)`` at slots ``index .. index+n-1`` of
     every row (``index`` ``(b|1, 1)`` int32), vectorised over rows."""
     n = ops.shape(new)[1]
     slots = ops.expand_dims(ops.arange(ops.shape(cache)[1], dtype="int32"), 0)
@@ -82,8 +88,10 @@ def _write_cache(cache, new, index):
     write = ops.logical_and(t >= 0, t < n)
     take = ops.clip(t, 0, n - 1)
     take = ops.broadcast_to(take, (ops.shape(new)[0], ops.shape(cache)[1]))
-    gathered = ops.take_along_axis(new, take[:, :, None, None], axis=1)
-    return ops.where(write[:, :, None, None], gathered, cache)
+    for _ in range(len(cache.shape) - 2):  # (b, S, 1, ...) against the trailing axes
+        take, write = ops.expand_dims(take, -1), ops.expand_dims(write, -1)
+    gathered = ops.take_along_axis(new, take, axis=1)
+    return ops.where(write, gathered, cache)
 
 
 def repeat_kv_heads(x, groups: int):
@@ -112,7 +120,8 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
         use_bias: biases in the projections.
         output_shape: output width (default: the query's).
         scheme: a scheme name (``"nope"``, ``"rope"``, ``"alibi"``, ``"learned_alibi"``,
-            ``"kerple"``, ``"dpb"``, ``"t5"``, ``"shaw"``, ``"music"``, ``"transformer_xl"``),
+            ``"kerple"``, ``"dpb"``, ``"t5"``, ``"shaw"``, ``"music"``, ``"transformer_xl"``,
+            ``"deberta"``, ``"cope"``, ``"forgetting"``),
             config dict or :class:`relpos.schemes.SchemeConfig`.
         causal: causal attention; ``use_causal_mask=True`` at call time also masks. It decides
             the scheme's geometry (T5 bucketing, the Music Transformer's table), so set it here
@@ -138,6 +147,9 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
             ``dynamic`` or ``longrope`` scaling): it stores raw keys and rotates every cached key
             at each call with the length its sequence has now, so decoding step ``t`` equals the
             forward over the row's first ``t`` tokens.
+            A ``contextual`` scheme (``forgetting``) takes the pair ``(that, log_gates)``,
+            ``log_gates`` float32 ``(b, S, h)``: each slot's log forget gate per head, written
+            with its key (:meth:`empty_cache` builds either kind).
         cache_update_index: slot of the first new token, an int or one per row ``(b,)``.
         cache_mask: ``(b, S)`` True for slots holding tokens after this write (default: slots
             before ``cache_update_index + i``). Slot positions are counted from it per row, so a
@@ -237,7 +249,7 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
         self.key_dense.build(key_shape)
         self.value_dense.build(value_shape)
         self.output_dense.build((*query_shape[:-1], h, self.value_dim))
-        self.position_scheme.build()
+        self.position_scheme.build(query_shape)
         self.built = True
 
     def call(
@@ -276,7 +288,17 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
                 raise ValueError(f"{name} must have shape (b, j, D), got {tuple(t.shape)}")
         b, n = ops.shape(query)[0], sequence_length(query)
         causal = self.causal or bool(use_causal_mask)
+        scheme = self.position_scheme
+        if scheme.contextual and not self_attention:
+            raise ValueError(
+                f"scheme {scheme.scheme_name!r} computes its positions from the layer's own "
+                "tokens (self-attention only): call the layer without value= / key="
+            )
+        gates = None
+        if isinstance(cache_mask, tuple | list) and all(m is None for m in cache_mask):
+            cache_mask = None  # Keras fills `cache_mask` with the Keras masks of a pair cache
         if cache is not None:
+            cache, gates = self._split_cache(cache)
             self._check_cache(cache)  # before projecting: a wrong cache fails fast
         q = self.query_dense(query)
         k = self.key_dense(key)
@@ -288,12 +310,19 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
                     "do not pass positions or segment_ids"
                 )
             q_pos, k_pos, index = self._cache_positions(cache, cache_update_index, cache_mask, n, b)
-            scheme = self.position_scheme
+            if gates is not None:  # per-token log gates beside the keys; c over every slot
+                gates = _write_cache(gates, scheme.token_log_decay(query), index)
+                decay = slot_log_decay(gates, ops.broadcast_to(k_pos.valid, ops.shape(gates)[:2]))
+                new = ops.broadcast_to(index + ops.arange(n, dtype="int32"), (b, n))
+                q_decay = ops.take_along_axis(decay, ops.expand_dims(new, -1), axis=1)
+                q_pos, k_pos = q_pos._replace(log_decay=q_decay), k_pos._replace(log_decay=decay)
             if not scheme.rotates_cached_keys:  # rotate the new keys once, then cache them
                 q, k = scheme.rotate(q, k, q_pos, q_pos)
             k = _write_cache(cache[:, 0], k, index)
             v = _write_cache(cache[:, 1], v, index)
             cache = ops.stack([k, v], axis=1)
+            if gates is not None:
+                cache = (cache, gates)
             if scheme.rotates_cached_keys:  # the cache holds raw keys: rotate all of them
                 q, k = scheme.rotate(q, k, q_pos, k_pos)
         else:
@@ -307,6 +336,8 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
                 positions=positions,
                 start_index=start_index,
             )
+            if scheme.contextual:  # per-document sums of the gates of x's tokens (FoX)
+                q_pos = with_log_decay(q_pos, scheme.token_log_decay(query))
             if self_attention:
                 k_pos = q_pos
             else:
@@ -344,6 +375,45 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
         if cache is not None:
             outputs += (cache,)
         return outputs[0] if len(outputs) == 1 else outputs
+
+    def empty_cache(self, batch_size: int, num_slots: int, dtype=None):
+        """A zero cache of ``num_slots`` slots for this layer: keras-hub's ``(b, 2, S, h_kv, d)``
+        keys and values in ``dtype`` (default: the layer's compute dtype); for a ``contextual``
+        scheme (``forgetting``) the pair ``(that, log_gates)``, ``log_gates`` float32
+        ``(b, S, h)``: each slot's ``log f`` per head, from which every call sums the cumulative
+        log decays of the cached tokens."""
+        dtype = self.compute_dtype if dtype is None else dtype
+        shape = (batch_size, 2, num_slots, self.num_key_value_heads, self.key_dim)
+        kv = ops.zeros(shape, dtype=dtype)
+        if not self.position_scheme.contextual:
+            return kv
+        return kv, ops.zeros((batch_size, num_slots, self.num_heads), dtype="float32")
+
+    def _split_cache(self, cache):
+        """``(keys and values, log gates or None)``: a contextual scheme's cache is the pair of
+        :meth:`empty_cache`, every other scheme's keras-hub's tensor."""
+        contextual = self.position_scheme.contextual
+        pair = isinstance(cache, (tuple, list))
+        if contextual != pair:
+            name = self.position_scheme.scheme_name
+            want = "a pair (keys and values, log gates)" if contextual else "one tensor"
+            raise ValueError(
+                f"scheme {name!r} needs its cache as {want}, as empty_cache() builds it; got "
+                f"{'a pair' if pair else 'one tensor'}"
+            )
+        if not pair:
+            return cache, None
+        kv, gates = cache
+        if (
+            len(gates.shape) != 3
+            or gates.shape[2] != self.num_heads
+            or (gates.shape[1] is not None and gates.shape[1] != kv.shape[2])
+        ):
+            raise ValueError(
+                f"the log gates of the cache must have shape (b, S={kv.shape[2]}, "
+                f"h={self.num_heads}), got {tuple(gates.shape)}"
+            )
+        return kv, gates
 
     def _check_cache(self, cache) -> None:
         kvh = self.num_key_value_heads

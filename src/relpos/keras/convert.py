@@ -52,7 +52,9 @@ def _attention(m: MultiheadAttention, dtype) -> RelativeMultiHeadAttention:
 def _scheme_weight(scheme, name: str, value: np.ndarray):
     """The Keras weight of a PyTorch scheme parameter, and the value in its layout. Tables,
     learned frequencies, slopes and KERPLE's ``r1``, ``r2`` have the same name and layout on
-    both sides; the dynamic position bias's ``mlp.{i}.*`` and Transformer-XL's ``W_R`` do not."""
+    both sides (CoPE's ``pos_emb`` too); the dynamic position bias's ``mlp.{i}.*``,
+    Transformer-XL's ``W_R``, DeBERTa's LayerNorm and projections (``nn.Linear`` weights
+    transposed) and the forget gate's ``gate`` do not."""
     if scheme.scheme_name == "dpb":
         index, kind = name.removeprefix("mlp.").split(".")
         layer, norm = divmod(int(index), 3)  # Linear at 0, 3, 6, ...; LayerNorm at 1, 4, ...
@@ -64,6 +66,18 @@ def _scheme_weight(scheme, name: str, value: np.ndarray):
     if scheme.scheme_name == "transformer_xl" and name == "position_proj.weight":
         h, d = scheme.num_heads, scheme.head_dim
         return scheme.position_kernel, value.T.reshape(-1, h, d)  # (h·d, w) -> (w, h, d)
+    if scheme.scheme_name == "deberta" and name != "rel_embeddings":
+        if name.startswith("layer_norm."):  # LayerNorm's weight, bias -> gamma, beta
+            kind = name.removeprefix("layer_norm.")
+            return getattr(scheme, f"layer_norm_{'gamma' if kind == 'weight' else 'beta'}"), value
+        proj, kind = name.removeprefix("projections.").split(".")
+        if kind == "weight":
+            return getattr(scheme, f"{proj}_kernel"), value.T  # (out, in) -> (in, out)
+        return getattr(scheme, f"{proj}_bias"), value
+    if scheme.scheme_name == "forgetting":  # gate.weight (h, D), gate.bias (h,)
+        if name == "gate.weight":
+            return scheme.gate_kernel, value.T
+        return scheme.gate_bias, value
     return getattr(scheme, name), value
 
 

@@ -23,6 +23,7 @@ __all__ = [
     "PAD_SEGMENT",
     "Positions",
     "SameShapeLayer",
+    "accumulation_dtype",
     "allowed_pairs",
     "continue_positions",
     "dense_and_mask",
@@ -35,7 +36,9 @@ __all__ = [
     "restore_ragged",
     "sequence_length",
     "sequence_lengths",
+    "slot_log_decay",
     "token_positions",
+    "with_log_decay",
 ]
 
 #: Segment id of padding tokens.
@@ -43,10 +46,14 @@ PAD_SEGMENT = -1
 
 
 class Positions(NamedTuple):
-    """``pos`` and ``seg``, int32 ``(b|1, n)``; see the module docstring."""
+    """``pos`` and ``seg``, int32 ``(b|1, n)``; see the module docstring. ``log_decay``, float
+    ``(b, n, h)`` or None: each token's cumulative log forget gate over the earlier tokens of its
+    own sequence (set by a contextual scheme, the Forgetting Transformer's; see
+    :func:`with_log_decay`)."""
 
     pos: Any
     seg: Any
+    log_decay: Any = None
 
     @property
     def valid(self):
@@ -276,6 +283,52 @@ def distance_range(queries: Positions, keys: Positions):
     k_lo, k_hi, k_any = extremes(keys)
     real = ops.logical_and(q_any, k_any)
     return ops.where(real, k_lo - q_hi, 0), ops.where(real, k_hi - q_lo, 0)
+
+
+def accumulation_dtype() -> str:
+    """The dtype cumulative log decays are summed and kept in: float64 where the backend has it
+    (TensorFlow, PyTorch; JAX with ``jax_enable_x64``), else float32."""
+    if keras.backend.backend() == "jax":
+        import jax
+
+        return "float64" if jax.config.read("jax_enable_x64") else "float32"
+    return "float64"
+
+
+def with_log_decay(positions: Positions, log_f) -> Positions:
+    """``positions`` whose tokens carry ``c_t = Σ log_f_l`` over the real tokens ``l`` of their
+    own segment at positions ``<= p_t`` (the Keras twin of
+    :meth:`relpos.Positions.with_log_decay`, without a cache): the sums restart at every document
+    and skip padding (its ``log_f`` is ignored, its ``c`` is 0), whatever the order of the tokens
+    along the axis. One ``(b, n, n)`` comparison and a matmul over it (``O(b·n²·h)``, a ``d``-th
+    of the attention's), summed in :func:`accumulation_dtype`.
+
+    Shapes: ``log_f`` ``(b, n, h)`` float → ``log_decay`` ``(b, n, h)``.
+    """
+    acc = accumulation_dtype()
+    b, n = ops.shape(log_f)[0], ops.shape(log_f)[1]
+    pos = ops.broadcast_to(positions.pos, (b, n))
+    seg = ops.broadcast_to(positions.seg, (b, n))
+    valid = ops.not_equal(seg, PAD_SEGMENT)
+    same = ops.logical_and(
+        ops.expand_dims(seg, 2) == ops.expand_dims(seg, 1),
+        ops.expand_dims(pos, 2) >= ops.expand_dims(pos, 1),
+    )  # (b, t, l): l is of t's segment, at or before it
+    same = ops.logical_and(same, ops.expand_dims(valid, 1))
+    step = ops.where(ops.expand_dims(valid, -1), ops.cast(log_f, acc), 0.0)
+    decay = ops.einsum("btl,blh->bth", ops.cast(same, acc), step)
+    decay = ops.where(ops.expand_dims(valid, -1), decay, 0.0)
+    return Positions(pos, seg, decay)
+
+
+def slot_log_decay(log_f, valid):
+    """``c`` of every cache slot: the running sum of ``log_f (b, S, h)`` over the real slots
+    ``valid (b, S)`` of each row, in slot order (a keras-hub cache holds one sequence per row, in
+    position order), in :func:`accumulation_dtype`; 0 at padding slots."""
+    acc = accumulation_dtype()
+    mask = ops.expand_dims(valid, -1)
+    decay = ops.cumsum(ops.where(mask, ops.cast(log_f, acc), 0.0), axis=1)
+    return ops.where(mask, decay, 0.0)
 
 
 def allowed_pairs(queries: Positions, keys: Positions, *, causal: bool):

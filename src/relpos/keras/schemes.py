@@ -4,17 +4,27 @@ A scheme is built from the PyTorch side's config (``relpos.SCHEMES`` validates n
 so a config dict means the same thing in both frameworks. It holds its tables as Keras weights
 and contributes through at most three hooks (every default does nothing):
 
-========================  ====================================================================
-hook                      contract (Keras layout: heads after tokens)
-========================  ====================================================================
-``rotate(q, k, qp, kp)``  rotated ``q (b, i, h, d)`` and ``k (b, j, h, d)``
-``score_bias(q, qp, kp)`` float32 ``(b|1, h|1, i, j)`` added to the *scaled* logits
-``value_term(p, qp, kp)`` float32 ``(b, i, h, d)`` added to the output, from probs ``(b, h, i, j)``
-========================  ====================================================================
+===========================  =================================================================
+hook                         contract (Keras layout: heads after tokens)
+===========================  =================================================================
+``rotate(q, k, qp, kp)``     rotated ``q (b, i, h, d)`` and ``k (b, j, h, d)``
+``score_bias(q, qp, kp)``    float32 ``(b|1, h|1, i, j)`` added to the *scaled* logits
+``key_bias(q, k, qp, kp)``   float32 ``(b, h, i, j)`` added to the scaled logits, reading the
+                             keys too: every key of the call (cached ones included, rotated,
+                             key/value heads repeated to ``h``); DeBERTa's p2c, CoPE's gates
+``value_term(p, qp, kp)``    float32 ``(b, i, h, d)`` added to the output, from probs
+                             ``(b, h, i, j)``
+``token_log_decay(x)``       (``contextual`` schemes) ``log f (b, n, h)`` of every token from the
+                             layer input ``x``; the attention layer turns it into the positions'
+                             ``log_decay`` (per-document cumulative sums, continued through the
+                             cache): the Forgetting Transformer's gates
+===========================  =================================================================
 
 ``qp``/``kp`` are :class:`~relpos.keras.positions.Positions`; no hook reads array indices. A
 scheme whose key rotation depends on the other keys (a length-dependent RoPE scaling) declares
-``rotates_cached_keys``: keys then enter the cache raw and ``rotate`` gets every cached key.
+``rotates_cached_keys``: keys then enter the cache raw and ``rotate`` gets every cached key. A
+scheme defined for causal attention only declares ``causal_only`` (``causal=False`` raises, with
+the PyTorch side's message).
 Absolute schemes (``sinusoidal``, ``learned``) act at the input: see
 :class:`~relpos.keras.embeddings.TokenAndPositionEmbedding`.
 """
@@ -30,6 +40,7 @@ import torch
 from keras import ops
 
 from ..functional.alibi import alibi_slopes
+from ..functional.deberta import deberta_index
 from ..functional.rope_axes import axis_frequencies
 from ..functional.rope_scaling import scaled_rope_frequencies
 from ..functional.sinusoidal import sinusoidal_table
@@ -53,6 +64,7 @@ from .ops import (
 )
 from .positions import (
     Positions,
+    allowed_pairs,
     distance_range,
     holds_values,
     sequence_length,
@@ -62,7 +74,10 @@ from .positions import (
 __all__ = [
     "KERAS_SCHEMES",
     "AttentionScheme",
+    "CoPEScheme",
+    "DebertaScheme",
     "DistanceBiasScheme",
+    "ForgetGateScheme",
     "make_attention_scheme",
     "scheme_config",
 ]
@@ -96,6 +111,11 @@ class AttentionScheme(keras.layers.Layer):
     #: NTK, LongRoPE). Then the cache holds raw keys and :meth:`rotate` receives every cached key
     #: at every call (the PyTorch side's ``Scheme.rotates_cached_keys``).
     rotates_cached_keys: bool = False
+    #: Whether the scheme exists only for causal attention (``causal=False`` is refused).
+    causal_only: ClassVar[bool] = False
+    #: Whether the scheme computes per-token values from the layer's input
+    #: (:meth:`token_log_decay`): self-attention only, and its cache carries them.
+    contextual: ClassVar[bool] = False
 
     def __init__(
         self, config: SchemeConfig, *, num_heads: int, head_dim: int, causal: bool, **kwargs
@@ -103,6 +123,11 @@ class AttentionScheme(keras.layers.Layer):
         super().__init__(**kwargs)
         self.config = config
         self.num_heads, self.head_dim, self.causal = num_heads, head_dim, bool(causal)
+        if self.causal_only and not self.causal:
+            raise ValueError(
+                f"{config.name} needs causal=True: the scheme is causal only (its term runs "
+                "over the tokens from a key up to a later query)"
+            )
 
     def build(self, input_shape=None) -> None:
         self.built = True
@@ -115,8 +140,18 @@ class AttentionScheme(keras.layers.Layer):
     def score_bias(self, q, q_positions: Positions, k_positions: Positions):
         return None
 
+    def key_bias(self, q, k, q_positions: Positions, k_positions: Positions):
+        """Float32 ``(b, h, i, j)`` term from the queries ``(b, i, h, d)`` and every key ``(b, j,
+        h, d)`` of the call, or None."""
+        return None
+
     def value_term(self, probs, q_positions: Positions, k_positions: Positions):
         return None
+
+    def token_log_decay(self, x):
+        """``contextual`` schemes: ``log f`` per token and head, float32 ``(b, n, h)``, from the
+        layer input ``x (b, n, D)``."""
+        raise NotImplementedError
 
     def get_config(self) -> dict[str, Any]:
         config = super().get_config()
@@ -633,6 +668,245 @@ class TransformerXLScheme(AttentionScheme):
         shift = ops.cast(self.position_bias, "float32") - ops.cast(self.content_bias, "float32")
         rel = ops.einsum("bihd,hrd->bhir", ops.cast(q, "float32") + shift, keys)
         return gather_relative(rel / math.sqrt(self.head_dim), index)
+
+
+@_register
+class DebertaScheme(AttentionScheme):
+    """DeBERTa's disentangled attention (He et al., 2021, §3.1; v2/v3 log buckets): logits
+    ``(q_i·k_j + q_i·K_r[δ(i, j)] + k_j·Q_r[δ(i, j)]) / √(s·d)``, content-to-position (``c2p``)
+    and position-to-content (``p2c``), ``s = 1 +`` the number of position terms, as
+    :class:`relpos.schemes.DeBERTa` (same config, same numbers).
+
+    Weights (float32): ``rel_embeddings`` ``P (2·span, h·d)`` (``N(0, 0.02²)``), with
+    ``norm_rel_ebd="layer_norm"`` its ``layer_norm_gamma``, ``layer_norm_beta`` ``(h·d,)``, and
+    per term a projection ``{name}_kernel (h·d, h·d)`` (input, output), ``{name}_bias (h·d,)``
+    (``nn.Linear``'s initialisation), ``name`` ``key_proj`` / ``query_proj`` with
+    ``share_att_key`` (HF's names; the scheme holds its own copies) or ``pos_key_proj`` /
+    ``pos_query_proj``.
+
+    ``δ(i, j)`` comes from a constant table of the PyTorch function's rows for every relative
+    position up to where it saturates (:func:`relpos.functional.deberta_index`: the same float32
+    bucket edges on every backend). ``rotate`` scales the queries by ``1/√s``; ``score_bias``
+    (c2p) is ``q·(K_r/√d)ᵀ`` ``(b, h, i, R)`` gathered per pair; ``key_bias`` (p2c) is
+    ``k·Q_rᵀ/√(s·d)`` ``(b, h, j, R)`` over every key of the call, cached ones included,
+    gathered with the transposed index. In self-attention of a static length only the rows the
+    length reaches are projected (when that spares half of them). Beside the logits: up to two
+    ``(b, h, i, j)`` terms and the ``(b|1, i, j)`` int32 index; never an ``(i, j, d)`` tensor.
+    The c2p projection's bias adds ``q_i·b`` to every key of query ``i``, which softmax ignores:
+    it gets no gradient (as in HF's model).
+    """
+
+    scheme_name = "deberta"
+    adds_terms = True
+
+    def __init__(self, config, **kwargs) -> None:
+        super().__init__(config, **kwargs)
+        c = config
+        self.terms = 1 + len(c.pos_att_type)  # s
+        self.width = self.num_heads * self.head_dim
+        self.rows = 2 * c.span
+        shared = c.share_att_key
+        #: Projection name of each term (HF's, with and without share_att_key).
+        self.projection_names = {
+            "c2p": "key_proj" if shared else "pos_key_proj",
+            "p2c": "query_proj" if shared else "pos_query_proj",
+        }
+        # Row of every relative position p_i - p_j in [-reach, reach], constant beyond.
+        self.reach = max(c.max_relative_positions, c.span) + 2
+        rel = torch.arange(-self.reach, self.reach + 1)
+        index = deberta_index(
+            rel,
+            position_buckets=c.position_buckets,
+            max_relative_positions=c.max_relative_positions,
+        )
+        self.index_table = tuple(index.tolist())
+
+    def build(self, input_shape=None) -> None:
+        c, width = self.config, self.width
+        self.rel_embeddings = self.add_weight(
+            name="rel_embeddings",
+            shape=(self.rows, width),
+            initializer=keras.initializers.RandomNormal(stddev=0.02),
+            dtype="float32",
+        )
+        if c.norm_rel_ebd == "layer_norm":
+            for name, init in (("layer_norm_gamma", "ones"), ("layer_norm_beta", "zeros")):
+                weight = self.add_weight(
+                    name=name, shape=(width,), initializer=init, dtype="float32"
+                )
+                setattr(self, name, weight)
+        bound = width**-0.5  # nn.Linear's U(±1/√fan_in), kernel and bias
+        for term in c.pos_att_type:
+            name = self.projection_names[term]
+            for part, shape in (("kernel", (width, width)), ("bias", (width,))):
+                # A fresh initializer per weight: one instance draws the same values twice.
+                init = keras.initializers.RandomUniform(-bound, bound)
+                weight = self.add_weight(
+                    name=f"{name}_{part}", shape=shape, initializer=init, dtype="float32"
+                )
+                setattr(self, f"{name}_{part}", weight)
+        self.built = True
+
+    def rotate(self, q, k, q_positions, k_positions):
+        return q * ops.cast(1.0 / math.sqrt(self.terms), q.dtype), k
+
+    def _index(self, q_positions, k_positions):
+        """``δ(i, j)`` ``(b|1, i, j)`` int32, and the rows ``lo .. hi`` it can reach."""
+        rel = -relative_distance(q_positions.pos, k_positions.pos)  # p_i - p_j
+        reach = self.reach
+        table = ops.convert_to_tensor(self.index_table, dtype="int32")
+        index = ops.take(table, ops.clip(rel, -reach, reach) + reach, axis=0)
+        lo, hi = 0, self.rows - 1
+        n = k_positions.pos.shape[1]
+        if q_positions is k_positions and n is not None and n - 1 < reach:
+            # Self-attention: |p_i - p_j| <= n - 1, and the rows grow with the relative position.
+            # Projected only when that spares half the rows (else one shape for every length).
+            low, high = self.index_table[reach - (n - 1)], self.index_table[reach + n - 1]
+            if high - low + 1 <= self.rows // 2:
+                lo, hi = low, high
+                index = ops.clip(index, lo, hi) - lo
+        return index, lo, hi
+
+    def _states(self, term: str, lo: int, hi: int):
+        """``W·P + b`` of one term's projection over rows ``lo .. hi``: float32 ``(h, R', d)``."""
+        table = ops.cast(self.rel_embeddings, "float32")[lo : hi + 1]
+        if self.config.norm_rel_ebd == "layer_norm":
+            mean = ops.mean(table, axis=-1, keepdims=True)
+            var = ops.mean(ops.square(table - mean), axis=-1, keepdims=True)
+            table = (table - mean) * ops.rsqrt(var + self.config.layer_norm_eps)
+            table = table * ops.cast(self.layer_norm_gamma, "float32")
+            table = table + ops.cast(self.layer_norm_beta, "float32")
+        name = self.projection_names[term]
+        kernel = ops.cast(getattr(self, f"{name}_kernel"), "float32")
+        bias = ops.cast(getattr(self, f"{name}_bias"), "float32")
+        states = ops.matmul(table, kernel) + bias  # (R', h·d)
+        states = ops.reshape(states, (-1, self.num_heads, self.head_dim))
+        return ops.transpose(states, (1, 0, 2))
+
+    def score_bias(self, q, q_positions, k_positions):
+        if "c2p" not in self.config.pos_att_type:
+            return None
+        index, lo, hi = self._index(q_positions, k_positions)
+        keys = self._states("c2p", lo, hi) / math.sqrt(self.head_dim)
+        rel = ops.einsum("bihd,hrd->bhir", ops.cast(q, "float32"), keys)
+        return gather_relative(rel, index)
+
+    def key_bias(self, q, k, q_positions, k_positions):
+        if "p2c" not in self.config.pos_att_type:
+            return None
+        index, lo, hi = self._index(q_positions, k_positions)
+        queries = self._states("p2c", lo, hi) / math.sqrt(self.terms * self.head_dim)
+        rel = ops.einsum("bjhd,hrd->bhjr", ops.cast(k, "float32"), queries)
+        out = gather_relative(rel, ops.transpose(index, (0, 2, 1)))  # (b, h, j, i)
+        return ops.transpose(out, (0, 1, 3, 2))
+
+
+@_register
+class CoPEScheme(AttentionScheme):
+    """CoPE (Golovneva et al., 2024, §3), as :class:`relpos.schemes.CoPE`: query ``i`` counts the
+    keys it may attend to with gates ``g_it = σ(q_i·k_t/√d)``; key ``j`` sits at ``p_ij =
+    min(Σ_{t=j}^{i} g_it, npos_max - 1)`` and adds ``q_i·e[p_ij]``, read between the integer rows
+    of a learned table ``e`` (``pos_emb``, float32 ``(npos_max, d)`` or ``(h, npos_max, d)`` with
+    ``per_head``, starting at 0).
+
+    ``key_bias`` reads every key of the call (cached ones included), so cached decoding needs no
+    extra state. The gates are masked to the allowed pairs (same document, real tokens,
+    ``k_pos <= q_pos``), so counts restart at every document and skip padding; the reverse sum
+    runs along the key axis, where each document's keys lie in position order (masks, segments,
+    the cache's slots). **Causal only** (``causal=False`` raises). **Cost** ``O(i·j)`` per head:
+    the gates, positions and interpolated term are ``(b, h, i, j)`` float32, ``q·kᵀ`` is computed
+    a second time for the gates, plus ``O(b·h·i·npos_max)`` for ``q·eᵀ``.
+    """
+
+    scheme_name = "cope"
+    adds_terms = True
+    causal_only = True
+
+    def build(self, input_shape=None) -> None:
+        c = self.config
+        shape = (self.num_heads,) if c.per_head else ()
+        self.pos_emb = self.add_weight(
+            name="pos_emb",
+            shape=(*shape, c.npos_max, self.head_dim),
+            initializer="zeros",
+            dtype="float32",
+        )
+        self.built = True
+
+    def key_bias(self, q, k, q_positions, k_positions):
+        qf, kf = ops.cast(q, "float32"), ops.cast(k, "float32")
+        logits = ops.einsum("bihd,bjhd->bhij", qf, kf) / math.sqrt(q.shape[-1])
+        allowed = ops.expand_dims(allowed_pairs(q_positions, k_positions, causal=True), 1)
+        gates = ops.where(allowed, ops.sigmoid(logits), 0.0)  # where: NaN-free at masked pairs
+        positions = ops.flip(ops.cumsum(ops.flip(gates, -1), axis=-1), -1)  # Σ_{t >= j}
+        positions = ops.minimum(positions, float(self.config.npos_max - 1))
+        table = ops.cast(self.pos_emb, "float32")
+        if self.config.per_head:
+            z = ops.einsum("bihd,hnd->bhin", qf, table)
+        else:
+            z = ops.einsum("bihd,nd->bhin", qf, table)  # z_i[n] = q_i·e[n]
+        floor = ops.stop_gradient(ops.floor(positions))
+        ceil = ops.stop_gradient(ops.ceil(positions))
+        w = positions - floor
+        low = ops.take_along_axis(z, ops.cast(floor, "int32"), axis=-1)
+        high = ops.take_along_axis(z, ops.cast(ceil, "int32"), axis=-1)
+        return low + w * (high - low)
+
+
+@_register
+class ForgetGateScheme(AttentionScheme):
+    """The Forgetting Transformer's forget gate (Lin et al., 2025), as
+    :class:`relpos.schemes.ForgetGate`: a scalar gate per head and token ``f_t = σ(w_h·x_t +
+    b_h)`` from the attention layer's input, and logits ``q_i·k_j/√d + c_i - c_j`` with ``c_t =
+    Σ log f_l`` over the real tokens ``l`` of ``t``'s own document up to ``t``.
+
+    Weights: ``gate_kernel (D, h)`` (``N(0, 0.02²)``), ``gate_bias (h,)`` (0), float32; ``D`` is
+    the layer input's width. ``token_log_decay`` is ``log σ`` in float32; the attention layer
+    sums it per document (:func:`~relpos.keras.positions.with_log_decay`; with a cache, a running
+    sum over the cache's slots of the per-token values it stores beside the keys and values) in
+    float64 where the backend has it (TensorFlow, PyTorch, JAX with ``jax_enable_x64``; else
+    float32, whose ``c`` loses absolute precision as it grows: ``10^-3`` at ``|c| = 10^4``), and
+    ``score_bias`` is ``c_i - c_j`` in that dtype, cast to float32: one ``(b, h, i, j)`` bias.
+
+    **Causal only** (``causal=False`` raises) and **self-attention only** (the gates are the
+    layer's own tokens'). Its cache is a pair (see
+    :meth:`~relpos.keras.RelativeMultiHeadAttention.empty_cache`).
+    """
+
+    scheme_name = "forgetting"
+    adds_terms = True
+    causal_only = True
+    contextual = True
+
+    def build(self, input_shape=None) -> None:
+        if input_shape is None:
+            raise ValueError("the forget gate's kernel needs the layer input's shape (b, n, D)")
+        width = int(input_shape[-1])
+        self.gate_kernel = self.add_weight(
+            name="gate_kernel",
+            shape=(width, self.num_heads),
+            initializer=keras.initializers.RandomNormal(stddev=0.02),
+            dtype="float32",
+        )
+        self.gate_bias = self.add_weight(
+            name="gate_bias", shape=(self.num_heads,), initializer="zeros", dtype="float32"
+        )
+        self.built = True
+
+    def token_log_decay(self, x):
+        logits = ops.matmul(ops.cast(x, "float32"), ops.cast(self.gate_kernel, "float32"))
+        return ops.log_sigmoid(logits + ops.cast(self.gate_bias, "float32"))
+
+    def score_bias(self, q, q_positions, k_positions):
+        for name, p in (("q_positions", q_positions), ("k_positions", k_positions)):
+            if p.log_decay is None:
+                raise ValueError(
+                    f"{type(self).__name__} needs {name} with a log_decay (set from the layer "
+                    "input by RelativeMultiHeadAttention)"
+                )
+        cq = ops.expand_dims(q_positions.log_decay, 2)  # (b, i, 1, h)
+        ck = ops.expand_dims(k_positions.log_decay, 1)  # (b, 1, j, h)
+        return ops.transpose(ops.cast(cq - ck, "float32"), (0, 3, 1, 2))
 
 
 def scheme_config(spec: str | dict[str, Any] | SchemeConfig | None) -> SchemeConfig:
