@@ -10,6 +10,7 @@ keras = pytest.importorskip("keras")  # conftest.py seeds every test (keras.util
 
 from relpos.keras import from_torch  # noqa: E402
 from relpos.keras.transformer import Transformer  # noqa: E402
+from relpos.schemes import scheme_config  # noqa: E402
 
 SMALL = {"vocab_size": 11, "d_model": 16, "num_heads": 2, "num_layers": 2, "dropout": 0.0}
 ONE_LAYER = {**SMALL, "num_layers": 1}  # a smaller graph to compile (JAX)
@@ -109,7 +110,8 @@ def test_get_config_round_trip():
         )
         model.build((None, None))
         config = model.get_config()
-        assert config["scheme"] == scheme and config["d_ff"] == 24
+        # The scheme's full config: the given fields, every other at its default.
+        assert scheme_config(config["scheme"]) == scheme_config(scheme) and config["d_ff"] == 24
         assert config["tie_weights"] is tie_weights and config["causal"] is True
         assert config["num_kv_heads"] == kv_heads
         assert model.blocks[0].attn.num_key_value_heads == (kv_heads or SMALL["num_heads"])

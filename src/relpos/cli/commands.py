@@ -16,7 +16,6 @@ their pages in anew on every call); ``relpos bench --default-malloc`` measures w
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import math
 import os
@@ -28,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from ..runtime import flush_denormals, retain_freed_memory
+from .checks import CLIError, check_data, input_file, output_folder
 
 __all__ = ["MAX_LENGTH", "MAX_SEED", "CLIError", "build_parser", "main"]
 
@@ -54,10 +54,6 @@ MAX_SEED = 2**63 - 1
 #: What ``--splits`` may name.
 SPLIT_NAMES = ("train", "valid", "test")
 _COMMANDS = ("train", "eval", "generate", "demo", "bench", "tour", "compare")
-
-
-class CLIError(Exception):
-    """A user-facing error: printed as one line, exit status 2."""
 
 
 class UsageError(CLIError):
@@ -115,33 +111,6 @@ _SEED = _int_type(0, MAX_SEED)
 # ----------------------------------------------------------------------------- paths and data
 
 
-def _input_file(flag: str, path: str | os.PathLike[str], expected: str) -> Path:
-    """An existing regular file, or a :class:`CLIError` naming ``flag``."""
-    p = Path(path).expanduser()
-    if not p.exists():
-        raise CLIError(f"{flag}: {p} does not exist (expected {expected})")
-    if p.is_dir():
-        raise CLIError(f"{flag}: {p} is a folder, expected {expected}")
-    if not os.access(p, os.R_OK):
-        raise CLIError(f"{flag}: {p} is not readable (permission denied)")
-    return p
-
-
-def _output_folder(flag: str, path: str | os.PathLike[str]) -> Path:
-    """A folder that exists and is writable, or that can be created."""
-    p = Path(path).expanduser()
-    if p.exists() and not p.is_dir():
-        raise CLIError(f"{flag}: {p} exists and is not a folder")
-    ancestor = p
-    while not ancestor.exists() and ancestor != ancestor.parent:
-        ancestor = ancestor.parent
-    if not ancestor.is_dir():
-        raise CLIError(f"{flag}: cannot create {p}: {ancestor} is not a folder")
-    if not os.access(ancestor, os.W_OK | os.X_OK):
-        raise CLIError(f"{flag}: cannot write in {ancestor} (permission denied)")
-    return p
-
-
 def _run_folder(flag: str, path: str | os.PathLike[str]) -> Path:
     """An existing run folder (for ``eval`` and ``generate``)."""
     p = Path(path).expanduser()
@@ -153,18 +122,6 @@ def _run_folder(flag: str, path: str | os.PathLike[str]) -> Path:
     if not p.is_dir():
         raise CLIError(f"{flag}: {p} is not a folder (expected the folder of a run)")
     return p
-
-
-def _check_data(flag: str, data: str) -> None:
-    """``--data``: ``music21`` with the package installed, or an existing file."""
-    if data == "music21":
-        if importlib.util.find_spec("music21") is None:
-            raise CLIError(
-                f"{flag} music21: the music21 package is not installed (pip install "
-                "'relpos[music]'), or pass a JSB JSON file"
-            )
-        return
-    _input_file(flag, data, "'music21' or a JSB JSON file")
 
 
 # ----------------------------------------------------------------------------- configs
@@ -288,13 +245,13 @@ def _train_config(args: argparse.Namespace):
     from ..training import TrainConfig
 
     if args.config:
-        path = _input_file("--config", args.config, "a TrainConfig JSON file")
+        path = input_file("--config", args.config, "a TrainConfig JSON file")
         try:
             return TrainConfig.load(path)
         except (ValueError, TypeError) as e:
             raise CLIError(f"--config {path}: {e}") from None
     scheme = _scheme_from_args(args.scheme, args.scheme_arg)
-    _check_data("--data", args.data)
+    check_data("--data", args.data)
     try:
         model = TransformerConfig(
             vocab_size=VOCAB_SIZE,
@@ -390,7 +347,7 @@ def _load_model(run_dir: Path, which: str):
                 + (hint if other.is_file() else " (no checkpoint has been written there yet)")
             )
     else:
-        path = _input_file("--checkpoint", which, "best, last, or a checkpoint file")
+        path = input_file("--checkpoint", which, "best, last, or a checkpoint file")
     try:
         state = load_checkpoint(path)
     except (ValueError, TypeError) as e:
@@ -446,7 +403,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         device = parse_device(args.device)
     except DeviceError as e:
         raise CLIError(f"--device: {e}") from None
-    run_dir = _output_folder("--run-dir", args.run_dir)
+    run_dir = output_folder("--run-dir", args.run_dir)
     if args.resume:
         if args.config:
             raise CLIError(
@@ -467,7 +424,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         cfg = _train_config(args)
         fits_cfg, source = cfg, f" (in --config {args.config})" if args.config else ""
         if args.config:
-            _check_data(f"data in --config {args.config}", cfg.data)
+            check_data(f"data in --config {args.config}", cfg.data)
     if fits_cfg is not None:
         if fits_cfg.seed > MAX_SEED:
             raise CLIError(f"--seed: expected an integer in 0..{MAX_SEED}, got {fits_cfg.seed}")
@@ -500,11 +457,11 @@ def cmd_eval(args: argparse.Namespace) -> int:
     splits = _parse_splits(args.splits)
     model, cfg, state, path = _load_model(run_dir, args.checkpoint)
     if args.data:
-        _check_data("--data", args.data)
+        check_data("--data", args.data)
         source, flag = args.data, "--data"
     else:
         source, flag = cfg.data, f"the run's data ({cfg.data}; pass --data to use other data)"
-        _check_data(flag, source)
+        check_data(flag, source)
     _check_fits(cfg, torch.device("cpu"), training=False, source=f" (of {path})")
     try:
         data = load_token_data(source, max_shift=0, progress=not args.no_progress)
@@ -547,7 +504,7 @@ def _prime(args: argparse.Namespace, cfg) -> Any:
             f"--prime-from: expected SPLIT:INDEX with SPLIT train, valid or test and INDEX an "
             f"integer >= 0 (e.g. test:0), got {args.prime_from!r}"
         )
-    _check_data("the run's data, which --prime-from reads", cfg.data)
+    check_data("the run's data, which --prime-from reads", cfg.data)
     try:
         splits = load_chorales(None if cfg.data == "music21" else cfg.data, progress=False)
     except ValueError as e:
@@ -580,7 +537,7 @@ def _midi_out(args: argparse.Namespace, run_dir: Path) -> Path:
     for beside in (".musicxml", ".png"):
         if out.with_suffix(beside).is_dir():
             raise CLIError(f"--out: {out.with_suffix(beside)} is a folder; choose another name")
-    _output_folder("--out", out.parent)
+    output_folder("--out", out.parent)
     return out
 
 
@@ -618,9 +575,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     """The README's main job: train a small Music Transformer, evaluate it, write a chorale."""
-    run_dir = _output_folder("--run-dir", args.run_dir)
+    run_dir = output_folder("--run-dir", args.run_dir)
     if args.data:
-        _check_data("--data", args.data)
+        check_data("--data", args.data)
     train_args = ["train", "--run-dir", str(run_dir), "--steps", str(args.steps)]
     if (run_dir / "last.pt").exists():
         train_args = ["train", "--run-dir", str(run_dir), "--resume"]
@@ -686,7 +643,7 @@ def _bench(argv: list[str]) -> int:
     ):
         if value is not None and not (math.isfinite(value) and value > 0):
             raise CLIError(f"{flag}: expected a finite number > 0, got {value}")
-    _output_folder("--out", args.out)
+    output_folder("--out", args.out)
     return bench.main(argv)
 
 

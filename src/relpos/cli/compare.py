@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from .commands import CLIError, _check_data, _output_folder
+from .checks import CLIError, check_data, output_folder
 
 __all__ = ["add_parser", "cmd_compare"]
 
@@ -84,7 +84,7 @@ def _spec(args: argparse.Namespace):
     if fields["test_lengths"] is not None:
         fields["test_lengths"] = _int_list("--test-lengths", fields["test_lengths"])
     if args.task == CHORALES:
-        _check_data("--data", fields["data"] or "music21")
+        check_data("--data", fields["data"] or "music21")
     try:
         return default_spec(args.task, **fields)
     except (ValueError, TypeError) as e:
@@ -119,7 +119,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     schemes = [s.strip() for s in (args.schemes or ",".join(DEFAULT_SCHEMES)).split(",")]
     schemes = [s for s in schemes if s]
     seeds = _int_list("--seeds", args.seeds)
-    run_dir = _output_folder("--run-dir", args.run_dir)
+    run_dir = output_folder("--run-dir", args.run_dir)
     try:
         prepare(run_dir, spec, schemes, seeds)  # every check, before anything is written
     except ComparisonMismatch as e:

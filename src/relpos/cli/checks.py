@@ -1,0 +1,55 @@
+"""What the command line checks of its arguments before any work: files, folders, data.
+
+Every failure is a :class:`CLIError`, one line naming the flag, exit status 2.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from pathlib import Path
+
+__all__ = ["CLIError", "check_data", "input_file", "output_folder"]
+
+
+class CLIError(Exception):
+    """A user-facing error: printed as one line, exit status 2."""
+
+
+def input_file(flag: str, path: str | os.PathLike[str], expected: str) -> Path:
+    """An existing regular file, or a :class:`CLIError` naming ``flag``."""
+    p = Path(path).expanduser()
+    if not p.exists():
+        raise CLIError(f"{flag}: {p} does not exist (expected {expected})")
+    if p.is_dir():
+        raise CLIError(f"{flag}: {p} is a folder, expected {expected}")
+    if not os.access(p, os.R_OK):
+        raise CLIError(f"{flag}: {p} is not readable (permission denied)")
+    return p
+
+
+def output_folder(flag: str, path: str | os.PathLike[str]) -> Path:
+    """A folder that exists and is writable, or that can be created."""
+    p = Path(path).expanduser()
+    if p.exists() and not p.is_dir():
+        raise CLIError(f"{flag}: {p} exists and is not a folder")
+    ancestor = p
+    while not ancestor.exists() and ancestor != ancestor.parent:
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        raise CLIError(f"{flag}: cannot create {p}: {ancestor} is not a folder")
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        raise CLIError(f"{flag}: cannot write in {ancestor} (permission denied)")
+    return p
+
+
+def check_data(flag: str, data: str) -> None:
+    """``--data``: ``music21`` with the package installed, or an existing file."""
+    if data == "music21":
+        if importlib.util.find_spec("music21") is None:
+            raise CLIError(
+                f"{flag} music21: the music21 package is not installed (pip install "
+                "'relpos[music]'), or pass a JSB JSON file"
+            )
+        return
+    input_file(flag, data, "'music21' or a JSB JSON file")
