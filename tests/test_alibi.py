@@ -180,6 +180,34 @@ def test_learned_slopes_match_the_oracle_and_train(causal):
     assert torch.equal(attn.scheme.slopes.detach(), torch.tensor([0.5, 0.1, 0.25, 1.0]))
 
 
+@pytest.mark.parametrize("heads", [None, [0, 2]], ids=["all-heads", "heads-0-2"])
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
+def test_learned_slopes_take_the_fused_path_with_their_gradient(causal, heads, monkeypatch):
+    """Trained slopes on ALiBi's fused parts: outputs and the gradients of q, k, v and the slopes
+    equal eager's, across blocks, with steep heads skipping far keys and a zero slope."""
+    monkeypatch.setattr(alibi_parts, "ALIBI_BLOCK", 32)
+    spec = {"name": "learned_alibi", "slopes": [2.0, 0.3, 0.05, 0.0], "heads": heads}
+    torch.manual_seed(0)
+    scheme = relpos.make_scheme(spec, d_model=32, num_heads=4, causal=causal).double()
+    n = 150
+    pos = Positions.from_length(n)
+    assert chunked_path(scheme, torch.zeros(1, 4, n, 8), pos, pos) == "alibi"
+    q, k, v = (3 * torch.randn(2, 4, n, 8, dtype=torch.float64, requires_grad=True) for _ in "qkv")
+    results = []
+    for backend in ("eager", "chunked"):
+        out = BACKENDS[backend](q, k, v, scheme, pos, pos, causal=causal)
+        grads = torch.autograd.grad((out * out.sin()).sum(), (q, k, v, scheme.slopes))
+        results.append((out, *grads))
+    (eager, *eager_grads), (chunked, *chunked_grads) = results
+    torch.testing.assert_close(chunked, eager, rtol=1e-9, atol=1e-9)
+    for g_chunked, g_eager in zip(chunked_grads, eager_grads, strict=True):
+        torch.testing.assert_close(g_chunked, g_eager, rtol=1e-9, atol=1e-9)
+    dslope = eager_grads[-1]
+    assert (dslope[[0, 2]].abs() > 1).all()  # the test sees the slopes' gradient
+    if heads is not None:
+        assert (dslope[[1, 3]] == 0).all()  # heads left out: no bias, no gradient
+
+
 def test_slopes_config_round_trip_and_errors():
     config = relpos.ALiBiConfig(slopes=[1, 0.5])
     assert config.slopes == (1.0, 0.5)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import pytest
@@ -16,8 +17,10 @@ from relpos.functional import (
     apply_rope,
     clipped_relative_index,
     gather_relative,
+    gather_table,
     rope_angles,
     rope_frequencies,
+    scatter_table,
     sinusoidal_table,
     skew,
     t5_buckets,
@@ -48,6 +51,27 @@ def test_skew_equals_explicit_gather(L, causal):
         torch.ones(L, L, dtype=torch.bool).tril() if causal else torch.ones(L, L, dtype=torch.bool)
     )
     assert torch.equal(out[..., keep], gathered[..., keep])
+
+
+@pytest.mark.parametrize("b", [1, 3])
+def test_shared_table_gather_and_scatter_match_a_loop(b):
+    """``gather_table`` picks ``table[h, index[b, i, j]]``; ``scatter_table`` adds each ``src``
+    entry at its row, summed over batch and queries: both against Python loops."""
+    torch.manual_seed(0)
+    h, i, j, r = 2, 3, 4, 7
+    table = torch.randn(1, h, 1, r, dtype=torch.float64)
+    index = torch.randint(0, r, (b, i, j))
+    src = torch.randn(b, h, i, j, dtype=torch.float64)
+    out = gather_table(table, index)
+    grad = scatter_table(torch.zeros(1, h, 1, r, dtype=torch.float64), index, src)
+    want_out = torch.zeros(b, h, i, j, dtype=torch.float64)
+    want_grad = torch.zeros(1, h, 1, r, dtype=torch.float64)
+    for bb, hh, ii, jj in itertools.product(range(b), range(h), range(i), range(j)):
+        want_out[bb, hh, ii, jj] = table[0, hh, 0, index[bb, ii, jj]]
+        want_grad[0, hh, 0, index[bb, ii, jj]] += src[bb, hh, ii, jj]
+    assert torch.equal(out, want_out)
+    torch.testing.assert_close(grad, want_grad, rtol=1e-12, atol=1e-12)
+    assert torch.equal(out, gather_relative(table, index))
 
 
 def test_skew_rejects_wrong_shapes():

@@ -11,7 +11,13 @@ from .rope import apply_rope, rope_angles, rope_frequencies
 from .rope_scaling import scaled_rope_frequencies, sequence_rope_frequencies
 from .sandwich import sandwich_bias, sandwich_head_scales
 from .sinusoidal import sinusoid_frequencies, sinusoidal_table
-from .skew import gather_relative, scatter_relative, skew
+from .skew import (
+    gather_relative,
+    gather_table,
+    scatter_relative,
+    scatter_table,
+    skew,
+)
 from .t5 import t5_buckets
 from .xpos import xpos_decay, xpos_max_position, xpos_scale
 
@@ -29,6 +35,7 @@ __all__ = [
     "fire_bias",
     "fire_inputs",
     "gather_relative",
+    "gather_table",
     "kerple_bias",
     "relative_distance",
     "rope_angles",
@@ -37,6 +44,7 @@ __all__ = [
     "sandwich_head_scales",
     "scaled_rope_frequencies",
     "scatter_relative",
+    "scatter_table",
     "sequence_rope_frequencies",
     "sinusoid_frequencies",
     "sinusoidal_table",

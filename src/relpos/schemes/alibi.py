@@ -83,8 +83,9 @@ class LearnedALiBiConfig(SchemeConfig):
 class LearnedALiBi(DistanceBiasScheme):
     """ALiBi whose per-head slopes are trained: ``slope_h · (p_j - p_i)`` (causal) or
     ``-slope_h · |p_j - p_i|`` (bidirectional), slopes initialised to ALiBi's (or the given ones)
-    and kept ``>= 0`` at use. A :class:`~relpos.schemes.base.DistanceBiasScheme`: its gradient
-    flows through the distance table, which ``chunked`` and ``flex`` read like any other.
+    and kept ``>= 0`` at use. A linear :class:`~relpos.schemes.base.DistanceBiasScheme`: its
+    gradient flows through the distance table on ``flex`` and ``sdpa``; ``chunked`` runs ALiBi's
+    fused parts over plain positions and computes the slopes' gradient in their backward pass.
 
     Shapes:
         ``score_bias`` returns float32 ``(b|1, h, i, j)``.
@@ -96,7 +97,13 @@ class LearnedALiBi(DistanceBiasScheme):
         super().__init__(config, **dims)
         self.slopes = nn.Parameter(alibi_slopes(self.num_heads, self.config.slopes))
 
+    linear = True
+
+    def linear_slopes(self) -> Tensor:
+        slopes = self.slopes.to(compute_dtype(self.slopes.dtype)).clamp(min=0.0)
+        return select_heads(slopes, self.bias_heads)
+
     def distance_bias(self, distance: Tensor) -> Tensor:
-        slopes = self.slopes.to(compute_dtype(self.slopes.dtype)).clamp(min=0.0).unsqueeze(-1)
+        slopes = self.linear_slopes().unsqueeze(-1)
         d = distance.to(slopes.dtype).unsqueeze(0)
         return slopes * (d if self.causal else -d.abs())

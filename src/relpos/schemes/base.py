@@ -37,7 +37,9 @@ Two declared refinements tell the fast backends what else a scheme offers:
 * :class:`LinearBiasScheme` — the logit term is ``slope_h·(p_j - p_i)`` (causal) or
   ``-slope_h·|p_j - p_i|`` (bidirectional) with fixed per-head ``slopes``: ALiBi.
 * :class:`DistanceBiasScheme` — the logit term is any per-head function of the signed distance
-  (KERPLE), evaluated once per distinct distance and gathered.
+  (KERPLE), evaluated once per distinct distance and gathered; the class flag ``linear`` with
+  ``linear_slopes`` declares ALiBi's form with trained slopes (``chunked`` then runs ALiBi's
+  fused parts and returns the slopes' gradient).
 * :class:`DecayBiasScheme` — the logit term is ``c_i,h - c_j,h``, the difference of the tokens'
   cumulative log decay (``Positions.log_decay``, set by ``contextualize`` from per-token gates):
   the Forgetting Transformer. Causal only; ``flex`` reads the per-token values in a
@@ -341,6 +343,9 @@ class DistanceBiasScheme(Scheme):
     """
 
     hooks: ClassVar[frozenset[str]] = frozenset({"score_bias"})
+    #: Whether ``distance_bias`` is ALiBi's ``slope_h·δ`` (causal) / ``-slope_h·|δ|``
+    #: (bidirectional) with the slopes of :meth:`linear_slopes`; declared per class.
+    linear: ClassVar[bool] = False
 
     def __init__(self, config: SchemeConfig | None = None, **dims: Any) -> None:
         super().__init__(config, **dims)
@@ -351,6 +356,11 @@ class DistanceBiasScheme(Scheme):
     @abstractmethod
     def distance_bias(self, distance: Tensor) -> Tensor:
         """The bias of each distance for each head: ``(h, D)`` float32 for ``(D,)`` int64."""
+
+    def linear_slopes(self) -> Tensor:
+        """The ``(h,)`` slopes in use, float32 or wider, with their graph to the parameters
+        (heads left out of ``heads`` get 0); only for a :attr:`linear` scheme."""
+        raise NotImplementedError(f"{type(self).__name__} is not a linear bias (linear=False)")
 
     def distance_table(self, q_positions: Positions, k_positions: Positions) -> tuple[int, Tensor]:
         """``(lo, table)``: the bias of distance ``δ`` for head ``h`` is ``table[h, δ - lo]``, for
@@ -379,6 +389,11 @@ class LinearBiasScheme(Scheme):
 
     slopes: Tensor
     hooks: ClassVar[frozenset[str]] = frozenset({"score_bias"})
+
+    def linear_slopes(self) -> Tensor:
+        """The ``(h,)`` slopes (no gradient), as a linear :class:`DistanceBiasScheme` gives
+        its trained ones."""
+        return self.slopes
 
     def score_bias(self, q: Tensor, q_positions: Positions, k_positions: Positions) -> Tensor:
         return alibi_bias(self.slopes, q_positions.distance(k_positions), causal=self.causal)

@@ -14,6 +14,14 @@ block ``[i0, i1)`` splits its keys into three parts, each one call of the stock 
 The parts merge by log-sum-exp. Every value added near the query stays small, so float32 rounding
 stays at the level of ``slope·block``; nothing ``(i, j)`` is built beyond the diagonal block.
 
+**Trained slopes** (learned ALiBi, a linear :class:`~relpos.schemes.DistanceBiasScheme`): the
+slope's gradient is ``Σ_ij dS_ij·e_ij`` with ``e_ij = j - i`` (causal) or ``-|j - i|``. Over a
+left part ``e_ij = u_j - c_i`` with ``u_j = j - i0`` and ``c_i = i - i0`` (a right part: its
+negative), so it needs only the column sums ``Σ_i dS_ij`` and ``Σ_i dS_ij·c_i``. The backward
+kernel returns them as two extra columns of ``dK``: queries get the columns ``(1, c_i)``, keys
+zeros (the logits do not change), values and output gradients zeros. The bidirectional diagonal
+block, where ``-|j - i|`` is not linear, is recomputed explicitly (``bi × bi``).
+
 **Keys too far to matter are skipped** (:func:`alibi_reach`). A steep head's bias drives far
 keys' probabilities below the smallest positive float: with ``scale·|q_i·k_j| <= scale·‖q‖·‖k‖``
 and the query's own key (bias 0) in its row, key ``j`` has
@@ -31,9 +39,11 @@ import math
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from ...functional.dtypes import compute_dtype
+from .grads import GradSink, push_grad
 from .job import Job
 from .kernels import block_bounds, flash, flash_backward
 
@@ -123,18 +133,30 @@ class _Geometry:
     const_right: Tensor  # (1, h, B)
 
     @classmethod
-    def build(cls, job: Job, q: Tensor, n: int, block: int) -> _Geometry:
-        slopes = job.scheme.slopes.to(q.device, q.dtype).view(1, -1, 1)  # (1, h, 1)
-        ar = torch.arange(max(n, block) + 1, device=q.device, dtype=q.dtype)
+    def build(cls, slopes: Tensor, causal: bool, n: int, block: int) -> _Geometry:
+        """From ``(h,)`` slopes in the compute dtype (no graph)."""
+        slopes = slopes.view(1, -1, 1)  # (1, h, 1)
+        ar = torch.arange(max(n, block) + 1, device=slopes.device, dtype=slopes.dtype)
         bl = min(block, n)
-        qp, kp = job.q_positions[:bl], job.k_positions[:bl]
         return cls(
             left=(slopes * (ar[:n] - n)).unsqueeze(2),
             right=(-slopes * ar[1 : n + 1]).unsqueeze(2),
-            diag=job.scheme.score_bias(q, qp, kp).to(q.dtype),
+            diag=slopes.unsqueeze(-1) * _diag_distance(bl, causal, slopes),
             const_left=-slopes * ar[:bl],
             const_right=-slopes * ar[:bl].flip(0),
         )
+
+
+def _diag_distance(bi: int, causal: bool, like: Tensor) -> Tensor:
+    """``e (bi, bi)`` of a diagonal block: ``j - i`` (causal) or ``-|j - i|``."""
+    ar = torch.arange(bi, device=like.device, dtype=like.dtype)
+    e = ar.view(1, -1) - ar.view(-1, 1)
+    return e if causal else -e.abs()
+
+
+def _slopes(job: Job) -> Tensor:
+    """The scheme's ``(h,)`` slopes in use (with their graph for trained slopes)."""
+    return job.scheme.linear_slopes()
 
 
 def _parts(
@@ -184,18 +206,31 @@ def _attend_part(part: _Part, q: Tensor, k: Tensor, v: Tensor, rows: slice, scal
     return o, lse
 
 
+def _diag_slope_grad(
+    q: Tensor, k: Tensor, v: Tensor, do: Tensor, lse: Tensor, delta: Tensor, e: Tensor, job: Job
+) -> Tensor:
+    """``(h,)`` ``Σ dS·e`` over one bidirectional diagonal block, recomputed explicitly."""
+    s = torch.matmul(q, k.transpose(-1, -2)).mul_(job.scale)
+    p = s.add_(_slopes(job).detach().view(1, -1, 1, 1) * e).sub_(lse.unsqueeze(-1)).exp_()
+    ds = torch.matmul(do, v.transpose(-1, -2)).sub_(delta.unsqueeze(-1)).mul_(p)
+    return (ds * e).sum((0, 2, 3))
+
+
 class AlibiAttention(torch.autograd.Function):
     """ALiBi attention ``(b, h, i, d)`` over plain positions from fused-kernel parts merged by
     log-sum-exp; the backward pass runs the fused backward kernel on the same parts with the
-    final log-sum-exp. ALiBi has no parameters, so there is no bias gradient."""
+    final log-sum-exp, and returns trained slopes' gradient (``params``: the scheme's parameters
+    that need one; see the module docstring)."""
 
     @staticmethod
-    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, job: Job) -> Tensor:
+    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, job: Job, *params: Tensor) -> Tensor:
+        del params  # reached through job.scheme; listed so that autograd tracks them
         dtype = compute_dtype(q.dtype)
         qf, kf, vf = (t.to(dtype) for t in (q, k, v))
         b, h, n, _ = qf.shape
-        reach = alibi_reach(job.scheme.slopes, qf, kf, job.scale, ALIBI_BLOCK)
-        geom = _Geometry.build(job, qf, n, ALIBI_BLOCK)
+        slopes = _slopes(job).detach().to(qf.device, dtype)
+        reach = alibi_reach(slopes, qf, kf, job.scale, ALIBI_BLOCK)
+        geom = _Geometry.build(slopes, job.causal, n, ALIBI_BLOCK)
         out = torch.empty_like(qf)
         lse = qf.new_empty(b, h, n)
         for c, (i0, i1) in enumerate(block_bounds(0, n, ALIBI_BLOCK)):
@@ -221,11 +256,22 @@ class AlibiAttention(torch.autograd.Function):
     def backward(ctx, grad_out: Tensor):
         job: Job = ctx.job
         qf, kf, vf, out, lse = ctx.saved_tensors
-        h, n = qf.shape[1], qf.shape[2]
+        h, n, d = qf.shape[1], qf.shape[2], qf.shape[3]
         do = grad_out.to(qf.dtype)
         dq, dk, dv = torch.zeros_like(qf), torch.zeros_like(kf), torch.zeros_like(vf)
+        sink = GradSink(job.params)
+        learn = any(p.requires_grad for p in job.params)
+        if learn:  # two extra columns: zeros on keys, values, output and its gradient
+            kf, vf, out, do = (F.pad(t, (0, 2)) for t in (kf, vf, out, do))
+            dslope = qf.new_zeros(h)
+            delta = (do * out).sum(-1)
         for c, (i0, i1) in enumerate(block_bounds(0, n, ALIBI_BLOCK)):
             dob, ob = do[:, :, i0:i1].contiguous(), out[:, :, i0:i1].contiguous()
+            qb = qf[:, :, i0:i1]
+            if learn:  # queries' extra columns (1, c_i = i - i0)
+                ar = torch.arange(i1 - i0, device=qf.device, dtype=qf.dtype)
+                extra = torch.stack((torch.ones_like(ar), ar), -1).expand(*qb.shape[:2], -1, 2)
+                qb = torch.cat((qb, extra), -1)
             for part in _parts(ctx.geom, job.causal, h, i0, i1, n, ctx.reach[c]):
                 lse_p = lse[:, :, i0:i1] if part.const is None else lse[:, :, i0:i1] - part.const
                 lse_p = lse_p.contiguous()
@@ -234,12 +280,28 @@ class AlibiAttention(torch.autograd.Function):
                         continue
                     hs, js = slice(s.h0, s.h1), slice(s.j0, s.j1)
                     gq, gk, gv = flash_backward(
-                        dob[:, hs], qf[:, hs, i0:i1], kf[:, hs, js], vf[:, hs, js], ob[:, hs],
+                        dob[:, hs], qb[:, hs], kf[:, hs, js], vf[:, hs, js], ob[:, hs],
                         lse_p[:, hs], 0.0, part.causal, attn_mask=part.call_mask(s),
                         scale=job.scale,
                     )  # fmt: skip
-                    dq[:, hs, i0:i1] += gq
-                    dk[:, hs, js] += gk
-                    dv[:, hs, js] += gv
+                    dq[:, hs, i0:i1] += gq[..., :d]
+                    dk[:, hs, js] += gk[..., :d]
+                    dv[:, hs, js] += gv[..., :d]
+                    if learn and (part.const is not None or job.causal):
+                        # Σ dS·(u_j - c_i), u_j = j - i0; a right part's e is its negative.
+                        u = torch.arange(s.j0 - i0, s.j1 - i0, device=qf.device, dtype=qf.dtype)
+                        moments = gk[..., d:] / job.scale  # (b, h, j, 2): Σ_i dS, Σ_i dS·c_i
+                        g = (moments[..., 0] * u - moments[..., 1]).sum((0, 2))
+                        dslope[hs] += g if part.start < i1 else -g
+            if learn and not job.causal:
+                e = _diag_distance(i1 - i0, False, qf)
+                dslope += _diag_slope_grad(
+                    qf[:, :, i0:i1], kf[:, :, i0:i1, :d], vf[:, :, i0:i1, :d], do[:, :, i0:i1, :d],
+                    lse[:, :, i0:i1], delta[:, :, i0:i1], e, job,
+                )  # fmt: skip
+        if learn:
+            with torch.enable_grad():
+                slopes = _slopes(job)
+            push_grad(slopes, dslope.to(slopes.dtype), None, None, sink)
         t = grad_out.dtype
-        return dq.to(t), dk.to(t), dv.to(t), None
+        return dq.to(t), dk.to(t), dv.to(t), None, *sink.result()

@@ -12,8 +12,9 @@ path        when, and how
 ``region``  CPU, self-attention over contiguous positions, a :class:`RelativeScheme` whose
             band the engines compute: far parts by the fused kernel, the band by
             :mod:`.narrow` or :mod:`.band` (:mod:`.region`)
-``alibi``   the same geometry with a :class:`LinearBiasScheme`: left / diagonal / right parts
-            by the fused kernel (:mod:`.alibi`)
+``alibi``   the same geometry with a :class:`LinearBiasScheme` or a linear
+            :class:`DistanceBiasScheme` (learned ALiBi): left / diagonal / right parts by the
+            fused kernel (:mod:`.alibi`)
 ``fused``   the same geometry with no bias and no value term: the stock kernel
 ==========  ==============================================================================
 
@@ -31,7 +32,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ...positions import Positions
-from ...schemes.base import LinearBiasScheme, RelativeScheme, Scheme
+from ...schemes.base import DistanceBiasScheme, LinearBiasScheme, RelativeScheme, Scheme
 from ..contract import empty_attention, is_empty, validate_attention_inputs, zero_padding_keys
 from .alibi import AlibiAttention
 from .job import Job
@@ -67,7 +68,10 @@ def chunked_path(
         return "tiles"
     if not hooks & {"score_bias", "value_term"}:
         return "fused"
-    if isinstance(scheme, LinearBiasScheme) and "value_term" not in hooks:
+    linear = isinstance(scheme, LinearBiasScheme) or (
+        isinstance(scheme, DistanceBiasScheme) and scheme.linear
+    )
+    if linear and "value_term" not in hooks:
         return "alibi"
     if isinstance(scheme, RelativeScheme) and region_supports(scheme):
         return "region"
@@ -133,7 +137,7 @@ def chunked_attention(
     q_positions, k_positions, decays = _decay_leaves(q_positions, k_positions)
     job = Job(scheme, q_positions, k_positions, causal, scale, params=params + list(decays))
     if chosen == "alibi":
-        return AlibiAttention.apply(q, k, v, job)
+        return AlibiAttention.apply(q, k, v, job, *params)
     if chosen == "region":
         return region_attention(q, k, v, job)
     job.plan = plan_tiles(q_positions, k_positions, causal=causal, q_block=q_block, k_block=k_block)

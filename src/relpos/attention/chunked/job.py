@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 
 from ...positions import Positions
-from ...schemes.base import RelativeScheme, Scheme
+from ...schemes.base import DistanceBiasScheme, RelativeScheme, Scheme
 from .grads import GradSink
 from .plan import TilePlan
 
@@ -77,7 +77,27 @@ class Job:
         #: a key term in relative rows, ``relative_key_logits(k)`` (the only key_bias chunked runs)
         self.rel_key = "key_bias" in s.hooks and relative
         self.num_rel = s.num_relative if (self.rel_bias or self.rel_value or self.rel_key) else 0
-        self.query_independent = self.rel_bias and s.query_independent
+        #: a function of the distance: one table over this call's distances, gathered per tile
+        self.distance = self.has_bias and isinstance(s, DistanceBiasScheme)
+        self.distance_lo = 0
+        self.query_independent = (self.rel_bias and s.query_independent) or self.distance
+
+    def constant_logits(self, q: Tensor) -> Tensor:
+        """The query-independent logit term ``(1|b, h, 1, R)``: T5's ``relative_logits``, or a
+        distance scheme's table over this call's distances (``R`` of them from
+        ``distance_lo``), with a graph to the parameters when grad mode is on."""
+        if self.distance:
+            self.distance_lo, table = self.scheme.distance_table(self.q_positions, self.k_positions)
+            self.num_rel = table.shape[-1]
+            return table.unsqueeze(0).unsqueeze(2)
+        return self.scheme.relative_logits(q[:, :, :1])
+
+    def tile_index(self, q_positions: Positions, k_positions: Positions) -> Tensor:
+        """``(b|1, bi, bj)`` relative row of every pair of a tile (after :meth:`constant_logits`
+        for a distance scheme)."""
+        if self.distance:
+            return q_positions.distance(k_positions) - self.distance_lo
+        return self.scheme.relative_index(q_positions, k_positions)
 
     def tile_mask(self, i0: int, i1: int, j0: int, j1: int) -> Tensor:
         """``(b|1, 1, bi, bj)`` bool: the pairs of a masked tile that may attend."""

@@ -18,6 +18,9 @@ Scheme terms enter a tile in one of two ways:
   ``relative_key_logits`` ``(b, h, j, R)``, computed once per call and gathered per tile by the
   transposed index; its gradient is scattered back per tile and pushed through once. A value
   term accumulates the attention mass per row with the same rescaling as ``p·v``;
+* a :class:`~relpos.schemes.DistanceBiasScheme` (KERPLE, learned ALiBi, DPB, Sandwich): like
+  T5, one table per call over the call's distances (``distance_table``), gathered per tile by
+  distance, its gradient scattered per tile and pushed through the function once;
 * any other scheme: its own ``score_bias``/``value_term`` on the tile's sliced positions, with
   gradients by ``torch.autograd.grad`` per tile.
 
@@ -32,7 +35,12 @@ import torch
 from torch import Tensor
 
 from ...functional.dtypes import compute_dtype
-from ...functional.skew import gather_relative, scatter_relative
+from ...functional.skew import (
+    gather_relative,
+    gather_table,
+    scatter_relative,
+    scatter_table,
+)
 from .grads import GradSink, push_grad
 from .job import Job
 from .kernels import flush_exp_, sum_to
@@ -76,15 +84,32 @@ class _ReplayRng:
             _set_rng_state(self.device, self.saved)
 
 
+def _gather(rel: Tensor, index: Tensor) -> Tensor:
+    """``(b, h, bi, bj)`` logit term of a tile from ``rel (1|b, h, bi|1, R)``."""
+    if rel.shape[0] == 1 and rel.shape[2] == 1:
+        return gather_table(rel, index)  # one shared table: the fast form
+    return gather_relative(rel, index)
+
+
+def _scatter(drel: Tensor, index: Tensor, ds: Tensor) -> None:
+    """Add a tile's ``dS (b, h, bi, bj)`` into the gradient of a query-independent term
+    ``drel (1|b, h, 1, R)``."""
+    if drel.shape[0] == 1:
+        scatter_table(drel, index, ds)
+    else:
+        part = ds.new_zeros(*ds.shape[:-1], drel.shape[-1])
+        drel += sum_to(scatter_relative(part, index, ds), drel.shape)
+
+
 def _tile_terms(
     job: Job, i0: int, i1: int, j0: int, j1: int, masked: bool
 ) -> tuple[Tensor | None, Tensor | None]:
     """``(blocked (b|1, 1, bi, bj) bool | None, relative index (b|1, bi, bj) | None)``."""
     blocked = ~job.tile_mask(i0, i1, j0, j1) if masked else None
     index = None
-    if job.rel_bias or job.rel_value or job.rel_key:
+    if job.rel_bias or job.rel_value or job.rel_key or job.distance:
         qp, kp = job.q_positions[i0:i1], job.k_positions[j0:j1]
-        index = job.scheme.relative_index(qp, kp)
+        index = job.tile_index(qp, kp)
     return blocked, index
 
 
@@ -111,7 +136,7 @@ def _scores(
     if rel_k is not None:
         s.add_(gather_relative(rel_k[:, :, j0:j1], index.transpose(-1, -2)).transpose(-1, -2))
     if rel is not None:
-        s.add_(gather_relative(rel, index))
+        s.add_(_gather(rel, index))
     elif job.has_bias and not job.rel_bias:
         if bias_leaf is not None:
             with torch.enable_grad():  # slice inside: a log_decay leaf's slice keeps its graph
@@ -142,7 +167,7 @@ def _tiles_forward(job: Job, q: Tensor, k: Tensor, v: Tensor) -> dict[str, Tenso
     s_ = job.scheme
     rel_const = None
     if job.query_independent:
-        rel_const = s_.relative_logits(q[:, :, :1])  # compute once
+        rel_const = job.constant_logits(q)  # compute once
     rel_k = s_.relative_key_logits(k) if job.rel_key else None  # (b, h, j, R), once
     for (i0, i1), tiles in zip(job.plan.q_blocks, job.plan.tiles, strict=True):
         qb = q[:, :, i0:i1]
@@ -218,7 +243,7 @@ def _tiles_backward(
     rel_const = drel_const = None
     if job.query_independent:
         with torch.enable_grad():
-            probe = s_.relative_logits(q[:, :, :1])
+            probe = job.constant_logits(q)
         rel_const = probe
         if probe.requires_grad:
             drel_const = q.new_zeros(probe.shape[0], h, 1, job.num_rel)
@@ -245,7 +270,7 @@ def _tiles_backward(
             if rel.requires_grad:
                 drel = q.new_zeros(b, h, i1 - i0, job.num_rel)
         bias_leaf = None
-        if need_bias_grad and not job.rel_bias:
+        if need_bias_grad and not (job.rel_bias or job.distance):
             qb_leaf = bias_leaf = qb.detach().requires_grad_(needs_q)
         dmass_b = dmass[:, :, i0:i1] if dmass is not None else None
         for j0, j1, masked in tiles:
@@ -288,9 +313,7 @@ def _tiles_backward(
             if drel is not None:
                 scatter_relative(drel, index, ds)
             elif drel_const is not None:
-                part = q.new_zeros(*ds.shape[:-1], job.num_rel)
-                scatter_relative(part, index, ds)
-                drel_const += sum_to(part, drel_const.shape)
+                _scatter(drel_const, index, ds)
             elif bias is not None and bias.requires_grad:
                 push_grad(bias, sum_to(ds, bias.shape), qb_leaf if needs_q else None, dqb, sink)
             ds.mul_(job.scale)
@@ -299,7 +322,7 @@ def _tiles_backward(
         if drel is not None:
             push_grad(rel, sum_to(drel, rel.shape), qb_leaf if needs_q else None, dqb, sink)
     if drel_const is not None:
-        push_grad(rel_const, drel_const, None, dq, sink)
+        push_grad(rel_const, drel_const.to(rel_const.dtype), None, dq, sink)
     if drel_k is not None:
         push_grad(rel_k, drel_k, k_leaf if needs_k else None, dk, sink)
     return dq, dk, dv
