@@ -1,8 +1,9 @@
 """FIRE (Li et al., ICLR 2024): the bias against a loop over (i, j) straight from the paper's
-formula (values and every parameter's gradient), its memory bound (the MLP never sees more than
-``mlp_block`` pairs, forward or backward), the threshold's progressive interpolation, the backends
-and the refusals. The shared suites (``SCHEME_SPECS``) run it through the attention oracle,
-padded / packed / cached parity, every backend against eager, compile and gradcheck."""
+formula (values and every parameter's gradient), the MLP's piecewise-linear form against the
+direct MLP (values and gradients, at and between kinks), the threshold's progressive
+interpolation, the backends and the refusals. The shared suites (``SCHEME_SPECS``) run it
+through the attention oracle, padded / packed / cached parity, every backend against eager,
+compile and gradcheck."""
 
 from __future__ import annotations
 
@@ -57,12 +58,11 @@ def random_positions(rng: random.Random, b: int, n: int) -> Positions:
 
 
 @settings(max_examples=6)
-@given(seed=st.integers(0, 2**16), block=st.integers(1, 40))
-def test_bias_and_parameter_gradients_match_the_loop(seed, block):
+@given(seed=st.integers(0, 2**16))
+def test_bias_and_parameter_gradients_match_the_loop(seed):
     rng = random.Random(seed)
     h, b, n = rng.randint(1, 3), rng.randint(1, 2), rng.randint(1, 9)
     scheme = make(h, seed=seed)
-    scheme.mlp_block = block
     kp = random_positions(rng, b, n)
     qp = kp[n - rng.randint(1, n) :]  # the last few tokens: a KV cache's queries
     out = scheme.score_bias(None, qp, kp)
@@ -77,38 +77,43 @@ def test_bias_and_parameter_gradients_match_the_loop(seed, block):
         torch.testing.assert_close(a, r, rtol=1e-9, atol=1e-10, msg=name)
 
 
-def test_the_mlp_sees_at_most_mlp_block_pairs_forward_and_backward(monkeypatch):
-    """A counter on the only function that makes an ``(n, hidden)`` tensor."""
-    sizes = []
-    original = fire_mod.fire_hidden
-    monkeypatch.setattr(
-        fire_mod, "fire_hidden", lambda x, w1, b1: sizes.append(x.numel()) or original(x, w1, b1)
+@pytest.mark.parametrize("seed", range(4))
+def test_piecewise_form_equals_the_direct_mlp(seed):
+    """Values and the gradients of x and every weight, against ``relu(x·w1ᵀ + b1)·w2ᵀ + b2``
+    through autograd, on inputs between kinks, exactly on kinks (two units sharing one) and
+    beyond the outermost ones; units with ``w1 = 0`` (on or off) included."""
+    torch.manual_seed(seed)
+    w, h = 9, 3
+    w1 = torch.randn(w, 1, dtype=torch.float64)
+    b1 = torch.randn(w, dtype=torch.float64)
+    w1[0], b1[0], w1[1], b1[1] = 0.0, 0.7, 0.0, -0.3  # constant units: on, off
+    w1[3], b1[3] = 2 * w1[2], 2 * b1[2]  # two units with the same kink
+    w2, b2 = torch.randn(h, w, dtype=torch.float64), torch.randn(h, dtype=torch.float64)
+    kinks, _ = fire_mod.fire_segments(w1, b1)
+    assert kinks.numel() == w - 2
+    x = torch.cat([torch.linspace(-4, 4, 41, dtype=torch.float64), kinks, kinks + 1e-9])
+    x = x.view(1, 1, -1).requires_grad_(True)
+    weights = (w1, b1, w2, b2)
+    leaves = [t.clone().requires_grad_(True) for t in weights]
+    out = fire_mod._PiecewiseMLP.apply(x, *leaves)  # (1, h, 1, n)
+    ref_leaves = [t.clone().requires_grad_(True) for t in weights]
+    ref = fire_mod.fire_mlp(x.view(-1), *ref_leaves).t().reshape(1, h, 1, -1)
+    torch.testing.assert_close(out, ref, rtol=1e-12, atol=1e-12)
+    upstream = torch.randn_like(ref)
+    # On a kink the two sides' derivatives differ; autograd's relu takes the inactive side.
+    off_kink = torch.ones(x.numel(), dtype=torch.bool)
+    off_kink[41 : 41 + kinks.numel()] = False
+    on_grid = x.detach().view(-1)[off_kink].view(1, 1, -1).requires_grad_(True)
+    ref_grads = torch.autograd.grad(
+        fire_mod.fire_mlp(on_grid.view(-1), *ref_leaves).t().reshape(1, h, 1, -1),
+        [on_grid, *ref_leaves],
+        upstream[..., off_kink],
     )
-    scheme = make(2)
-    scheme.mlp_block = 50
-    pos = Positions.from_length(30)
-    bias = scheme.score_bias(None, pos, pos)
-    forward = list(sizes)
-    assert max(forward) <= 50 and sum(forward) == 30 * 30
-    bias.sum().backward()
-    backward = sizes[len(forward) :]
-    assert max(backward) <= 50 and sum(backward) == 30 * 30
-    assert all(p.grad is not None for p in scheme.parameters())
-
-
-def test_chunked_tiles_stay_within_the_block_too(monkeypatch):
-    sizes = []
-    original = fire_mod.fire_hidden
-    monkeypatch.setattr(
-        fire_mod, "fire_hidden", lambda x, w1, b1: sizes.append(x.numel()) or original(x, w1, b1)
+    grads = torch.autograd.grad(
+        fire_mod._PiecewiseMLP.apply(on_grid, *leaves), [on_grid, *leaves], upstream[..., off_kink]
     )
-    scheme = make(2, dtype=torch.float32)
-    scheme.mlp_block = 12
-    pos = Positions.from_length(40)
-    q, k, v = (torch.randn(1, 2, 40, 4, requires_grad=True) for _ in range(3))
-    out = chunked_attention(q, k, v, scheme, pos, pos, causal=True, q_block=8, k_block=8)
-    out.sum().backward()
-    assert sizes and max(sizes) <= 12
+    for got, want in zip(grads, ref_grads, strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
 
 
 def test_queries_below_the_threshold_share_one_normaliser():

@@ -54,9 +54,10 @@ class Fire(Scheme):
     ``p`` are the tokens' positions in their own sequences, so padded, packed and cached batches
     get the bias of each sequence alone.
 
-    The bias depends on the query's position, not just the distance: it is evaluated per pair, by
-    :func:`~relpos.functional.fire_bias` in blocks of at most :attr:`mlp_block` pairs forward and
-    backward (``chunked`` calls it per tile). ``flex`` does not run it.
+    The bias depends on the query's position, not just the distance: it is evaluated per pair by
+    :func:`~relpos.functional.fire_bias`, which reads the MLP as the piecewise-linear function it
+    is (``O(pairs·h)``, no ``(pairs, hidden)`` tensor; ``chunked`` calls it per tile). ``flex``
+    does not run it.
 
     Causal only: the paper defines the normalised distance for ``p_j <= p_i`` (it lies in
     ``[0, 1]``); building FIRE for bidirectional attention raises ``ValueError``.
@@ -67,8 +68,6 @@ class Fire(Scheme):
 
     config_class = FireConfig
     hooks = frozenset({"score_bias"})
-    #: The most (query, key) pairs one MLP call sees; bounds the ``(pairs, hidden)`` activations.
-    mlp_block: int = 1 << 16
     #: Refuses bidirectional attention (tests read it).
     causal_only: ClassVar[bool] = True
 
@@ -98,5 +97,4 @@ class Fire(Scheme):
             first.bias.to(dtype),
             w2,
             b2,
-            block=self.mlp_block,
         )
