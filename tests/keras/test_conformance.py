@@ -39,6 +39,9 @@ SCHEME_SPECS = {
     "deberta": {"name": "deberta", "position_buckets": 4, "max_relative_positions": 8},
     "cope": {"name": "cope", "npos_max": 4},
     "forgetting": "forgetting",
+    "sandwich": {"name": "sandwich", "dim": 32},
+    # L = 4.5: the 6-token inputs have queries on both sides of the threshold (its gradient)
+    "fire": {"name": "fire", "hidden": 8, "init_threshold": 4.5},
 }
 #: Issue 17's relative family: their jit-compiled training step is one model through all of them.
 FAMILY = ("kerple", "learned_alibi", "dpb", "transformer_xl")
@@ -208,6 +211,8 @@ def test_gradients_reach_every_weight(name):
         assert np.isfinite(np_(g)).all(), v.path
         if name == "RelativeMultiHeadAttention[dpb]" and v.path.endswith("dense_2_bias"):
             continue  # DPB's output bias adds one constant per head: softmax ignores it
+        if name == "RelativeMultiHeadAttention[fire]" and v.path.endswith("mlp_2_bias"):
+            continue  # so does FIRE's
         if _softmax_ignores(v):
             continue
         assert float(np.abs(np_(g)).sum()) > 0, v.path

@@ -188,8 +188,8 @@ def test_bad_call_arguments(make, call, error, match):
             lambda: rk.RelativeMultiHeadAttention(2, 4, scheme="bogus"),
             ValueError,
             r"unknown scheme 'bogus'; Keras attention schemes: \['alibi', 'cope', 'deberta', "
-            r"'dpb', 'forgetting', 'kerple', 'learned_alibi', 'music', 'nope', 'rope', 'shaw', "
-            r"'t5', 'transformer_xl'\]",
+            r"'dpb', 'fire', 'forgetting', 'kerple', 'learned_alibi', 'music', 'nope', 'rope', "
+            r"'sandwich', 'shaw', 't5', 'transformer_xl'\]",
         ),
         (
             lambda: rk.RelativeMultiHeadAttention(1, 3, scheme="transformer_xl"),
@@ -229,7 +229,7 @@ def test_bad_call_arguments(make, call, error, match):
                 ValueError,
                 f"{name} needs causal=True: the scheme is causal only",
             )
-            for name in ("cope", "forgetting")
+            for name in ("cope", "forgetting", "fire")
         ),
         (lambda: rk.RelativeMultiHeadAttention(2, 4, dropout=1.0), ValueError, "dropout"),
         (

@@ -11,6 +11,7 @@ import zlib
 import numpy as np
 import pytest
 import torch
+from keras import ops
 
 import relpos
 from relpos.functional import apply_rope, rope_angles, rope_frequencies
@@ -24,7 +25,7 @@ from relpos.keras import (
 from relpos.keras.positions import Positions, positions_from_segments
 
 from ..helpers import SCHEME_SPECS, length_dependent
-from .util import BACKEND, COMPILED, LAYOUTS, decode, every_other, kt, layout, np_
+from .util import BACKEND, COMPILED, LAYOUTS, decode, every_other, grads, kt, layout, np_
 
 #: The PyTorch suite's: they switch at 5 tokens, so the test rows (5 to 9 tokens) cross it.
 DYNAMIC, LONGROPE = [spec for spec in SCHEME_SPECS if length_dependent(spec)]
@@ -35,6 +36,9 @@ VARIANTS = [DYNAMIC, LONGROPE, XPOS, {"name": "rope", "learned_freq": True, "int
 VARIANTS += [
     {"name": "alibi", "heads": [0, 3]},
     {"name": "t5", "num_buckets": 8, "max_distance": 6, "heads": [1]},
+    {"name": "kerple", "heads": [3]},  # the distance biases zero the heads left out alike
+    {"name": "sandwich", "dim": 32, "heads": [0, 2]},
+    {"name": "fire", "hidden": 8, "init_threshold": 4.5, "heads": [1, 2]},
 ]
 SCHEMES = [
     "nope",
@@ -60,6 +64,10 @@ KERPLE, KERPLE_POWER = "kerple", {"name": "kerple", "variant": "power"}
 LEARNED_ALIBI = {"name": "learned_alibi", "slopes": [0.5, 0.0, 0.25, 0.125]}
 DPB = {"name": "dpb", "hidden": 8, "depth": 1, "log_distance": True}
 TXL = {"name": "transformer_xl", "max_distance": 3}
+#: Sandwich (a fixed distance bias, d̄ small enough to oscillate within the rows) and FIRE (a
+#: per-pair MLP of the query's position, causal only; its threshold 4.5 inside the 9-token rows).
+SANDWICH = {"name": "sandwich", "dim": 8}
+FIRE = {"name": "fire", "hidden": 8, "init_threshold": 4.5}
 FAMILY = [
     KERPLE,
     KERPLE_POWER,
@@ -68,6 +76,8 @@ FAMILY = [
     "dpb",
     TXL,
     {"name": "transformer_xl", "max_distance": 40},
+    SANDWICH,
+    FIRE,
 ]
 SLOW_FAMILY = (KERPLE_POWER, "dpb")  # under ``make test-all`` on every backend
 #: Issue 17's schemes that read the keys or the layer input, on the grouped-query shape: DeBERTa
@@ -200,8 +210,9 @@ def test_length_dependent_decoding_equals_torch_row_alone(spec, kvh):
 @pytest.mark.parametrize(
     "spec",
     [
-        *(pytest.param(s, marks=pytest.mark.slow) for s in (KERPLE, LEARNED_ALIBI)),
+        *(pytest.param(s, marks=pytest.mark.slow) for s in (KERPLE, LEARNED_ALIBI, SANDWICH)),
         DPB,
+        FIRE,
         TXL,
         DEBERTA,
         COPE,
@@ -214,8 +225,9 @@ def test_family_decoding_equals_torch(spec):
     step equals the PyTorch layer's full causal forward at that token (the distance window then
     spans the cache's slots; Transformer-XL's u enters the queries before the cache; DeBERTa's
     p2c and CoPE's gates read the cached keys; the forget gate sums the log gates its cache keeps
-    beside them). KERPLE and learned ALiBi take DPB's path with another function (KERPLE decodes
-    as its full Keras forward in tests/keras/test_properties.py): under ``slow``."""
+    beside them; FIRE reads each query's position against the cached keys'). KERPLE, learned
+    ALiBi and Sandwich take DPB's path with another function (KERPLE and Sandwich decode as their
+    full Keras forward in tests/keras/test_properties.py): under ``slow``."""
     b, n, width, h, kvh = SHAPES[0]
     torch.manual_seed(zlib.crc32(repr(spec).encode()))
     module = _module(spec, width, h, kvh, causal=True)
@@ -284,7 +296,7 @@ GAPPED = np.array([[0, 3, 4, 10, 11, 12, 20, 21, 30], [5, 6, 7, 8, 9, 10, 11, 12
 
 
 @pytest.mark.parametrize("traced", [False, True], ids=["eager", "traced"])
-@pytest.mark.parametrize("spec", [KERPLE_POWER, DPB], ids=str)
+@pytest.mark.parametrize("spec", [KERPLE_POWER, DPB, SANDWICH], ids=str)
 def test_distance_biases_beyond_the_window_equal_torch(spec, traced):
     """Explicit positions whose distances do not fit the window of i + j - 1 distances are
     evaluated per pair, eagerly and under jit (``keras.ops.cond``); contiguous ones through the
@@ -311,6 +323,41 @@ def test_distance_biases_beyond_the_window_equal_torch(spec, traced):
             want = module(x, relpos.Positions(p, torch.zeros_like(p))).numpy()
         got = np_(call(kt(x), kt(pos)))
         np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-5)
+
+
+def _keras_weight_name(name: str) -> tuple[str, bool]:
+    """The Keras name of a PyTorch scheme parameter, and whether its layout is transposed
+    (FIRE's ``mlp.{i}.weight`` ``(out, in)`` is ``mlp_{i}_kernel`` ``(in, out)``)."""
+    if not name.startswith("mlp."):
+        return name, False
+    index, kind = name.removeprefix("mlp.").split(".")
+    return f"mlp_{index}_{'kernel' if kind == 'weight' else 'bias'}", kind == "weight"
+
+
+@pytest.mark.parametrize(
+    "spec", [FIRE, {**FIRE, "heads": [0, 3]}, {"name": "kerple", "heads": [1]}], ids=str
+)
+def test_scheme_gradients_equal_torch(spec):
+    """The gradients of a loss on a left-padded causal batch with respect to the scheme's weights
+    equal PyTorch's: FIRE's custom autograd function, run in blocks of 7 pairs, against Keras'
+    autodiff of the dense per-pair MLP; with ``heads``, the heads left out get zero gradients on
+    both sides (FIRE's output columns, KERPLE's ``r1``, ``r2``)."""
+    b, n, width, h, kvh = SHAPES[0]
+    torch.manual_seed(zlib.crc32(repr(spec).encode()))
+    module = _module(spec, width, h, kvh, causal=True)
+    module.scheme.mlp_block = 7  # FIRE: several blocks forward and backward
+    layer = from_torch(module)
+    x = torch.randn(b, n, width)
+    mask = layout("left", b, n, seed=n)["mask"]
+    module(x, padding_mask=torch.from_numpy(mask)).square().sum().backward()
+    weights = {w.name: w for w in layer.position_scheme.trainable_weights}
+    names = dict(module.scheme.named_parameters())
+    variables = [weights[_keras_weight_name(name)[0]] for name in names]
+    got = grads(lambda: ops.sum(ops.square(layer(kt(x), query_mask=kt(mask)))), variables)
+    for (name, p), g in zip(names.items(), got, strict=True):
+        want = p.grad.numpy()
+        g = np_(g).T if _keras_weight_name(name)[1] else np_(g)
+        np.testing.assert_allclose(g, want, atol=1e-5, rtol=1e-4, err_msg=name)
 
 
 @pytest.mark.parametrize("kind", LAYOUTS)

@@ -38,6 +38,10 @@ SCHEMES = [
     DEBERTA,
     COPE,
     "forgetting",
+    # Sandwich: a distance bias without weights; FIRE: a per-pair MLP of the query's position
+    # (causal only), whose threshold L = 4.5 lies inside the 8-token rows
+    {"name": "sandwich", "dim": 32},
+    {"name": "fire", "hidden": 8, "init_threshold": 4.5},
 ]
 CONTEXTUAL = (DEBERTA, COPE, "forgetting")
 

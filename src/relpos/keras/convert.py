@@ -52,9 +52,10 @@ def _attention(m: MultiheadAttention, dtype) -> RelativeMultiHeadAttention:
 def _scheme_weight(scheme, name: str, value: np.ndarray):
     """The Keras weight of a PyTorch scheme parameter, and the value in its layout. Tables,
     learned frequencies, slopes and KERPLE's ``r1``, ``r2`` have the same name and layout on
-    both sides (CoPE's ``pos_emb`` too); the dynamic position bias's ``mlp.{i}.*``,
-    Transformer-XL's ``W_R``, DeBERTa's LayerNorm and projections (``nn.Linear`` weights
-    transposed) and the forget gate's ``gate`` do not."""
+    both sides (CoPE's ``pos_emb``, FIRE's ``c`` and ``threshold_scale`` too); the dynamic
+    position bias's and FIRE's ``mlp.{i}.*``, Transformer-XL's ``W_R``, DeBERTa's LayerNorm and
+    projections (``nn.Linear`` weights transposed) and the forget gate's ``gate`` do not.
+    Sandwich has no weights."""
     if scheme.scheme_name == "dpb":
         index, kind = name.removeprefix("mlp.").split(".")
         layer, norm = divmod(int(index), 3)  # Linear at 0, 3, 6, ...; LayerNorm at 1, 4, ...
@@ -63,6 +64,11 @@ def _scheme_weight(scheme, name: str, value: np.ndarray):
         if kind == "weight":
             return scheme.kernels[layer], value.T  # (out, in) -> (in, out)
         return scheme.biases[layer], value
+    if scheme.scheme_name == "fire" and name.startswith("mlp."):  # mlp.{0,2}.{weight,bias}
+        index, kind = name.removeprefix("mlp.").split(".")
+        if kind == "weight":
+            return getattr(scheme, f"mlp_{index}_kernel"), value.T  # (out, in) -> (in, out)
+        return getattr(scheme, f"mlp_{index}_bias"), value
     if scheme.scheme_name == "transformer_xl" and name == "position_proj.weight":
         h, d = scheme.num_heads, scheme.head_dim
         return scheme.position_kernel, value.T.reshape(-1, h, d)  # (h·d, w) -> (w, h, d)
@@ -85,7 +91,7 @@ def from_torch(module, *, dtype=None):
     """The Keras layer equivalent to a relpos PyTorch module, with its weights copied.
 
     Supported: :class:`relpos.MultiheadAttention` (any scheme Keras has, grouped-query too, the
-    scheme's learned weights included) →
+    scheme's learned weights included: FIRE's MLP, ``c`` and threshold among them) →
     :class:`RelativeMultiHeadAttention`; :class:`relpos.TokenPositionEmbedding` with a learned
     table and unscaled tokens → :class:`TokenAndPositionEmbedding`; the schemes ``learned`` →
     :class:`PositionEmbedding`, ``sinusoidal`` → :class:`SinePositionEncoding`, ``t5`` →

@@ -25,6 +25,7 @@ __all__ = [
     "relative_distance",
     "rope_angles",
     "rope_frequencies",
+    "sandwich_bias",
     "scatter_relative",
     "sequence_rope_frequencies",
     "sinusoidal_table",
@@ -174,6 +175,28 @@ def kerple_bias(distance, r1, r2, *, variant: str = "log"):
     if variant == "log":
         return -r1 * ops.log1p(r2 * d)
     return -r1 * ops.power(d, r2)
+
+
+def sandwich_bias(distance, scales, *, dim: int = 128, base: float = 10000.0, dtype="float32"):
+    """Sandwich (Chi et al., 2023, §5): ``(Σ_{k=1}^{d̄/2} cos(Δ·base^{-2k/d̄}) - d̄/2) / scale_h``,
+    the inner product of two sinusoidal embeddings of width ``d̄`` shifted to 0 at ``Δ = 0``;
+    :func:`relpos.functional.sandwich_bias` in ``keras.ops``.
+
+    The ``d̄/2`` cosines of large angles cancel closely, so the angles and the sum run in
+    ``dtype``: float64 where the backend has it keeps the PyTorch function's precision (it sums
+    in float64 always); float32 loses about ``Δ·10^-7`` per cosine at large ``|Δ|``.
+
+    Shapes: distance ``(D,)`` integers; scales ``(h,)`` per-head divisors
+    (:func:`relpos.functional.sandwich_head_scales`) → float32 ``(h, D)``.
+    """
+    if dim < 2 or dim % 2:
+        raise ValueError(f"dim must be an even int >= 2, got {dim}")
+    inv_freq = [base ** (-2.0 * k / dim) for k in range(1, dim // 2 + 1)]  # float64, (d̄/2,)
+    inv_freq = ops.convert_to_tensor(inv_freq, dtype=dtype)
+    angles = ops.expand_dims(ops.cast(distance, dtype), -1) * inv_freq  # (D, d̄/2)
+    inner = ops.sum(ops.cos(angles), axis=-1) - dim / 2  # (D,)
+    scales = ops.expand_dims(ops.cast(scales, dtype), -1)  # (h, 1)
+    return ops.cast(ops.expand_dims(inner, 0) / scales, "float32")
 
 
 def t5_buckets(distance, *, bidirectional: bool, num_buckets: int = 32, max_distance: int = 128):

@@ -41,8 +41,10 @@ from keras import ops
 
 from ..functional.alibi import alibi_slopes
 from ..functional.deberta import deberta_index
+from ..functional.fire import FIRE_EPS
 from ..functional.rope_axes import axis_frequencies
 from ..functional.rope_scaling import scaled_rope_frequencies
+from ..functional.sandwich import sandwich_head_scales
 from ..functional.sinusoidal import sinusoidal_table
 from ..functional.xpos import check_xpos_position, xpos_decay
 from ..schemes import SCHEMES, SchemeConfig, config_from_dict
@@ -57,6 +59,7 @@ from .ops import (
     kerple_bias,
     relative_distance,
     rope_angles,
+    sandwich_bias,
     scatter_relative,
     sequence_rope_frequencies,
     t5_buckets,
@@ -64,6 +67,7 @@ from .ops import (
 )
 from .positions import (
     Positions,
+    accumulation_dtype,
     allowed_pairs,
     distance_range,
     holds_values,
@@ -77,7 +81,9 @@ __all__ = [
     "CoPEScheme",
     "DebertaScheme",
     "DistanceBiasScheme",
+    "FireScheme",
     "ForgetGateScheme",
+    "SandwichScheme",
     "make_attention_scheme",
     "scheme_config",
 ]
@@ -89,6 +95,24 @@ KERAS_SCHEMES: dict[str, type[AttentionScheme]] = {}
 def _register(cls):
     KERAS_SCHEMES[cls.scheme_name] = cls
     return cls
+
+
+def _bias_heads(config: SchemeConfig, num_heads: int) -> tuple[bool, ...] | None:
+    """The config's ``heads`` as one flag per head (True: gets the bias), or None for all; an
+    index ``>= num_heads`` raises as on the PyTorch side."""
+    selection = head_selection(getattr(config, "heads", None), num_heads)
+    return None if selection is None else tuple(selection.tolist())
+
+
+def _zero_left_out(values, bias_heads: tuple[bool, ...] | None, *, axis: int):
+    """``values`` with exact zeros (and zero gradients) for the heads left out along ``axis``
+    (:func:`relpos.schemes.heads.select_heads` in ``keras.ops``)."""
+    if bias_heads is None:
+        return values
+    shape = [1] * len(values.shape)
+    shape[axis] = len(bias_heads)
+    keep = ops.reshape(ops.convert_to_tensor(bias_heads, dtype="bool"), shape)
+    return ops.where(keep, values, 0.0)
 
 
 class AttentionScheme(keras.layers.Layer):
@@ -459,18 +483,27 @@ class DistanceBiasScheme(AttentionScheme):
     ``jit``. A row whose distances overflow the window (explicit ``positions=`` with gaps) makes
     the call evaluate the function per pair instead, ``(b, h, i, j)`` evaluations: the same
     numbers (``keras.ops.cond`` when traced, a Python branch otherwise).
+
+    A config field ``heads`` (head indices, or None for all) gives the heads left out exact
+    zeros, with zero gradients, wherever :meth:`distance_bias` is evaluated, as the PyTorch
+    scheme zeroes their rows of its table.
     """
 
     adds_terms = True
+
+    def __init__(self, config, **kwargs) -> None:
+        super().__init__(config, **kwargs)
+        self.bias_heads = _bias_heads(config, self.num_heads)  # None: every head
 
     def distance_bias(self, distance):
         """The bias of each distance for each head: float32 ``(h, N)`` for int32 ``(N,)``."""
         raise NotImplementedError
 
     def _bias_of(self, distance):
-        """``distance (bb, ...)`` → float32 ``(bb, h, ...)``."""
+        """``distance (bb, ...)`` → float32 ``(bb, h, ...)``, 0 for the heads left out."""
         shape = ops.shape(distance)
         values = self.distance_bias(ops.reshape(distance, (-1,)))  # (h, N)
+        values = _zero_left_out(values, self.bias_heads, axis=0)
         values = ops.reshape(values, (self.num_heads, *shape))
         return ops.moveaxis(values, 0, 1)
 
@@ -604,6 +637,35 @@ class DynamicPositionBiasScheme(DistanceBiasScheme):
             x = (x - mean) * ops.rsqrt(var + 1e-5) * f32(gamma) + f32(beta)  # nn.LayerNorm
             x = ops.matmul(ops.relu(x), f32(kernel)) + f32(bias)
         return ops.transpose(x)  # (N, h) -> (h, N)
+
+
+@_register
+class SandwichScheme(DistanceBiasScheme):
+    """Sandwich (Chi et al., 2023, "Dissecting Transformer Length Extrapolation via the Lens of
+    Receptive Field Analysis", §5), as :class:`relpos.schemes.Sandwich`: the logit of query ``i``
+    and key ``j`` gets
+
+        ``b_h(Δ) = (Σ_{k=1}^{d̄/2} cos(Δ / base^{2k/d̄}) - d̄/2) / (8h/H)``, ``Δ = p_j - p_i``,
+
+    for head ``h = 1..H``: the inner product of two sinusoidal embeddings of width ``d̄``
+    (``dim``), shifted to 0 at distance 0 and compressed per head (ALiBi's ratios). No weights;
+    even in ``Δ``, so the same for causal and bidirectional attention. Evaluated once per
+    distance of the window (:class:`DistanceBiasScheme`) by :func:`~relpos.keras.ops.
+    sandwich_bias`, whose cosines are summed in float64 where the backend has it
+    (:func:`~relpos.keras.positions.accumulation_dtype`: TensorFlow, PyTorch, JAX with
+    ``jax_enable_x64``), as the PyTorch function always does.
+    """
+
+    scheme_name = "sandwich"
+
+    def __init__(self, config, **kwargs) -> None:
+        super().__init__(config, **kwargs)
+        self.scales = tuple(sandwich_head_scales(self.num_heads).tolist())  # 8h/H, exact
+
+    def distance_bias(self, distance):
+        c, dtype = self.config, accumulation_dtype()
+        scales = ops.convert_to_tensor(self.scales, dtype=dtype)
+        return sandwich_bias(distance, scales, dim=c.dim, base=c.base, dtype=dtype)
 
 
 @_register
@@ -907,6 +969,73 @@ class ForgetGateScheme(AttentionScheme):
         cq = ops.expand_dims(q_positions.log_decay, 2)  # (b, i, 1, h)
         ck = ops.expand_dims(k_positions.log_decay, 1)  # (b, 1, j, h)
         return ops.transpose(ops.cast(cq - ck, "float32"), (0, 3, 1, 2))
+
+
+@_register
+class FireScheme(AttentionScheme):
+    """FIRE (Li et al., ICLR 2024, "Functional Interpolation for Relative Positions Improves Long
+    Context Transformers", §3), as :class:`relpos.schemes.Fire`: head ``h`` adds to the logit of
+    query ``i`` and key ``j``
+
+        ``f_θ(ψ(p_i - p_j) / (ψ(max(L, p_i)) + ε))_h``,  ``ψ(x) = log(|c|·x + 1)``,
+
+    with ``f_θ`` = ``Dense(hidden)``, ReLU, ``Dense(h)``, ``L = |s|·init_threshold`` and ``ε =
+    1e-6`` (the paper's reference code). Keys after the query (``p_j > p_i``, masked anyway) read
+    distance 0. ``p`` are the tokens' positions in their own sequences (padding, packed
+    documents, the cache's slots), so each sequence gets the bias it has alone.
+
+    Weights (float32, named after the PyTorch state dict's ``mlp.0``, ``mlp.2``, ``c``,
+    ``threshold_scale``): ``mlp_0_kernel (1, hidden)``, ``mlp_0_bias (hidden,)``,
+    ``mlp_2_kernel (hidden, h)``, ``mlp_2_bias (h,)`` (``nn.Linear``'s initialisation), ``c``
+    (scalar, ``init_c``), ``threshold_scale`` (scalar, 1). With ``heads``, the output layer's
+    columns of the heads left out are zeroed at use (exact 0 bias, no gradient), as in PyTorch.
+
+    The bias depends on the query's position as well as the distance, so it is evaluated per
+    pair: ``score_bias`` builds the ``(b, i, j)`` inputs, the ``(b, i, j, hidden)`` hidden layer
+    and the ``(b, h, i, j)`` bias, all float32 (the PyTorch side runs the MLP in blocks; here
+    XLA fuses what it can). The output bias adds one constant per head to every key of a query,
+    which softmax ignores: it gets no gradient, as in PyTorch. **Causal only** (``causal=False``
+    raises).
+    """
+
+    scheme_name = "fire"
+    adds_terms = True
+    causal_only = True
+
+    def __init__(self, config, **kwargs) -> None:
+        super().__init__(config, **kwargs)
+        self.bias_heads = _bias_heads(config, self.num_heads)  # None: every head
+
+    def build(self, input_shape=None) -> None:
+        c = self.config
+        for index, (fan_in, fan_out) in ((0, (1, c.hidden)), (2, (c.hidden, self.num_heads))):
+            bound = fan_in**-0.5  # nn.Linear's U(±1/√fan_in), kernel and bias
+            for part, shape in (("kernel", (fan_in, fan_out)), ("bias", (fan_out,))):
+                # A fresh initializer per weight: one instance draws the same values twice.
+                init = keras.initializers.RandomUniform(-bound, bound)
+                name = f"mlp_{index}_{part}"
+                weight = self.add_weight(name=name, shape=shape, initializer=init, dtype="float32")
+                setattr(self, name, weight)
+        for name, value in (("c", float(c.init_c)), ("threshold_scale", 1.0)):
+            init = keras.initializers.Constant(value)
+            weight = self.add_weight(name=name, shape=(), initializer=init, dtype="float32")
+            setattr(self, name, weight)
+        self.built = True
+
+    def score_bias(self, q, q_positions, k_positions):
+        f32 = lambda w: ops.cast(w, "float32")  # noqa: E731
+        c = ops.abs(f32(self.c))
+        threshold = ops.abs(f32(self.threshold_scale) * self.config.init_threshold)
+        pi, pj = f32(q_positions.pos), f32(k_positions.pos)  # (bb, i), (bb, j)
+        delta = ops.maximum(ops.expand_dims(pi, 2) - ops.expand_dims(pj, 1), 0.0)  # (bb, i, j)
+        norm = ops.log1p(c * ops.maximum(pi, threshold)) + FIRE_EPS  # (bb, i)
+        x = ops.log1p(c * delta) / ops.expand_dims(norm, 2)
+        hidden = ops.relu(ops.expand_dims(x, -1) * f32(self.mlp_0_kernel)[0] + f32(self.mlp_0_bias))
+        # heads left out: zero output columns
+        kernel = _zero_left_out(f32(self.mlp_2_kernel), self.bias_heads, axis=1)
+        bias = _zero_left_out(f32(self.mlp_2_bias), self.bias_heads, axis=0)
+        out = ops.matmul(hidden, kernel) + bias  # (bb, i, j, h)
+        return ops.transpose(out, (0, 3, 1, 2))
 
 
 def scheme_config(spec: str | dict[str, Any] | SchemeConfig | None) -> SchemeConfig:
