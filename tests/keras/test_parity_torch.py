@@ -339,13 +339,12 @@ def _keras_weight_name(name: str) -> tuple[str, bool]:
 )
 def test_scheme_gradients_equal_torch(spec):
     """The gradients of a loss on a left-padded causal batch with respect to the scheme's weights
-    equal PyTorch's: FIRE's custom autograd function, run in blocks of 7 pairs, against Keras'
-    autodiff of the dense per-pair MLP; with ``heads``, the heads left out get zero gradients on
+    equal PyTorch's: FIRE's piecewise-linear custom autograd function against Keras' autodiff of
+    the dense per-pair MLP; with ``heads``, the heads left out get zero gradients on
     both sides (FIRE's output columns, KERPLE's ``r1``, ``r2``)."""
     b, n, width, h, kvh = SHAPES[0]
     torch.manual_seed(zlib.crc32(repr(spec).encode()))
     module = _module(spec, width, h, kvh, causal=True)
-    module.scheme.mlp_block = 7  # FIRE: several blocks forward and backward
     layer = from_torch(module)
     x = torch.randn(b, n, width)
     mask = layout("left", b, n, seed=n)["mask"]
