@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -20,7 +21,13 @@ from relpos import Positions, Transformer, TransformerConfig, make_scheme
 from relpos.attention import auto as auto_mod
 from relpos.attention.auto import SDPA_MASK_BUDGET, choose_backend, sdpa_mask_bytes
 from relpos.cli import commands, limits, main
-from relpos.music import sample_chorale
+from relpos.music import (
+    chorale_statistics,
+    compare_chorales,
+    load_chorales,
+    sample_chorale,
+    write_midi,
+)
 from relpos.training import evaluate_nll, load_checkpoint, save_checkpoint
 from relpos.training.evaluate import window_loss
 from tests.test_backends import MaxNumel
@@ -244,6 +251,81 @@ def test_generate_shows_progress_and_takes_any_finite_temperature(run, tmp_path,
             sample_chorale(model, 2, temperature=bad)
     with pytest.raises(ValueError, match="num_steps"):
         sample_chorale(model, -3)
+
+
+def test_generate_samples_several_seeds_and_their_statistics(run, tiny_data, tmp_path, capsys):
+    copy = tmp_path / "run"
+    shutil.copytree(run, copy)  # the shared run keeps no samples (test_generate_refuses)
+    g = ["generate", "--run-dir", str(copy), "--length", "6", "--seed", "5", "--no-progress"]
+    assert main([*g, "--samples", "3", "--prime-steps", "4", "--stats", "test"]) == 0
+    printed = capsys.readouterr().out
+    folder = copy / "samples"
+    seeds = [5, 6, 7]
+    assert sorted(p.name for p in folder.glob("*.mid")) == [f"sample-seed{s}.mid" for s in seeds]
+    for s in seeds:
+        assert (folder / f"sample-seed{s}.musicxml").is_file()
+        assert (folder / f"sample-seed{s}.png").is_file()
+    # The same chorales again, from the same checkpoint, prime and seeds: they are the ones written.
+    model, *_ = commands._load_model(copy, "best")
+    real = load_chorales(tiny_data).split("test")
+    full = [sample_chorale(model, 6, seed=s, prime=real[0][:4]) for s in seeds]
+    for s, chorale in zip(seeds, full, strict=True):
+        write_midi(chorale, tmp_path / "again.mid", tempo_bpm=80)
+        assert (tmp_path / "again.mid").read_bytes() == (
+            folder / f"sample-seed{s}.mid"
+        ).read_bytes()
+    generated = [c[4:] for c in full]  # the primed prefix is not the model's
+    expected = compare_chorales(generated, real)
+    stats = json.loads((folder / "stats.json").read_text())
+    assert stats["split"] == "test" and stats["prime_steps"] == 4 and stats["prime_excluded"]
+    assert stats["real_chorales"] == len(real) == 2
+    assert stats["generated"]["steps"] == 3 * 6
+    for side in ("generated", "real"):
+        assert stats[side] == pytest.approx(expected[side]), side
+    assert stats["pitch_class_distance"] == pytest.approx(expected["pitch_class_distance"])
+    assert [x.pop("seed") for x in stats["samples"]] == seeds
+    assert stats["samples"] == [pytest.approx(chorale_statistics(c)) for c in generated]
+    assert stats["midi"] == [str(folder / f"sample-seed{s}.mid") for s in seeds]
+    for label in ("out of range", "voice crossings", "parallel fifths", "parallel octaves"):
+        assert re.search(rf"{label} +[0-9.]+ +[0-9.]+", printed), printed
+    assert f"{expected['pitch_class_distance']:.3f}" in printed
+    assert "4 primed steps of each excluded" in printed
+
+    # With --out, the statistics go beside it; unprimed, every sampled step counts.
+    out = tmp_path / "one" / "a.mid"
+    assert main([*g, "--out", str(out), "--stats", "valid"]) == 0
+    stats = json.loads(out.with_name("a.stats.json").read_text())
+    valid = load_chorales(tiny_data).split("valid")
+    expected = compare_chorales([sample_chorale(model, 6, seed=5)], valid)
+    assert stats["prime_steps"] == 0 and stats["generated"]["steps"] == 6
+    assert stats["real"] == pytest.approx(expected["real"])
+    assert stats["generated"] == pytest.approx(expected["generated"])
+    assert stats["pitch_class_distance"] == pytest.approx(expected["pitch_class_distance"])
+
+
+def test_generate_refuses_bad_samples_and_stats(run, tiny_data, tmp_path, capsys):
+    g = ["generate", "--run-dir", str(run), "--no-progress"]
+    refused(capsys, [*g, "--samples", "0"], "argument --samples", ">= 1", "got 0")
+    refused(capsys, [*g, "--samples", "two"], "argument --samples", "integer")
+    refused(
+        capsys, [*g, "--stats", "nosuchsplit"], "argument --stats", "'nosuchsplit'", "train, valid"
+    )
+    out = ["--out", str(tmp_path / "a.mid")]
+    refused(capsys, [*g, "--samples", "2", *out], "--out", "--samples 2")
+    refused(capsys, [*g, "--samples", "2", "--seed", str(commands.MAX_SEED)], "--samples", "seed")
+    (tmp_path / "a.stats.json").mkdir()
+    refused(capsys, [*g, *out, "--stats", "test"], "--stats", "is a folder")
+    # A run whose data has an empty test split: nothing to compare with.
+    empty = tmp_path / "empty.json"
+    data = json.loads(Path(tiny_data).read_text())
+    empty.write_text(json.dumps({**data, "test": []}))
+    state = load_checkpoint(run / "best.pt")
+    state["config"]["data"] = str(empty)
+    checkpoint = save_checkpoint(tmp_path / "empty.pt", state)
+    c = ["--checkpoint", str(checkpoint)]
+    refused(capsys, [*g, *c, "--stats", "test"], "--stats test", "no chorales", "empty.json")
+    assert not (run / "samples").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.stats.json", "empty.json", "empty.pt"]
 
 
 # ----------------------------------------------------------------------------- other commands
