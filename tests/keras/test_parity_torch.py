@@ -22,6 +22,7 @@ from relpos.keras import (
     from_torch,
     make_attention_scheme,
 )
+from relpos.keras.ops import fire_mlp
 from relpos.keras.positions import Positions, positions_from_segments
 
 from ..helpers import SCHEME_SPECS, length_dependent
@@ -332,6 +333,22 @@ def _keras_weight_name(name: str) -> tuple[str, bool]:
         return name, False
     index, kind = name.removeprefix("mlp.").split(".")
     return f"mlp_{index}_{'kernel' if kind == 'weight' else 'bias'}", kind == "weight"
+
+
+def test_fire_mlp_piecewise_form_equals_the_dense_mlp():
+    """``keras.ops`` FIRE MLP (kinks and tables) against ``relu(x·w1 + b1)·w2 + b2`` in NumPy,
+    with flat units (``w1 = 0``, on and off), two units sharing a kink and inputs on kinks."""
+    rng = np.random.default_rng(0)
+    w, h = 9, 3
+    w1, b1 = rng.normal(size=w).astype("float32"), rng.normal(size=w).astype("float32")
+    w1[:2], b1[:2] = 0.0, (0.7, -0.3)
+    w1[3], b1[3] = 2 * w1[2], 2 * b1[2]
+    w2, b2 = rng.normal(size=(w, h)).astype("float32"), rng.normal(size=h).astype("float32")
+    kinks = -b1[2:] / w1[2:]
+    x = np.concatenate([np.linspace(-4, 4, 41), kinks]).astype("float32").reshape(2, -1)
+    want = np.maximum(x[..., None] * w1 + b1, 0.0) @ w2 + b2
+    got = np_(fire_mlp(*(kt(a) for a in (x, w1, b1, w2, b2))))
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize(

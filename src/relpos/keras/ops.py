@@ -20,6 +20,7 @@ __all__ = [
     "alibi_bias",
     "apply_rope",
     "clipped_relative_index",
+    "fire_mlp",
     "gather_relative",
     "kerple_bias",
     "relative_distance",
@@ -197,6 +198,38 @@ def sandwich_bias(distance, scales, *, dim: int = 128, base: float = 10000.0, dt
     inner = ops.sum(ops.cos(angles), axis=-1) - dim / 2  # (D,)
     scales = ops.expand_dims(ops.cast(scales, dtype), -1)  # (h, 1)
     return ops.cast(ops.expand_dims(inner, 0) / scales, "float32")
+
+
+def fire_mlp(x, w1, b1, w2, b2):
+    """FIRE's MLP ``relu(x·w1 + b1)·w2 + b2`` on every element of ``x``, read as the
+    piecewise-linear function it is (:mod:`relpos.functional.fire`): each element's segment
+    between the sorted kinks ``-b1_k / w1_k`` (``searchsorted``) picks one slope and one intercept
+    per head, so no ``(..., hidden)`` tensor is made. Which units are active on a segment comes
+    from the kinks' ranks; the tables are differentiable in the weights, the segment choice is
+    not (the function is continuous across kinks).
+
+    Shapes: x ``(...)`` float32; w1, b1 ``(w,)``; w2 ``(w, h)``; b2 ``(h,)`` → ``(..., h)``.
+    """
+    sloped = ops.not_equal(w1, 0.0)
+    safe = ops.where(sloped, w1, 1.0)
+    kinks = ops.where(sloped, -b1 / safe, 3.0e38)  # a flat unit's kink: past every input
+    order = ops.argsort(kinks)
+    rank = ops.expand_dims(ops.argsort(order), 1)  # (w, 1): each unit's place among the kinks
+    seg = ops.expand_dims(ops.arange(ops.shape(w1)[0] + 1), 0)  # (1, w + 1)
+    active = ops.where(
+        ops.expand_dims(w1 > 0, 1),
+        seg > rank,
+        ops.where(ops.expand_dims(w1 < 0, 1), seg <= rank, ops.expand_dims(b1 > 0, 1)),
+    )
+    active = ops.stop_gradient(ops.cast(active, "float32"))  # (w, w + 1)
+    slope = ops.matmul(ops.transpose(active * ops.expand_dims(w1, 1)), w2)  # (w + 1, h)
+    intercept = ops.matmul(ops.transpose(active * ops.expand_dims(b1, 1)), w2) + b2
+    shape = ops.shape(x)
+    flat = ops.reshape(x, (-1,))
+    index = ops.searchsorted(ops.take(kinks, order), flat, side="right")
+    out = ops.take(slope, index, axis=0) * ops.expand_dims(flat, 1)
+    out = out + ops.take(intercept, index, axis=0)
+    return ops.reshape(out, (*shape, ops.shape(w2)[1]))
 
 
 def t5_buckets(distance, *, bidirectional: bool, num_buckets: int = 32, max_distance: int = 128):

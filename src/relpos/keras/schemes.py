@@ -55,6 +55,7 @@ from .ops import (
     alibi_bias,
     apply_rope,
     clipped_relative_index,
+    fire_mlp,
     gather_relative,
     kerple_bias,
     relative_distance,
@@ -991,10 +992,11 @@ class FireScheme(AttentionScheme):
     columns of the heads left out are zeroed at use (exact 0 bias, no gradient), as in PyTorch.
 
     The bias depends on the query's position as well as the distance, so it is evaluated per
-    pair: ``score_bias`` builds the ``(b, i, j)`` inputs, the ``(b, i, j, hidden)`` hidden layer
-    and the ``(b, h, i, j)`` bias, all float32 (the PyTorch side runs the MLP in blocks; here
-    XLA fuses what it can). The output bias adds one constant per head to every key of a query,
-    which softmax ignores: it gets no gradient, as in PyTorch. **Causal only** (``causal=False``
+    pair: ``score_bias`` builds the ``(b, i, j)`` inputs and the ``(b, h, i, j)`` bias, float32,
+    reading the MLP as a piecewise-linear function (:func:`~relpos.keras.ops.fire_mlp`, as the
+    PyTorch side does), so no ``(b, i, j, hidden)`` tensor is made. The output bias adds one
+    constant per head to every key of a query, which softmax ignores: it gets no gradient, as in
+    PyTorch. **Causal only** (``causal=False``
     raises).
     """
 
@@ -1030,11 +1032,11 @@ class FireScheme(AttentionScheme):
         delta = ops.maximum(ops.expand_dims(pi, 2) - ops.expand_dims(pj, 1), 0.0)  # (bb, i, j)
         norm = ops.log1p(c * ops.maximum(pi, threshold)) + FIRE_EPS  # (bb, i)
         x = ops.log1p(c * delta) / ops.expand_dims(norm, 2)
-        hidden = ops.relu(ops.expand_dims(x, -1) * f32(self.mlp_0_kernel)[0] + f32(self.mlp_0_bias))
         # heads left out: zero output columns
         kernel = _zero_left_out(f32(self.mlp_2_kernel), self.bias_heads, axis=1)
         bias = _zero_left_out(f32(self.mlp_2_bias), self.bias_heads, axis=0)
-        out = ops.matmul(hidden, kernel) + bias  # (bb, i, j, h)
+        w1, b1 = f32(self.mlp_0_kernel)[0], f32(self.mlp_0_bias)
+        out = fire_mlp(x, w1, b1, kernel, bias)  # (bb, i, j, h)
         return ops.transpose(out, (0, 3, 1, 2))
 
 
