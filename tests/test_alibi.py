@@ -14,6 +14,7 @@ import relpos
 from relpos import Positions
 from relpos.attention.backends import BACKENDS
 from relpos.attention.chunked import alibi as alibi_parts
+from relpos.attention.chunked import parts as key_parts
 from relpos.attention.chunked import chunked_path
 from tests import oracles
 from tests.test_backends import assert_same, run_case
@@ -55,13 +56,13 @@ def test_skipped_keys_change_nothing(dtype, causal, monkeypatch):
     assert all(0 <= r[0] < 100 for r in reach)  # the steepest head: a short window
     assert all(r[3] == -1 for r in reach)  # slope 0: no bound
     calls = []  # (heads × keys) of each forward kernel call
-    real = alibi_parts.flash
+    real = key_parts.flash
 
     def counting(q_, k_, *args, **kwargs):
         calls.append(k_.shape[1] * k_.shape[2])
         return real(q_, k_, *args, **kwargs)
 
-    monkeypatch.setattr(alibi_parts, "flash", counting)
+    monkeypatch.setattr(key_parts, "flash", counting)
     grad_out = torch.randn_like(q)
     results = []
     for name in ("eager", "chunked"):

@@ -21,7 +21,8 @@ from torch import Tensor
 import relpos
 from relpos import MultiheadAttention, Positions, Transformer, TransformerConfig
 from relpos.attention.backends import BACKENDS
-from relpos.attention.chunked import chunked_attention
+from relpos.attention.chunked import chunked_attention, chunked_path
+from relpos.attention.chunked import decay as decay_parts
 from relpos.attention.flex import flex_available, flex_supports
 from tests import oracles
 from tests.helpers import gqa_and_repeated, random_segments, randomize_parameters
@@ -187,6 +188,42 @@ def test_backend_matches_eager_float32():
         got, g, _ = outputs_and_grads(backend, scheme, base, m, x, q, k, v, ref[2])
         assert got.dtype == torch.float32
         assert_same((got, g), ref[:2], 2e-5)
+
+
+def test_fused_parts_match_eager_across_blocks(monkeypatch):
+    """Plain positions take ``chunked``'s fused forget-gate parts; with 4-query blocks every block
+    but the first has a left part: outputs and the gradients of q, k, v, the layer input and the
+    gate's weights equal eager's."""
+    monkeypatch.setattr(decay_parts, "DECAY_BLOCK", 4)
+    scheme, base, m, x, q, k, v = case("plain", 5, n=30)
+    qp, kp = contextualized(scheme, x, base, m)
+    assert chunked_path(scheme, q, qp, kp) == "decay"
+    out, grads, grad_out = outputs_and_grads("eager", scheme, base, m, x, q, k, v)
+    got, g, _ = outputs_and_grads("chunked", scheme, base, m, x, q, k, v, grad_out)
+    assert_same((got, g), (out, grads), 1e-9)
+    assert torch.count_nonzero(g[3]) > 0  # the gates get a gradient through the parts
+
+
+def test_fused_parts_keep_float32_precision_on_a_long_row():
+    """1024 tokens of strong forgetting (``c`` far below -100): the float32 fused parts equal a
+    float64 eager reference, outputs and gradients."""
+    torch.manual_seed(0)
+    h, d, n = 2, 8, 1024
+    scheme = make_scheme(h, d, torch.float32)
+    with torch.no_grad():
+        scheme.gate.bias.fill_(-0.3)
+    x = torch.randn(1, n, h * d, requires_grad=True)
+    q, k, v = (torch.randn(1, h, n, d, requires_grad=True) for _ in range(3))
+    grad_out = torch.randn(1, h, n, d)
+    results = []
+    for backend, dtype in (("eager", torch.float64), ("chunked", torch.float32)):
+        s = scheme.to(dtype)
+        p = s.contextualize(x.to(dtype), Positions.from_length(n))
+        assert p.log_decay.min() < -100
+        out = BACKENDS[backend](*(t.to(dtype) for t in (q, k, v)), s, p, p, causal=True)
+        results.append((out, *torch.autograd.grad(out, (q, k, v, x), grad_out.to(dtype))))
+    for want, got in zip(*results, strict=True):
+        torch.testing.assert_close(got.double(), want.double(), atol=2e-5, rtol=2e-4)
 
 
 def test_flex_support_is_declared():

@@ -45,7 +45,8 @@ from torch import Tensor
 from ...functional.dtypes import compute_dtype
 from .grads import GradSink, push_grad
 from .job import Job
-from .kernels import block_bounds, flash, flash_backward
+from .kernels import block_bounds, flash_backward
+from .parts import Part, Span, attend_part, head_spans, merge_part
 
 __all__ = ["ALIBI_BLOCK", "AlibiAttention", "alibi_reach"]
 
@@ -79,41 +80,6 @@ def alibi_reach(slopes: Tensor, q: Tensor, k: Tensor, scale: float, block: int) 
     ok = torch.isfinite(reach) & (slope > 0) & (reach < 2**62)
     reach = torch.where(ok, reach.floor(), torch.full_like(reach, -1.0))
     return reach.to(torch.int64).t().tolist()  # one sync per call
-
-
-@dataclass
-class _Span:
-    """Heads ``[h0, h1)`` of a part attend keys ``[j0, j1)`` (``j0 == j1``: none)."""
-
-    h0: int
-    h1: int
-    j0: int
-    j1: int
-
-
-@dataclass
-class _Part:
-    """One key range of a query block: ``mask`` and ``const`` cover keys from ``start`` on."""
-
-    spans: list[_Span]
-    start: int
-    mask: Tensor  # (1, h, 1|bi, keys)
-    const: Tensor | None  # (1, h, bi) per-query constant; None: the diagonal part
-    causal: bool
-
-    def call_mask(self, s: _Span) -> Tensor:
-        return self.mask[:, s.h0 : s.h1, :, s.j0 - self.start : s.j1 - self.start]
-
-
-def _spans(lo: list[int], hi: list[int]) -> list[_Span]:
-    """Runs of consecutive heads with the same key range ``[lo[h], hi[h])``."""
-    spans: list[_Span] = []
-    for h, (j0, j1) in enumerate(zip(lo, hi, strict=True)):
-        if spans and (spans[-1].j0, spans[-1].j1) == (j0, j1):
-            spans[-1].h1 = h + 1
-        else:
-            spans.append(_Span(h, h + 1, j0, j1))
-    return spans
 
 
 @dataclass
@@ -161,7 +127,7 @@ def _slopes(job: Job) -> Tensor:
 
 def _parts(
     geom: _Geometry, causal: bool, heads: int, i0: int, i1: int, n: int, reach: list[int]
-) -> list[_Part]:
+) -> list[Part]:
     """The diagonal, left and (bidirectional) right parts of query block ``[i0, i1)``, the
     diagonal first (the one part with a key for every head, so its log-sum-exp is finite).
 
@@ -173,37 +139,16 @@ def _parts(
     bi = i1 - i0
     far = [r if r >= 0 else n for r in reach]
     diag = geom.diag[..., :bi, :bi]
-    parts = [_Part([_Span(0, heads, i0, i1)], i0, diag, None, causal)]
+    parts = [Part([Span(0, heads, i0, i1)], i0, diag, None, causal)]
     if i0 > 0:
-        spans = _spans([max(0, i0 - r) for r in far], [i0] * heads)
+        spans = head_spans([max(0, i0 - r) for r in far], [i0] * heads)
         const = geom.const_left[..., :bi]
-        parts.append(_Part(spans, 0, geom.left[..., n - i0 :], const, False))
+        parts.append(Part(spans, 0, geom.left[..., n - i0 :], const, False))
     if not causal and i1 < n:
-        spans = _spans([i1] * heads, [min(n, i1 + r) for r in far])
+        spans = head_spans([i1] * heads, [min(n, i1 + r) for r in far])
         const = geom.const_right[..., geom.const_right.shape[-1] - bi :]
-        parts.append(_Part(spans, i1, geom.right[..., : n - i1], const, False))
+        parts.append(Part(spans, i1, geom.right[..., : n - i1], const, False))
     return parts
-
-
-def _attend_part(part: _Part, q: Tensor, k: Tensor, v: Tensor, rows: slice, scale: float):
-    """``(out (b, h, bi, d), lse (b, h, bi))`` of one part (``lse = -inf``: heads without keys)."""
-    if len(part.spans) == 1 and part.spans[0].j1 > part.spans[0].j0:
-        s = part.spans[0]  # every head the same keys: one call, no copy
-        return flash(
-            q[:, :, rows], k[:, :, s.j0 : s.j1], v[:, :, s.j0 : s.j1], 0.0, part.causal,
-            attn_mask=part.call_mask(s), scale=scale,
-        )  # fmt: skip
-    b, h, _, d = q.shape
-    bi = rows.stop - rows.start
-    o, lse = q.new_zeros(b, h, bi, d), q.new_full((b, h, bi), -math.inf)
-    for s in part.spans:
-        if s.j1 > s.j0:
-            hs, js = slice(s.h0, s.h1), slice(s.j0, s.j1)
-            o[:, hs], lse[:, hs] = flash(
-                q[:, hs, rows], k[:, hs, js], v[:, hs, js], 0.0, part.causal,
-                attn_mask=part.call_mask(s), scale=scale,
-            )  # fmt: skip
-    return o, lse
 
 
 def _diag_slope_grad(
@@ -235,16 +180,10 @@ class AlibiAttention(torch.autograd.Function):
         lse = qf.new_empty(b, h, n)
         for c, (i0, i1) in enumerate(block_bounds(0, n, ALIBI_BLOCK)):
             diag, *rest = _parts(geom, job.causal, h, i0, i1, n, reach[c])
-            # Merge by log-sum-exp, starting from the diagonal part (its lse is finite): with the
-            # running (o, l), a part (o_p, l_p) weighs w = exp(l_p - logaddexp(l, l_p)),
-            # o += w·(o_p - o).
-            o, l_ = _attend_part(diag, qf, kf, vf, slice(i0, i1), job.scale)
+            # Merge by log-sum-exp, starting from the diagonal part (its lse is finite).
+            o, l_ = attend_part(diag, qf, kf, vf, slice(i0, i1), job.scale)
             for part in rest:
-                o_p, l_p = _attend_part(part, qf, kf, vf, slice(i0, i1), job.scale)
-                l_p = l_p + part.const
-                total = torch.logaddexp(l_, l_p)
-                o = torch.lerp(o, o_p, torch.exp(l_p - total).unsqueeze(-1))
-                l_ = total
+                o, l_ = merge_part(o, l_, part, qf, kf, vf, slice(i0, i1), job.scale)
             out[:, :, i0:i1] = o
             lse[:, :, i0:i1] = l_
         ctx.job, ctx.reach, ctx.geom = job, reach, geom

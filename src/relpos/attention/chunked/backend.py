@@ -2,7 +2,7 @@
 
 Shape legend: ``b`` batch, ``h`` heads, ``i`` queries, ``j`` keys, ``d`` head dim.
 
-:func:`chunked_path` picks one of four paths per call:
+:func:`chunked_path` picks one of five paths per call:
 
 ==========  ==============================================================================
 path        when, and how
@@ -15,6 +15,9 @@ path        when, and how
 ``alibi``   the same geometry with a :class:`LinearBiasScheme` or a linear
             :class:`DistanceBiasScheme` (learned ALiBi): left / diagonal / right parts by the
             fused kernel (:mod:`.alibi`)
+``decay``   the same geometry with a :class:`DecayBiasScheme` (the forget gate): left /
+            diagonal parts by the fused kernel, differences of ``log_decay`` in float64
+            (:mod:`.decay`)
 ``fused``   the same geometry with no bias and no value term: the stock kernel
 ==========  ==============================================================================
 
@@ -32,9 +35,16 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ...positions import Positions
-from ...schemes.base import DistanceBiasScheme, LinearBiasScheme, RelativeScheme, Scheme
+from ...schemes.base import (
+    DecayBiasScheme,
+    DistanceBiasScheme,
+    LinearBiasScheme,
+    RelativeScheme,
+    Scheme,
+)
 from ..contract import empty_attention, is_empty, validate_attention_inputs, zero_padding_keys
 from .alibi import AlibiAttention
+from .decay import DecayAttention
 from .job import Job
 from .plan import plan_tiles
 from .region import region_attention, region_supports
@@ -59,7 +69,7 @@ def chunked_path(
     training: bool = False,
 ) -> str:
     """Which path :func:`chunked_attention` takes: ``"fused"`` (no bias: the stock kernel),
-    ``"alibi"``, ``"region"`` or ``"tiles"`` (the general path)."""
+    ``"alibi"``, ``"decay"``, ``"region"`` or ``"tiles"`` (the general path)."""
     plain = q_positions is k_positions and q_positions.contiguous
     if not plain or (dropout_p > 0 and training) or q.device.type != "cpu":
         return "tiles"
@@ -73,6 +83,8 @@ def chunked_path(
     )
     if linear and "value_term" not in hooks:
         return "alibi"
+    if isinstance(scheme, DecayBiasScheme) and "value_term" not in hooks:
+        return "decay"
     if isinstance(scheme, RelativeScheme) and region_supports(scheme):
         return "region"
     return "tiles"
@@ -138,6 +150,8 @@ def chunked_attention(
     job = Job(scheme, q_positions, k_positions, causal, scale, params=params + list(decays))
     if chosen == "alibi":
         return AlibiAttention.apply(q, k, v, job, *params)
+    if chosen == "decay":
+        return DecayAttention.apply(q, k, v, job, *decays.values())
     if chosen == "region":
         return region_attention(q, k, v, job)
     job.plan = plan_tiles(q_positions, k_positions, causal=causal, q_block=q_block, k_block=k_block)
