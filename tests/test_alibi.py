@@ -14,8 +14,8 @@ import relpos
 from relpos import Positions
 from relpos.attention.backends import BACKENDS
 from relpos.attention.chunked import alibi as alibi_parts
-from relpos.attention.chunked import parts as key_parts
 from relpos.attention.chunked import chunked_path
+from relpos.attention.chunked import parts as key_parts
 from tests import oracles
 from tests.test_backends import assert_same, run_case
 

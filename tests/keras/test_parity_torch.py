@@ -229,12 +229,7 @@ def test_family_decoding_equals_torch(spec):
     beside them; FIRE reads each query's position against the cached keys'). KERPLE, learned
     ALiBi and Sandwich take DPB's path with another function (KERPLE and Sandwich decode as their
     full Keras forward in tests/keras/test_properties.py): under ``slow``."""
-    b, n, width, h, kvh = SHAPES[0]
-    torch.manual_seed(zlib.crc32(repr(spec).encode()))
-    module = _module(spec, width, h, kvh, causal=True)
-    layer = from_torch(module)
-    x = torch.randn(b, n, width)
-    mask = layout("left", b, n, seed=n)["mask"]
+    module, layer, x, mask = _left_padded_case(spec)
     got = decode(layer, x, mask, prompt=5)
     with torch.no_grad():
         want = module(x, padding_mask=torch.from_numpy(mask)).numpy()
@@ -326,6 +321,16 @@ def test_distance_biases_beyond_the_window_equal_torch(spec, traced):
         np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-5)
 
 
+def _left_padded_case(spec):
+    """``(module, layer, x, mask)``: a causal PyTorch layer of ``spec``, its Keras copy, an input
+    and a left-padding mask (seeded by the spec)."""
+    b, n, width, h, kvh = SHAPES[0]
+    torch.manual_seed(zlib.crc32(repr(spec).encode()))
+    module = _module(spec, width, h, kvh, causal=True)
+    mask = layout("left", b, n, seed=n)["mask"]
+    return module, from_torch(module), torch.randn(b, n, width), mask
+
+
 def _keras_weight_name(name: str) -> tuple[str, bool]:
     """The Keras name of a PyTorch scheme parameter, and whether its layout is transposed
     (FIRE's ``mlp.{i}.weight`` ``(out, in)`` is ``mlp_{i}_kernel`` ``(in, out)``)."""
@@ -357,14 +362,9 @@ def test_fire_mlp_piecewise_form_equals_the_dense_mlp():
 def test_scheme_gradients_equal_torch(spec):
     """The gradients of a loss on a left-padded causal batch with respect to the scheme's weights
     equal PyTorch's: FIRE's piecewise-linear custom autograd function against Keras' autodiff of
-    the dense per-pair MLP; with ``heads``, the heads left out get zero gradients on
+    its own piecewise-linear form; with ``heads``, the heads left out get zero gradients on
     both sides (FIRE's output columns, KERPLE's ``r1``, ``r2``)."""
-    b, n, width, h, kvh = SHAPES[0]
-    torch.manual_seed(zlib.crc32(repr(spec).encode()))
-    module = _module(spec, width, h, kvh, causal=True)
-    layer = from_torch(module)
-    x = torch.randn(b, n, width)
-    mask = layout("left", b, n, seed=n)["mask"]
+    module, layer, x, mask = _left_padded_case(spec)
     module(x, padding_mask=torch.from_numpy(mask)).square().sum().backward()
     weights = {w.name: w for w in layer.position_scheme.trainable_weights}
     names = dict(module.scheme.named_parameters())
