@@ -20,6 +20,7 @@ from torch import Tensor
 
 import relpos
 from relpos import MultiheadAttention, Positions, Transformer, TransformerConfig
+from relpos.attention.auto import choose_backend
 from relpos.attention.backends import BACKENDS
 from relpos.attention.chunked import chunked_attention, chunked_path
 from relpos.attention.chunked import decay as decay_parts
@@ -202,6 +203,15 @@ def test_fused_parts_match_eager_across_blocks(monkeypatch):
     got, g, _ = outputs_and_grads("chunked", scheme, base, m, x, q, k, v, grad_out)
     assert_same((got, g), (out, grads), 1e-9)
     assert torch.count_nonzero(g[3]) > 0  # the gates get a gradient through the parts
+
+
+def test_auto_takes_the_fused_parts_past_small_sequences():
+    scheme = make_scheme(2, 4, torch.float32)
+    for n, want in ((256, "sdpa"), (1024, "chunked")):
+        p = scheme.contextualize(torch.randn(1, n, 8), Positions.from_length(n))
+        q = torch.zeros(1, 2, n, 4)
+        assert chunked_path(scheme, q, p, p) == "decay"
+        assert choose_backend(scheme, q, p, p, needs_grad=False) == want
 
 
 def test_fused_parts_keep_float32_precision_on_a_long_row():

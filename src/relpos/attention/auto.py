@@ -7,15 +7,15 @@ What it picks (measured on a 2-core CPU, fp32, h=8, d=64; ``docs/performance.md`
 scheme                             plain positions              padded / packed / KV cache
 =================================  ===========================  ==================================
 NoPE, sinusoidal, learned, RoPE    ``sdpa`` (no mask)           ``sdpa`` (boolean-as-float mask)
-ALiBi                              ``chunked`` (flash parts)    ``sdpa`` (float mask)
+ALiBi, learned ALiBi               ``chunked`` (flash parts)    ``sdpa`` (float mask)
 T5, Shaw keys, Music Transformer   ``chunked`` (band + flash)   ``chunked`` with gradients,
                                                                 ``sdpa`` without
 Shaw with a value term             ``chunked``                  ``chunked``
 DeBERTa (a key term)               ``chunked`` (tiles) with     ``chunked`` (tiles) with
                                    gradients, ``sdpa`` without  gradients, ``sdpa`` without
 Forget gate (a per-token decay)    ``sdpa``; ``chunked``        ``sdpa``; ``chunked`` (tiles)
-                                   (tiles) past 512² on CPU     past 512² on CPU with
-                                   with gradients               gradients
+                                   (flash parts) past 512²      past 512² on CPU with
+                                   on CPU                       gradients
 =================================  ===========================  ==================================
 
 A scheme whose ``key_bias`` has no relative form (CoPE) runs on ``sdpa`` only (``chunked``
@@ -167,7 +167,7 @@ def choose_backend(
     path = chunked_path(scheme, q, q_positions, k_positions)
     if path == "fused":  # no bias, plain positions: the stock kernel with no mask
         return "sdpa"
-    if path in ("alibi", "region"):
+    if path in ("alibi", "decay", "region"):
         return "chunked"
     if q.device.type != "cpu":
         return "sdpa"
