@@ -748,3 +748,17 @@ def test_recipe_flags_reach_the_config(tiny_data, tmp_path):
     assert main(["train", "--run-dir", str(run), "--data", str(tiny_data), *flags, *extra]) == 0
     cfg = TrainConfig.load(run / "config.json")
     assert (cfg.accumulate, cfg.ema, cfg.patience, cfg.autocast) == (2, 0.99, 3, True)
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "configs").glob("*.json")), ids=lambda p: p.name)
+def test_shipped_recipes_load_and_fit_the_vocabulary(path):
+    """Every ``configs/*.json`` is a valid ``TrainConfig`` for the chorales' vocabulary, with its
+    data path relative to the repository (where the standard split lives)."""
+    cfg = TrainConfig.load(path)
+    assert cfg.model.vocab_size == VOCAB_SIZE
+    assert not Path(cfg.data).is_absolute()
+    assert (ROOT / cfg.data).suffix == ".json"
+
+
+def test_the_jsb_recipe_is_shipped():
+    assert (ROOT / "configs" / "jsb-music.json").is_file()
