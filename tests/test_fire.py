@@ -77,6 +77,34 @@ def test_bias_and_parameter_gradients_match_the_loop(seed):
         torch.testing.assert_close(a, r, rtol=1e-9, atol=1e-10, msg=name)
 
 
+@pytest.mark.parametrize("n", [5, 6], ids=["below-threshold", "one-query-above"])
+def test_queries_below_the_threshold_read_one_distance_table(n, monkeypatch):
+    """With every query at or below ``L`` (4.5 here) the MLP runs once per distance (5 inputs for
+    positions 0..4) and the gathered table equals the loop, values and gradients; one query past
+    ``L`` takes the per-pair path (n² inputs)."""
+    seen = []
+    real = fire_mod._PiecewiseMLP.apply
+    monkeypatch.setattr(
+        fire_mod._PiecewiseMLP, "apply", lambda x, *w: seen.append(x.numel()) or real(x, *w)
+    )
+    scheme = make(2, seed=n)
+    with torch.no_grad():
+        scheme.threshold_scale.fill_(-1.0)  # L = |-1|·4.5
+    pos = Positions.from_length(n)
+    out = scheme.score_bias(None, pos, pos)
+    assert seen == ([n] if n == 5 else [n * n])
+    ref = loop_bias(scheme, pos, pos)
+    torch.testing.assert_close(out, ref, rtol=1e-10, atol=1e-10)
+    weights = torch.randn_like(ref)
+    params = list(scheme.parameters())
+    for a, r in zip(
+        torch.autograd.grad((out * weights).sum(), params),
+        torch.autograd.grad((ref * weights).sum(), params),
+        strict=True,
+    ):
+        torch.testing.assert_close(a, r, rtol=1e-9, atol=1e-10)
+
+
 @pytest.mark.parametrize("seed", range(4))
 def test_piecewise_form_equals_the_direct_mlp(seed):
     """Values and the gradients of x and every weight, against ``relu(x·w1ᵀ + b1)·w2ᵀ + b2``

@@ -27,6 +27,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from .skew import gather_table
+
 __all__ = ["FIRE_EPS", "fire_bias", "fire_inputs", "fire_mlp", "fire_segments"]
 
 #: Added to the normaliser ``ψ(max(L, p_i))`` (the paper's code).
@@ -142,6 +144,19 @@ def fire_bias(
 
     Returns:
         ``(b|1, h, i, j)`` in ``c``'s dtype (at least float32); memory ``O(pairs·h)``, the output's.
+
+    When every query sits at or below the threshold (``p_i <= L``: all of them share the
+    normaliser ``ψ(L)``), the bias is a function of the distance alone: the MLP runs once per
+    distance ``0 … max δ`` and the table is gathered (the same numbers; one device sync decides).
     """
+    weights = (w1, b1, w2, b2)
+    dtype = torch.promote_types(c.dtype, torch.float32)
+    if q_pos.numel() and k_pos.numel() and bool(q_pos.max() <= threshold.detach().abs()):
+        delta = (q_pos.unsqueeze(-1) - k_pos.unsqueeze(-2)).clamp_min(0)  # (b, i, j)
+        d = torch.arange(int(delta.max()) + 1, device=q_pos.device).unsqueeze(0)  # (1, D)
+        peak = torch.full_like(d[:, :1], int(q_pos.max()))  # a query whose normaliser is ψ(L)
+        x = fire_inputs(peak, peak - d, c, threshold)  # (1, 1, D): ψ(d) / ψ(L)
+        table = _PiecewiseMLP.apply(x, *(t.to(dtype) for t in weights))  # (1, h, 1, D)
+        return gather_table(table, delta)
     x = fire_inputs(q_pos, k_pos, c, threshold)  # (b, i, j)
-    return _PiecewiseMLP.apply(x, *(t.to(x.dtype) for t in (w1, b1, w2, b2)))
+    return _PiecewiseMLP.apply(x, *(t.to(dtype) for t in weights))
