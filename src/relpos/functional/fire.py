@@ -103,7 +103,7 @@ class _PiecewiseMLP(torch.autograd.Function):
         seg = torch.searchsorted(kinks, flat, right=True)  # (n,)
         out = slope.index_select(1, seg).mul_(flat).add_(intercept.index_select(1, seg))
         ctx.save_for_backward(x, seg, active, slope, w1, b1, w2)
-        return out.view(-1, *x.shape).transpose(0, 1)  # (h, b, i, j) -> (b, h, i, j)
+        return out.view(slope.shape[0], *x.shape).transpose(0, 1)  # (h, b, i, j) -> (b, h, i, j)
 
     @staticmethod
     def backward(ctx, grad):  # type: ignore[override]
