@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 KERAS_STAMP := $(VENV)/.installed-keras
 
-.PHONY: run test test-all lint bench clean
+.PHONY: run recipe test test-all lint bench clean
 
 $(STAMP): pyproject.toml constraints-cpu.txt
 	$(PYTHON) -m venv $(VENV)
@@ -20,6 +20,15 @@ $(KERAS_STAMP): $(STAMP)
 
 run: $(STAMP)
 	$(BIN)/relpos demo --run-dir runs/demo
+
+# The JSB recipe (docs/results.md): train (or resume) runs/jsb, evaluate, sample 20 chorales and
+# compare them with the test split. Needs the standard split in ../shared/data/jsb-chorales.
+RECIPE := runs/jsb
+recipe: $(STAMP)
+	if [ -f $(RECIPE)/last.pt ]; then $(BIN)/relpos train --run-dir $(RECIPE) --resume; \
+	else $(BIN)/relpos train --config configs/jsb-music.json --run-dir $(RECIPE); fi
+	$(BIN)/relpos eval --run-dir $(RECIPE)
+	$(BIN)/relpos generate --run-dir $(RECIPE) --samples 20 --length 128 --stats test --no-progress
 
 # The PyTorch suite and the Keras suite once per backend (jax, tensorflow, torch), side by side,
 # each in its own process (tests/run_suites.py).
