@@ -435,6 +435,11 @@ def test_sdpa_rejects_value_term_and_auto_routes_it():
         ("t5", "packed", False, "sdpa"),
         ("music", "plain", False, "chunked"),
         ("shaw", "packed", False, "chunked"),
+        ("sandwich", "plain", False, "chunked"),
+        ("kerple", "plain", False, "chunked"),
+        ("kerple", "packed", False, "sdpa"),
+        ("kerple", "packed", True, "chunked"),
+        ("learned_alibi", "plain", False, "chunked"),
     ],
 )
 def test_auto_table(name, layout, needs_grad, expected):

@@ -13,6 +13,9 @@ T5, Shaw keys, Music Transformer   ``chunked`` (band + flash)   ``chunked`` with
 Shaw with a value term             ``chunked``                  ``chunked``
 DeBERTa (a key term)               ``chunked`` (tiles) with     ``chunked`` (tiles) with
                                    gradients, ``sdpa`` without  gradients, ``sdpa`` without
+KERPLE, DPB, Sandwich              ``sdpa``; ``chunked``        ``sdpa``; ``chunked`` (tiles)
+(a function of the distance)       (tiles) past 512² on CPU     past 512² on CPU with
+                                                                gradients
 Forget gate (a per-token decay)    ``sdpa``; ``chunked``        ``sdpa``; ``chunked`` (tiles)
                                    (flash parts) past 512²      past 512² on CPU with
                                    on CPU                       gradients
@@ -171,6 +174,9 @@ def choose_backend(
         return "chunked"
     if q.device.type != "cpu":
         return "sdpa"
+    plain = q_positions is k_positions and q_positions.contiguous
+    if isinstance(scheme, DistanceBiasScheme) and plain:
+        return "chunked"  # one table per call on the tiles beats sdpa's float mask past 512²
     if scheme.hooks & LOGIT_HOOKS and learned_grad:
         return "chunked"  # sdpa would differentiate the mask with the math kernel
     return "sdpa"
