@@ -71,7 +71,9 @@ def test_shared_table_gather_and_scatter_match_a_loop(b):
         want_grad[0, hh, 0, index[bb, ii, jj]] += src[bb, hh, ii, jj]
     assert torch.equal(out, want_out)
     torch.testing.assert_close(grad, want_grad, rtol=1e-12, atol=1e-12)
-    assert torch.equal(out, gather_relative(table, index))
+    expanded = table.expand(b, h, i, r)  # the general gather of the broadcast table
+    assert torch.equal(out, torch.gather(expanded, -1, index.unsqueeze(1).expand(b, h, i, j)))
+    assert torch.equal(gather_relative(table, index), out)  # which takes the shared-table form
 
 
 def test_skew_rejects_wrong_shapes():

@@ -57,6 +57,8 @@ def gather_relative(rel_logits: Tensor, index: Tensor) -> Tensor:
         rel_logits: ``(b|1, h, i|1, R)`` (a query-independent term broadcasts over ``i``);
         index: ``(b|1, i, j)`` int64 in ``[0, R)``. Returns ``(max b, h, i, j)``.
     """
+    if rel_logits.shape[0] == 1 and rel_logits.shape[2] == 1:
+        return gather_table(rel_logits, index).contiguous()  # one shared table: the fast form
     b = max(rel_logits.shape[0], index.shape[0])
     h, i = rel_logits.shape[1], index.shape[-2]
     idx = index.unsqueeze(1).expand(b, h, i, index.shape[-1])

@@ -35,12 +35,7 @@ import torch
 from torch import Tensor
 
 from ...functional.dtypes import compute_dtype
-from ...functional.skew import (
-    gather_relative,
-    gather_table,
-    scatter_relative,
-    scatter_table,
-)
+from ...functional.skew import gather_relative, scatter_relative, scatter_table
 from .grads import GradSink, push_grad
 from .job import Job
 from .kernels import flush_exp_, sum_to
@@ -82,13 +77,6 @@ class _ReplayRng:
     def __exit__(self, *exc: object) -> None:
         if self.saved is not None:
             _set_rng_state(self.device, self.saved)
-
-
-def _gather(rel: Tensor, index: Tensor) -> Tensor:
-    """``(b, h, bi, bj)`` logit term of a tile from ``rel (1|b, h, bi|1, R)``."""
-    if rel.shape[0] == 1 and rel.shape[2] == 1:
-        return gather_table(rel, index)  # one shared table: the fast form
-    return gather_relative(rel, index)
 
 
 def _scatter(drel: Tensor, index: Tensor, ds: Tensor) -> None:
@@ -136,7 +124,7 @@ def _scores(
     if rel_k is not None:
         s.add_(gather_relative(rel_k[:, :, j0:j1], index.transpose(-1, -2)).transpose(-1, -2))
     if rel is not None:
-        s.add_(_gather(rel, index))
+        s.add_(gather_relative(rel, index))
     elif job.has_bias and not job.rel_bias:
         if bias_leaf is not None:
             with torch.enable_grad():  # slice inside: a log_decay leaf's slice keeps its graph
