@@ -7,6 +7,10 @@ import random
 import torch
 
 import relpos
+from relpos import Positions
+
+#: Devices the device-parametrised suites run on: the CPU, and CUDA where a GPU is present.
+DEVICES: list[str] = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
 #: Scheme configurations under test: every registered scheme, plus its important variants. Sizes
 #: are small so that clipping and bucketing edges are reached by short sequences.
@@ -188,3 +192,36 @@ def gqa_and_repeated(
         full.out.load_state_dict(gqa.out.state_dict())
         full.scheme.load_state_dict(gqa.scheme.state_dict())
     return gqa.eval(), full.eval()
+
+
+def make_layout(layout: str, rng: random.Random, b: int, n: int) -> tuple[Positions, Positions]:
+    """``(q_positions, k_positions)`` for ``n`` keys."""
+    if layout == "plain":
+        p = Positions.from_length(n)
+        return p, p
+    if layout == "offset":
+        p = Positions.from_length(n, offset=rng.randint(1, 7))
+        return p, p
+    if layout in ("left-pad", "right-pad"):
+        mask = torch.ones(b, n, dtype=torch.bool)
+        for r in range(b):
+            pad = rng.randint(0, n // 2) if r else rng.randint(1, n // 2)  # row 0 always padded
+            if layout == "left-pad":
+                mask[r, :pad] = False
+            else:
+                mask[r, n - pad :] = False
+        p = Positions.from_padding_mask(mask)
+        return p, p
+    if layout == "packed":
+        p = Positions.from_segments(torch.tensor([random_segments(rng, n) for _ in range(b)]))
+        return p, p
+    # KV cache: a prefix of n - m keys (padded rows, or plain), then m new tokens that continue it.
+    m = rng.randint(1, max(1, n // 3))
+    if layout == "cached":
+        mask = torch.ones(b, n - m, dtype=torch.bool)
+        mask[0, : rng.randint(1, (n - m) // 2)] = False  # left padding in the prompt
+        prefix = Positions.from_padding_mask(mask)
+    else:
+        prefix = Positions.from_length(n - m)
+    new = prefix.continued(m)
+    return new, prefix.cat(new)

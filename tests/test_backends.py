@@ -35,7 +35,7 @@ from relpos.attention.sdpa import sdpa_attention, sdpa_supports
 from tests.helpers import (
     BACKEND_SPECS,
     causal_only,
-    random_segments,
+    make_layout,
     randomize_parameters,
     spec_id,
 )
@@ -72,39 +72,6 @@ def call(name: str, q, k, v, scheme, qp, kp, causal, **kw):
             q, k, v, scheme, qp, kp, causal=causal, path="tiles", q_block=5, k_block=7, **kw
         )
     return BACKENDS[name](q, k, v, scheme, qp, kp, causal=causal, **kw)
-
-
-def make_layout(layout: str, rng: random.Random, b: int, n: int) -> tuple[Positions, Positions]:
-    """``(q_positions, k_positions)`` for ``n`` keys."""
-    if layout == "plain":
-        p = Positions.from_length(n)
-        return p, p
-    if layout == "offset":
-        p = Positions.from_length(n, offset=rng.randint(1, 7))
-        return p, p
-    if layout in ("left-pad", "right-pad"):
-        mask = torch.ones(b, n, dtype=torch.bool)
-        for r in range(b):
-            pad = rng.randint(0, n // 2) if r else rng.randint(1, n // 2)  # row 0 always padded
-            if layout == "left-pad":
-                mask[r, :pad] = False
-            else:
-                mask[r, n - pad :] = False
-        p = Positions.from_padding_mask(mask)
-        return p, p
-    if layout == "packed":
-        p = Positions.from_segments(torch.tensor([random_segments(rng, n) for _ in range(b)]))
-        return p, p
-    # KV cache: a prefix of n - m keys (padded rows, or plain), then m new tokens that continue it.
-    m = rng.randint(1, max(1, n // 3))
-    if layout == "cached":
-        mask = torch.ones(b, n - m, dtype=torch.bool)
-        mask[0, : rng.randint(1, (n - m) // 2)] = False  # left padding in the prompt
-        prefix = Positions.from_padding_mask(mask)
-    else:
-        prefix = Positions.from_length(n - m)
-    new = prefix.continued(m)
-    return new, prefix.cat(new)
 
 
 def run_case(
@@ -447,6 +414,45 @@ def test_auto_table(name, layout, needs_grad, expected):
     qp, kp = make_layout(layout, random.Random(0), 2, 1024)
     q = torch.zeros(2, 2, len(qp), 4)
     assert choose_backend(scheme, q, qp, kp, needs_grad=needs_grad) == expected
+
+
+class CudaQuery:
+    """What ``flex_wins_on_cuda`` reads of ``q`` (its device, shape and dtype), on CUDA, so that
+    the rule is tested on a machine without a GPU."""
+
+    def __init__(self, b: int, h: int, i: int, d: int, dtype=torch.bfloat16):
+        self.shape, self.dtype, self.device = (b, h, i, d), dtype, torch.device("cuda")
+
+    def element_size(self) -> int:
+        return torch.empty((), dtype=self.dtype).element_size()
+
+
+@pytest.mark.parametrize(
+    ("name", "n", "layout", "needs_grad", "dropout", "expected"),
+    [
+        ("alibi", 1024, "plain", True, False, True),
+        ("alibi", 1024, "packed", True, False, True),
+        ("alibi", 512, "plain", True, False, False),  # short: sdpa
+        ("alibi", 1024, "plain", False, False, False),  # inference: a shape per decoding step
+        ("alibi", 1024, "plain", True, True, False),  # attention dropout: flex has none
+        ("music", 4096, "plain", True, False, True),  # past the mask budget
+        ("music", 256, "plain", True, False, False),  # a small mask: sdpa
+        ("shaw", 4096, "plain", True, False, False),  # a value term: flex cannot
+        ("t5", 4096, "plain", True, False, False),  # one shared table: atomics (measured slower)
+        ("kerple", 4096, "plain", True, False, False),  # not measured on a GPU
+        ("deberta", 4096, "plain", True, False, False),  # a key term
+    ],
+)
+def test_auto_takes_flex_on_cuda_where_it_was_measured_to_win(
+    name, n, layout, needs_grad, dropout, expected
+):
+    scheme = relpos.make_scheme(name, d_model=32, num_heads=2, causal=True)
+    qp, kp = make_layout(layout, random.Random(0), 4, n)
+    q = CudaQuery(4, 2, len(qp), 16)
+    got = auto_mod.flex_wins_on_cuda(scheme, q, qp, kp, needs_grad=needs_grad, dropout=dropout)
+    assert got is expected
+    cpu = torch.zeros(4, 2, len(qp), 16)  # never on the CPU, where flex has no backward
+    assert not auto_mod.flex_wins_on_cuda(scheme, cpu, qp, kp, needs_grad=True, dropout=False)
 
 
 @pytest.mark.parametrize("name", ["alibi", "t5", "music", "rope"])

@@ -17,6 +17,7 @@ import torch
 import relpos
 from relpos import Positions, Transformer, TransformerConfig, checks
 from tests.helpers import (
+    DEVICES,
     SCHEME_SPECS,
     causal_only,
     length_dependent,
@@ -29,7 +30,12 @@ ATOL = 1e-5
 
 
 def tiny_model(
-    spec: dict, causal: bool, seed: int = 0, backend: str = "auto", num_layers: int = 2
+    spec: dict,
+    causal: bool,
+    seed: int = 0,
+    backend: str = "auto",
+    num_layers: int = 2,
+    device: str = "cpu",
 ) -> Transformer:
     torch.manual_seed(seed)
     cfg = TransformerConfig(
@@ -44,7 +50,7 @@ def tiny_model(
     )
     model = Transformer(cfg).eval()
     randomize_parameters(model, seed)
-    return model
+    return model.to(device)
 
 
 def random_docs(rng: random.Random, count: int, lo: int = 1, hi: int = 9) -> list[torch.Tensor]:
@@ -59,28 +65,35 @@ causal_ids = ["causal", "bidirectional"]
 
 #: The reference and the default: both must keep padded, packed and cached runs exact.
 parity_backends = pytest.mark.parametrize("backend", ["eager", "auto"])
+#: The CPU, and CUDA where a GPU is present.
+on_devices = pytest.mark.parametrize("device", DEVICES)
 
 
 @pytest.mark.parametrize("spec", SCHEME_SPECS, ids=spec_id)
 @pytest.mark.parametrize("causal", [True, False], ids=causal_ids)
 @pytest.mark.parametrize("side", ["left", "right"])
 @parity_backends
-def test_padded_batch_equals_each_sample_alone(spec, causal, side, backend):
+@on_devices
+def test_padded_batch_equals_each_sample_alone(spec, causal, side, backend, device):
     if not causal and causal_only(spec):
         pytest.skip("causal only (its own test file checks the refusal)")
     docs = random_docs(random.Random(1), 4)
-    assert checks.padded_gap(tiny_model(spec, causal, backend=backend), docs, side=side) < ATOL
+    assert (
+        checks.padded_gap(tiny_model(spec, causal, backend=backend, device=device), docs, side=side)
+        < ATOL
+    )
 
 
 @pytest.mark.parametrize("spec", SCHEME_SPECS, ids=spec_id)
 @pytest.mark.parametrize("causal", [True, False], ids=causal_ids)
 @parity_backends
-def test_packed_row_equals_each_document_alone(spec, causal, backend):
+@on_devices
+def test_packed_row_equals_each_document_alone(spec, causal, backend, device):
     if not causal and causal_only(spec):
         pytest.skip("causal only (its own test file checks the refusal)")
     rng = random.Random(2)
     rows = [random_docs(rng, 3), random_docs(rng, 2)]
-    assert checks.packed_gap(tiny_model(spec, causal, backend=backend), rows) < ATOL
+    assert checks.packed_gap(tiny_model(spec, causal, backend=backend, device=device), rows) < ATOL
 
 
 def decoding_layers(spec: dict) -> int:
@@ -93,20 +106,26 @@ def decoding_layers(spec: dict) -> int:
 @pytest.mark.parametrize("spec", SCHEME_SPECS, ids=spec_id)
 @pytest.mark.parametrize("chunk", [1, 3])
 @parity_backends
-def test_cached_decoding_equals_full_forward(spec, chunk, backend):
+@on_devices
+def test_cached_decoding_equals_full_forward(spec, chunk, backend, device):
     tokens = torch.randint(0, VOCAB, (2, 10), generator=torch.Generator().manual_seed(3))
-    model = tiny_model(spec, causal=True, backend=backend, num_layers=decoding_layers(spec))
+    model = tiny_model(
+        spec, causal=True, backend=backend, num_layers=decoding_layers(spec), device=device
+    )
     assert checks.cached_gap(model, tokens, chunk=chunk) < ATOL
 
 
 @pytest.mark.parametrize("spec", SCHEME_SPECS, ids=spec_id)
 @parity_backends
-def test_left_padded_prompts_decode_like_each_alone(spec, backend):
+@on_devices
+def test_left_padded_prompts_decode_like_each_alone(spec, backend, device):
     """Batched generation: left-padded prompts, then one token per step for every row."""
     rng = random.Random(4)
     prompts = random_docs(rng, 3, lo=2, hi=6)
     cont = torch.randint(0, VOCAB, (3, 4), generator=torch.Generator().manual_seed(4))
-    model = tiny_model(spec, causal=True, backend=backend, num_layers=decoding_layers(spec))
+    model = tiny_model(
+        spec, causal=True, backend=backend, num_layers=decoding_layers(spec), device=device
+    )
     assert checks.left_padded_decoding_gap(model, prompts, cont) < ATOL
 
 

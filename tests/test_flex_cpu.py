@@ -23,6 +23,7 @@ import torch
 
 import relpos
 from relpos import Positions
+from relpos.attention import flex as flex_mod
 from relpos.attention.eager import eager_attention
 from relpos.attention.flex import _compiled_flex, flex_attention_backend, flex_available
 from tests.helpers import randomize_parameters, spec_id
@@ -180,3 +181,53 @@ def test_flex_at_length_zero_returns_an_empty_result(scheme):
             torch.randn(2, 0, 16)
         )
     assert out.shape == (2, 0, 16)
+
+
+# ----------------------------------------------------------------------------- shared memory
+class FakeKernel:
+    """Stands in for the compiled FlexAttention: fails like a kernel that needs more shared
+    memory than the GPU has unless it is given ``SMALL_BLOCKS`` (a deterministic trigger)."""
+
+    def __init__(self, error: str = "out of resource: shared memory, Required: 278528"):
+        self.calls: list[dict | None] = []
+        self.error = error
+
+    def __call__(self, q, k, v, *, score_mod, block_mask, scale, kernel_options):
+        self.calls.append(kernel_options)
+        if kernel_options != flex_mod.SMALL_BLOCKS:
+            raise RuntimeError(f"No valid triton configs. OutOfMemoryError: {self.error}")
+        return torch.zeros_like(v)
+
+
+def test_out_of_shared_memory_retries_with_small_blocks_and_remembers(monkeypatch):
+    fake = FakeKernel()
+    monkeypatch.setattr(flex_mod, "_compiled_flex", lambda: fake)
+    monkeypatch.setattr(flex_mod, "_NEEDS_SMALL_BLOCKS", set())
+    scheme = relpos.make_scheme("t5", d_model=8, num_heads=2, causal=True)
+    pos = Positions.from_length(5)
+    q, k, v = (torch.randn(1, 2, 5, 4) for _ in range(3))
+    with torch.no_grad():  # CPU FlexAttention: inference only
+        out = flex_attention_backend(q, k, v, scheme, pos, pos, causal=True)
+        assert out.shape == v.shape
+        assert fake.calls == [None, flex_mod.SMALL_BLOCKS]
+        flex_attention_backend(q, k, v, scheme, pos, pos, causal=True)  # small blocks at once
+    assert fake.calls[2:] == [flex_mod.SMALL_BLOCKS]
+
+
+def test_other_compile_errors_and_a_second_overflow_propagate(monkeypatch):
+    scheme = relpos.make_scheme("alibi", d_model=8, num_heads=2, causal=True)
+    pos = Positions.from_length(5)
+    q, k, v = (torch.randn(1, 2, 5, 4) for _ in range(3))
+    monkeypatch.setattr(flex_mod, "_NEEDS_SMALL_BLOCKS", set())
+    fake = FakeKernel(error="something else entirely")
+    monkeypatch.setattr(flex_mod, "_compiled_flex", lambda: fake)
+    with pytest.raises(RuntimeError, match="something else"):
+        flex_attention_backend(q, k, v, scheme, pos, pos, causal=True)
+    assert fake.calls == [None]
+
+    def always_short(q, k, v, **kw):
+        raise RuntimeError("out of resource: shared memory")
+
+    monkeypatch.setattr(flex_mod, "_compiled_flex", lambda: always_short)
+    with pytest.raises(RuntimeError, match="out of resource"):
+        flex_attention_backend(q, k, v, scheme, pos, pos, causal=True)

@@ -1,8 +1,9 @@
 """Parity checks: does a model give every sequence the same numbers however it is batched?
 
-Each check builds a batch the hard way (padded, packed, or decoded with a KV cache) and returns the
-largest absolute difference from running every sequence alone. The test suite asserts they are ~0
-for every scheme; ``relpos tour`` prints them. Use them on your own model as a self-test.
+Each check builds a batch the hard way (padded, packed, or decoded with a KV cache) on the model's
+device and returns the largest absolute difference from running every sequence alone. The test suite
+asserts they are ~0 for every scheme; ``relpos tour`` prints them. Use them on your own model as a
+self-test.
 """
 
 from __future__ import annotations
@@ -15,8 +16,13 @@ from .models.transformer import Transformer
 __all__ = ["cached_gap", "left_padded_decoding_gap", "packed_gap", "padded_gap"]
 
 
+def _device(model: Transformer) -> torch.device:
+    """Where the model's parameters are: every batch a check builds goes there."""
+    return next(model.parameters()).device
+
+
 def _alone(model: Transformer, doc: Tensor) -> Tensor:
-    return model(doc.unsqueeze(0))[0]
+    return model(doc.to(_device(model)).unsqueeze(0))[0]
 
 
 @torch.no_grad()
@@ -32,6 +38,7 @@ def padded_gap(
     for r, d in enumerate(docs):
         sl = slice(n - len(d), n) if side == "left" else slice(0, len(d))
         tokens[r, sl], mask[r, sl] = d, True
+    tokens, mask = tokens.to(_device(model)), mask.to(_device(model))
     out = model(tokens, padding_mask=mask)
     return max((out[r][mask[r]] - _alone(model, d)).abs().max().item() for r, d in enumerate(docs))
 
@@ -47,6 +54,7 @@ def packed_gap(model: Transformer, rows: list[list[Tensor]], *, extra: int = 1) 
         for s, d in enumerate(row):
             tokens[r, t : t + len(d)], seg[r, t : t + len(d)] = d, s
             t += len(d)
+    tokens, seg = tokens.to(_device(model)), seg.to(_device(model))
     out = model(tokens, segment_ids=seg)
     return max(
         (out[r][seg[r] == s] - _alone(model, d)).abs().max().item()
@@ -66,6 +74,7 @@ def cached_gap(model: Transformer, tokens: Tensor, *, chunk: int = 1) -> float:
     the pass over the prefix.
     """
     cache = model.new_cache()
+    tokens = tokens.to(_device(model))
     gaps = []
     for t in range(0, tokens.shape[1], chunk):
         step = model(tokens[:, t : t + chunk], cache=cache)
@@ -87,6 +96,8 @@ def left_padded_decoding_gap(
     mask = torch.zeros(len(prompts), n, dtype=torch.bool)
     for r, p in enumerate(prompts):
         tokens[r, n - len(p) :], mask[r, n - len(p) :] = p, True
+    device = _device(model)
+    tokens, mask, continuation = tokens.to(device), mask.to(device), continuation.to(device)
     cache = model.new_cache()
     first = model(tokens, padding_mask=mask, cache=cache)
     gaps = [
@@ -95,6 +106,6 @@ def left_padded_decoding_gap(
     for t in range(continuation.shape[1]):
         step = model(continuation[:, t : t + 1], cache=cache)
         for r, p in enumerate(prompts):
-            ref = _alone(model, torch.cat([p, continuation[r, : t + 1]]))[-1]
+            ref = _alone(model, torch.cat([p.to(device), continuation[r, : t + 1]]))[-1]
             gaps.append((step[r, 0] - ref).abs().max().item())
     return max(gaps)

@@ -14,6 +14,9 @@ relative table.
   relative_key_logits(k)`` ``(b, h, j, R)``. A ``key_bias`` without that form is unsupported.
   A decay bias (the Forgetting Transformer) adds ``c[b, h, i] - c[b, h, j]`` from the positions'
   per-token ``log_decay`` (float64; the difference cast to the score's dtype).
+* Compiled once per shape (and scheme, layout): the first call at a new shape compiles for seconds
+  (``relpos bench`` reports it as ``first call s``); up to :data:`RECOMPILE_LIMIT` variants are
+  kept.
 * The ``BlockMask`` says which pairs may attend (same segment, real tokens, and ``p_j <= p_i`` when
   causal); blocks with no allowed pair are skipped. For plain positions it is cached per shape.
 * Shaw's value term is not expressible (FlexAttention returns no probabilities): unsupported.
@@ -71,6 +74,26 @@ except ImportError:  # pragma: no cover - old torch
 _compiled: Callable[..., Tensor] | None = None
 #: Block masks of plain positions by (i, j, causal, device): the 16 most recently used.
 _BLOCK_MASKS = BoundedCache(16, cost=lambda _: 1)
+#: The smallest head dim Inductor's CUDA FlexAttention kernel takes; smaller ones are zero-padded.
+CUDA_MIN_HEAD_DIM = 16
+#: Triton block sizes for kernels that would otherwise ask for more shared memory than the GPU
+#: has. On an H100 (torch 2.11) Inductor's default forward kernel for a learned T5 or Music
+#: Transformer table with gradients at d=64 asks for 272 KiB of its 227 KiB; these compile
+#: (forward 64×64 in one stage, backward 32×32).
+SMALL_BLOCKS = {
+    "BLOCK_M": 64,
+    "BLOCK_N": 64,
+    "num_stages": 1,
+    "BLOCK_M1": 32,
+    "BLOCK_N1": 32,
+    "BLOCK_M2": 32,
+    "BLOCK_N2": 32,
+}
+#: ``(scheme type, device, grad)`` whose kernels ran out of shared memory with the defaults.
+_NEEDS_SMALL_BLOCKS: set[tuple] = set()
+#: Compiled variants FlexAttention may keep (shapes × schemes × layouts) before Dynamo stops
+#: compiling new ones (its default is 8).
+RECOMPILE_LIMIT = 64
 #: Head dim ``q`` and ``k`` are zero-padded to on CPU when ``d % 8 == 0`` and ``d < 24``: the
 #: smallest that avoids the CPU kernel's out-of-bounds ``q·kᵀ`` path (``K % VLEN == 0 and
 #: 24 * BLOCK_M > K``, ``BLOCK_M = 1``) for both AVX2 (``VLEN = 8``) and AVX-512 (``VLEN = 16``).
@@ -115,6 +138,19 @@ def _compiled_flex() -> Callable[..., Tensor]:
     return _compiled
 
 
+def _shape_budget():
+    """Dynamo's recompile limit raised to :data:`RECOMPILE_LIMIT` for the compiled call: each
+    shape, scheme and layout compiles once, and past the default limit (8) FlexAttention would
+    run unfused, an ``(i, j)`` score matrix per call, without a word."""
+    config = torch._dynamo.config
+    limits = {
+        name: max(getattr(config, name), RECOMPILE_LIMIT)
+        for name in ("recompile_limit", "accumulated_recompile_limit")
+        if hasattr(config, name)  # both since torch 2.6 (before: cache_size_limit)
+    }
+    return config.patch(**limits)
+
+
 def _mask_mod(q_positions: Positions, k_positions: Positions, causal: bool):
     qb, kb = q_positions.batch, k_positions.batch
     qpos, qseg, kpos, kseg = q_positions.pos, q_positions.seg, k_positions.pos, k_positions.seg
@@ -131,23 +167,29 @@ def _mask_mod(q_positions: Positions, k_positions: Positions, causal: bool):
     return mask_mod
 
 
+def _is_plain(q_positions: Positions, k_positions: Positions) -> bool:
+    """Self-attention over one contiguous sequence per row: ``p_j - p_i = j - i``, every pair
+    allowed but the causal future, every query with a key."""
+    return q_positions is k_positions and q_positions.contiguous
+
+
+def _causal_mod(b, h, q_idx, kv_idx):
+    return kv_idx <= q_idx
+
+
 def _block_mask(q_positions: Positions, k_positions: Positions, causal: bool, device):
-    """The ``BlockMask`` of the allowed pairs; cached per shape for plain positions."""
-    plain = q_positions is k_positions and q_positions.contiguous
+    """The ``BlockMask`` of the allowed pairs, or None for plain bidirectional attention (every
+    pair). Plain causal positions take an index-only ``mask_mod``, cached per shape."""
     b = max(q_positions.batch, k_positions.batch)
     i, j = len(q_positions), len(k_positions)
-
-    def build(qp: Positions, kp: Positions):
-        return create_block_mask(_mask_mod(qp, kp, causal), b, None, i, j, device=device)
-
-    if not plain:
-        return build(q_positions, k_positions)
-
-    def build_own():  # a cached mask must not alias the caller's tensors (a recompile guard)
-        own = Positions(q_positions.pos.clone(), q_positions.seg.clone(), contiguous=True)
-        return build(own, own)
-
-    return _BLOCK_MASKS.get_or_build((i, j, causal, str(device)), build_own)
+    if not _is_plain(q_positions, k_positions):
+        mask_mod = _mask_mod(q_positions, k_positions, causal)
+        return create_block_mask(mask_mod, b, None, i, j, device=device)
+    if not causal:
+        return None
+    return _BLOCK_MASKS.get_or_build(
+        (i, j, str(device)), lambda: create_block_mask(_causal_mod, 1, None, i, j, device=device)
+    )
 
 
 def _distance_lut(
@@ -171,12 +213,23 @@ def _score_mod(
         return None
     qb, kb = q_positions.batch, k_positions.batch
     qpos, kpos = q_positions.pos, k_positions.pos
+
+    if _is_plain(q_positions, k_positions):
+
+        def distance(b, q_idx, kv_idx):  # p_j - p_i, no position loads
+            return kv_idx - q_idx
+
+    else:
+
+        def distance(b, q_idx, kv_idx):  # p_j - p_i
+            return kpos[b if kb > 1 else 0, kv_idx] - qpos[b if qb > 1 else 0, q_idx]
+
     if isinstance(scheme, LinearBiasScheme):
         slopes = scheme.slopes.to(device=q.device, dtype=torch.float32)
         causal = scheme.causal
 
         def alibi_mod(score, b, h, q_idx, kv_idx):
-            dist = (kpos[b if kb > 1 else 0, kv_idx] - qpos[b if qb > 1 else 0, q_idx]).float()
+            dist = distance(b, q_idx, kv_idx).float()
             dist = dist if causal else -dist.abs()
             return score + slopes[h] * dist
 
@@ -194,8 +247,7 @@ def _score_mod(
         table = table.to(device=q.device, dtype=torch.float32)
 
         def distance_mod(score, b, h, q_idx, kv_idx):
-            dist = kpos[b if kb > 1 else 0, kv_idx] - qpos[b if qb > 1 else 0, q_idx]
-            return score + table[h, dist - lo]
+            return score + table[h, distance(b, q_idx, kv_idx) - lo]
 
         return distance_mod
     lut, offset = _distance_lut(scheme, q_positions, k_positions, q.device)
@@ -204,8 +256,7 @@ def _score_mod(
         rel_k = scheme.relative_key_logits(k).float()  # (b, h, j, R)
 
         def key_mod(score, b, h, q_idx, kv_idx):
-            dist = kpos[b if kb > 1 else 0, kv_idx] - qpos[b if qb > 1 else 0, q_idx]
-            return score + rel_k[b, h, kv_idx, lut[dist + offset]]
+            return score + rel_k[b, h, kv_idx, lut[distance(b, q_idx, kv_idx) + offset]]
 
         if "score_bias" not in scheme.hooks:
             return key_mod
@@ -213,8 +264,7 @@ def _score_mod(
     per_query, rb = rel.shape[2] > 1, rel.shape[0]
 
     def relative_mod(score, b, h, q_idx, kv_idx):
-        dist = kpos[b if kb > 1 else 0, kv_idx] - qpos[b if qb > 1 else 0, q_idx]
-        row = lut[dist + offset]
+        row = lut[distance(b, q_idx, kv_idx) + offset]
         return score + rel[b if rb > 1 else 0, h, q_idx if per_query else 0, row]
 
     if rel_k is None:
@@ -267,28 +317,67 @@ def flex_attention_backend(
     qc, kc, vc = (t.to(dtype) for t in (q, k, v))
     mask = _block_mask(q_positions, k_positions, causal, q.device)
     score_mod = _score_mod(scheme, qc, kc, q_positions, k_positions)  # from the unpadded q, k
-    qc, kc = _pad_head_dim_on_cpu(qc, kc)
-    out = _compiled_flex()(
-        qc,
-        kc,
-        vc,
-        score_mod=score_mod,
-        block_mask=mask,
-        scale=1.0 / math.sqrt(q.shape[-1]),
-    )
-    out = torch.where(rows_with_keys(q_positions, k_positions, causal)[:, None, :, None], out, 0.0)
+    qc, kc, vc = _pad_head_dim(qc, kc, vc)
+    options = _kernel_options(scheme, q.device, grad)
+    while True:
+        try:
+            with _shape_budget():
+                out = _compiled_flex()(
+                    qc,
+                    kc,
+                    vc,
+                    score_mod=score_mod,
+                    block_mask=mask,
+                    scale=1.0 / math.sqrt(q.shape[-1]),
+                    kernel_options=options,
+                )
+            break
+        except RuntimeError as e:  # a kernel that needs more shared memory than the GPU has
+            if options == SMALL_BLOCKS or "out of resource" not in str(e):
+                raise
+            _NEEDS_SMALL_BLOCKS.add(_options_key(scheme, q.device, grad))
+            options = dict(SMALL_BLOCKS)
+    out = out[..., : v.shape[-1]]
+    if not _is_plain(q_positions, k_positions):  # plain: every query has a key
+        out = torch.where(
+            rows_with_keys(q_positions, k_positions, causal)[:, None, :, None], out, 0.0
+        )
     return out.to(q.dtype)
 
 
-def _pad_head_dim_on_cpu(q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
-    """``q``, ``k`` with zeros appended to a head dim of 8 or 16 on CPU (see the module docstring).
+def _options_key(scheme: Scheme, device: torch.device, grad: bool) -> tuple:
+    return type(scheme).__name__, str(device), grad
 
-    Shapes: q ``(b, h, i, d)``, k ``(b, h, j, d)`` -> ``(b, h, i, 24)``, ``(b, h, j, 24)``; other
-    head dims and devices unchanged. Zero columns add nothing to ``q·k``; the caller passes the
-    scale ``1/√d`` of the unpadded ``d``.
+
+def _kernel_options(scheme: Scheme, device: torch.device, grad: bool) -> dict | None:
+    """Triton block sizes for FlexAttention on CUDA: :data:`SMALL_BLOCKS` when the ``score_mod``
+    reads a learned tensor whose gradient the kernels accumulate (a relative or distance table,
+    slopes), or when a kernel of this scheme has already asked for more shared memory than the
+    GPU has; Inductor's defaults otherwise (``flex_attention_backend`` retries with
+    :data:`SMALL_BLOCKS` when a compile runs out of shared memory)."""
+    if _options_key(scheme, device, grad) in _NEEDS_SMALL_BLOCKS:
+        return dict(SMALL_BLOCKS)
+    learned = bool(scheme.hooks & LOGIT_HOOKS) and any(p.requires_grad for p in scheme.parameters())
+    if device.type == "cuda" and grad and learned:
+        return dict(SMALL_BLOCKS)
+    return None
+
+
+def _pad_head_dim(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """``q``, ``k`` (and on CUDA ``v``) with zero columns appended to the head dim where the
+    kernel needs it (see the module docstring): on CPU a head dim of 8 or 16 becomes
+    :data:`_CPU_SAFE_HEAD_DIM` for ``q`` and ``k``; on CUDA one under :data:`CUDA_MIN_HEAD_DIM`
+    becomes that for all three (Inductor's CUDA kernel refuses smaller ones).
+
+    Zero columns add nothing to ``q·k`` and give zero output columns, which the caller drops; it
+    passes the scale ``1/√d`` of the unpadded ``d``.
     """
     d = q.shape[-1]
+    pad = torch.nn.functional.pad
+    if q.device.type == "cuda" and d < CUDA_MIN_HEAD_DIM:
+        extra = (0, CUDA_MIN_HEAD_DIM - d)
+        return pad(q, extra), pad(k, extra), pad(v, (0, CUDA_MIN_HEAD_DIM - v.shape[-1]))
     if q.device.type != "cpu" or d % 8 or d >= _CPU_SAFE_HEAD_DIM:
-        return q, k
-    pad = _CPU_SAFE_HEAD_DIM - d
-    return torch.nn.functional.pad(q, (0, pad)), torch.nn.functional.pad(k, (0, pad))
+        return q, k, v
+    extra = (0, _CPU_SAFE_HEAD_DIM - d)
+    return pad(q, extra), pad(k, extra), v

@@ -9,16 +9,23 @@ measures, on inputs ``q, k, v`` of shape ``(B, H, L, d)`` (``H=8``, ``d=64`` by 
   ``--warmup`` runs, each also printed as a ratio to plain SDPA with no bias (``sdpa-plain``) at
   the same shape: every run alternates with a run of plain SDPA, and the ratio is the median of
   the run-by-run ratios, so that a drift in the machine's speed hits both alike;
-* peak memory of one forward+backward pass above the inputs, in a fresh subprocess per
-  configuration: on CPU the peak resident set size (``ru_maxrss``) minus the resident size once
-  the inputs exist (after a small warm-up that loads the kernels); on CUDA
-  ``torch.cuda.max_memory_allocated`` minus the memory allocated before the pass.
+* the first forward+backward call at the shape, before any warm-up: for ``flex`` it includes
+  compiling the kernels for that shape (``first s``);
+* peak memory of one forward+backward pass above the inputs: on CPU in a fresh subprocess per
+  configuration, the peak resident set size (``ru_maxrss``) minus the resident size once the
+  inputs exist (after a small warm-up that loads the kernels); on CUDA in the same process,
+  ``torch.cuda.max_memory_allocated`` minus the memory allocated before the pass (the caching
+  allocator's reserve is not counted).
 
-Implementations: the library's backends (``eager``, ``sdpa``, ``chunked``; the table says which one
-``auto`` picks) and peers: ``naive-shaw`` (Shaw et al. as written, the ``(L, L, d)`` relative
-embeddings materialised), ``sdpa-bias`` (SDPA with the bias materialised as a ``(B, H, L, L)`` float
-mask) and, for the Music Transformer, ``eager`` is the skew of Huang et al. Configurations that
-would not fit in memory or time are skipped with the reason.
+``--tokens N`` fixes ``B·L``: each length runs with ``B = N // L`` (the GPU protocol: the same
+work per step at every length).
+
+Implementations: the library's backends (``eager``, ``sdpa``, ``chunked``, and ``flex`` on CUDA,
+where FlexAttention has a backward pass; the table says which one ``auto`` picks) and peers:
+``naive-shaw`` (Shaw et al. as written, the ``(L, L, d)`` relative embeddings materialised),
+``sdpa-bias`` (SDPA with the bias materialised as a ``(B, H, L, L)`` float mask) and, for the Music
+Transformer, ``eager`` is the skew of Huang et al. Configurations that would not fit in memory or
+time are skipped with the reason.
 
 Results: ``bench.md`` (markdown table), ``bench.png`` (time and memory vs ``L``) and ``bench.json``
 in ``--out``, each written atomically (temporary file, then ``os.replace``).
@@ -195,10 +202,14 @@ IMPLEMENTATIONS: dict[str, Impl] = {
         lambda s, b, h, n, d: _lld(b, h, n, d) + 7.0 * b * h * n * n * 4,
         ("shaw",),
     ),
+    # FlexAttention: O(L·R) relative logits and O(L) statistics; never (B, H, L, L).
+    "flex": Impl("flex", backend_call("flex"), lambda s, b, h, n, d: 40.0 * b * h * n * d * 4),
 }
 
 
-def _supported(impl: str, scheme: str, causal: bool = True) -> bool:
+def _supported(impl: str, scheme: str, causal: bool = True, device: str = "cpu") -> bool:
+    if impl == "flex":
+        return _flex_runs(scheme, causal, device)
     if impl == "sdpa" and scheme == "shaw":
         return False  # Shaw's value term: sdpa declines it (auto picks chunked)
     if not causal and _causal(scheme):
@@ -206,6 +217,18 @@ def _supported(impl: str, scheme: str, causal: bool = True) -> bool:
     if scheme == "cope" and impl == "chunked":
         return False  # its key bias has no relative form (auto picks sdpa)
     return scheme in IMPLEMENTATIONS[impl].schemes
+
+
+def _flex_runs(scheme: str, causal: bool, device: str) -> bool:
+    """Whether ``flex`` runs ``scheme`` forward and backward on ``device`` (CUDA only)."""
+    import relpos
+
+    from ..attention.flex import flex_supports
+
+    if not causal and _causal(scheme):
+        return False
+    built = relpos.make_scheme(scheme, d_model=64, num_heads=1, causal=causal)
+    return flex_supports(built, device=torch.device(device), needs_grad=True)
 
 
 def _causal(scheme: str) -> bool:
@@ -357,12 +380,7 @@ def _memory_child(spec: dict[str, Any]) -> dict[str, Any]:
     del small
     s = make_setup(spec["scheme"], spec["L"], spec["B"], causal=spec["causal"], grad=True, **kw)
     if device.startswith("cuda"):
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        base = torch.cuda.memory_allocated()
-        _step(impl.run, s, True)
-        torch.cuda.synchronize()
-        return {"peak_bytes": torch.cuda.max_memory_allocated() - base}
+        return {"peak_bytes": _cuda_peak_bytes(impl.run, s)}
     # The peak is the kernel's high-water mark of resident memory, reset once the inputs exist
     # (import-time peaks would hide small deltas); ru_maxrss is the fallback without a reset.
     reset = _reset_peak_rss()
@@ -373,6 +391,25 @@ def _memory_child(spec: dict[str, Any]) -> dict[str, Any]:
     else:
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
     return {"peak_bytes": max(0, peak - base)}
+
+
+def _cuda_peak_bytes(fn: Callable[[Setup], Tensor], s: Setup) -> int:
+    """Peak bytes the CUDA caching allocator handed out during one forward+backward pass of
+    ``fn``, above what was allocated before it (the inputs)."""
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    _step(fn, s, True)
+    torch.cuda.synchronize()
+    return torch.cuda.max_memory_allocated() - base
+
+
+def _first_call(fn: Callable[[Setup], Tensor], s: Setup, device: str) -> float:
+    """Seconds of the first forward+backward call at this shape (a compile for ``flex``)."""
+    start = time.perf_counter()
+    _step(fn, s, True)
+    _sync(device)
+    return time.perf_counter() - start
 
 
 def measure_memory(spec: dict[str, Any], timeout: float) -> tuple[float | None, str]:
@@ -410,6 +447,7 @@ class Result:
     fwd_ratio: float | None = None
     fwdbwd_ratio: float | None = None
     peak_mib: float | None = None
+    first_s: float | None = None
     auto: str = ""
     skipped: str = ""
     runs: dict[str, list[float]] = field(default_factory=dict)
@@ -433,8 +471,13 @@ def _auto_pick(s: Setup) -> str:
     return choose_backend(s.scheme, s.q, p, p, needs_grad=True)
 
 
-def run(args: argparse.Namespace, log: Callable[[str], None] = print) -> list[Result]:
-    """Measure every configuration the arguments select; baseline first at each shape."""
+def run(
+    args: argparse.Namespace,
+    log: Callable[[str], None] = print,
+    on_result: Callable[[list[Result]], None] | None = None,
+) -> list[Result]:
+    """Measure every configuration the arguments select; baseline first at each shape.
+    ``on_result`` sees the results so far after each configuration."""
     device = args.device
     dtype = getattr(torch, args.dtype)
     budget_bytes = args.max_memory_gb * 2**30
@@ -442,22 +485,30 @@ def run(args: argparse.Namespace, log: Callable[[str], None] = print) -> list[Re
     slow: dict[tuple, tuple[int, float]] = {}  # (scheme, impl, B, causal) -> (L, s per fwd+fwdbwd)
     kw = dict(heads=args.heads, head_dim=args.head_dim, device=device, dtype=dtype)
     for causal in args.causal_modes:
-        for b in args.batch:
-            for n in args.lengths:
-                configs = [Config("none", "sdpa-plain", n, b, causal)] + [
-                    Config(sc, impl, n, b, causal)
-                    for sc in args.schemes
-                    for impl in args.impls
-                    if impl != "sdpa-plain" and _supported(impl, sc, causal)
-                ]
-                # Every configuration is timed alternating with the baseline (measure_paired).
-                base = make_setup("none", n, b, causal=causal, grad=True, **kw)
-                for cfg in configs:
-                    res = _run_one(cfg, args, kw, budget_bytes, slow, log, base)
-                    results.append(res)
-                    log(_line(res))
-                del base
+        for b, n in _shapes(args):
+            configs = [Config("none", "sdpa-plain", n, b, causal)] + [
+                Config(sc, impl, n, b, causal)
+                for sc in args.schemes
+                for impl in args.impls
+                if impl != "sdpa-plain" and _supported(impl, sc, causal, device)
+            ]
+            # Every configuration is timed alternating with the baseline (measure_paired).
+            base = make_setup("none", n, b, causal=causal, grad=True, **kw)
+            for cfg in configs:
+                res = _run_one(cfg, args, kw, budget_bytes, slow, log, base)
+                results.append(res)
+                log(_line(res))
+                if on_result is not None:
+                    on_result(results)
+            del base
     return results
+
+
+def _shapes(args: argparse.Namespace) -> list[tuple[int, int]]:
+    """``(B, L)`` pairs: every ``--batch`` × ``--lengths``, or ``B = --tokens // L``."""
+    if args.tokens:
+        return [(args.tokens // n, n) for n in args.lengths]
+    return [(b, n) for b in args.batch for n in args.lengths]
 
 
 def _run_one(
@@ -488,6 +539,7 @@ def _run_one(
     timing = dict(repeats=args.repeats, warmup=args.warmup, device=args.device)
     plain = IMPLEMENTATIONS["sdpa-plain"].run
     try:
+        res.first_s = _first_call(impl.run, s, args.device)
         if cfg.impl == "sdpa-plain":
             fwd = measure_time(impl.run, s, backward=False, **timing)
             both = measure_time(impl.run, s, backward=True, **timing)
@@ -507,7 +559,11 @@ def _run_one(
         res.fwd_ratio = paired_ratio(fwd, fwd_base)
         res.fwdbwd_ratio = paired_ratio(both, both_base)
     slow[key] = (cfg.L, (res.fwd_ms + res.fwdbwd_ms) / 1e3)
-    if args.memory:
+    if args.memory and args.device.startswith("cuda"):
+        s = make_setup(cfg.scheme, cfg.L, cfg.B, causal=cfg.causal, grad=True, **kw)
+        res.peak_mib = _cuda_peak_bytes(impl.run, s) / 2**20
+        del s
+    elif args.memory:
         spec = {
             "impl": cfg.impl,
             "scheme": cfg.scheme,
@@ -541,7 +597,7 @@ def _line(r: Result) -> str:
     return (
         f"{head}  fwd {_fmt(r.fwd_ms, '8.1f')} ms ({_fmt(r.fwd_ratio, '.2f')}x)  "
         f"fwd+bwd {_fmt(r.fwdbwd_ms, '8.1f')} ms ({_fmt(r.fwdbwd_ratio, '.2f')}x)  "
-        f"peak {_fmt(r.peak_mib, '.1f')} MiB"
+        f"peak {_fmt(r.peak_mib, '.1f')} MiB  first {_fmt(r.first_s, '.2f')} s"
     )
 
 
@@ -551,15 +607,16 @@ def render_markdown(results: list[Result], header: str) -> str:
         header,
         "",
         "| scheme | impl | L | B | mask | fwd ms | fwd × plain | fwd+bwd ms | fwd+bwd × plain "
-        "| peak MiB (fwd+bwd, above inputs) | auto picks | note |",
-        "|---|---|---:|---:|---|---:|---:|---:|---:|---:|---|---|",
+        "| peak MiB (fwd+bwd, above inputs) | first call s | auto picks | note |",
+        "|---|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---|---|",
     ]
     for r in results:
         c = r.config
         lines.append(
             f"| {c.scheme} | {c.impl} | {c.L} | {c.B} | {'causal' if c.causal else 'bidir'} "
             f"| {_fmt(r.fwd_ms, '.1f')} | {_fmt(r.fwd_ratio, '.2f')} | {_fmt(r.fwdbwd_ms, '.1f')} "
-            f"| {_fmt(r.fwdbwd_ratio, '.2f')} | {_fmt(r.peak_mib, '.1f')} | {r.auto} "
+            f"| {_fmt(r.fwdbwd_ratio, '.2f')} | {_fmt(r.peak_mib, '.1f')} "
+            f"| {_fmt(r.first_s, '.2f')} | {r.auto} "
             f"| {r.skipped} |"
         )
     return "\n".join(lines) + "\n"
@@ -672,6 +729,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--all", action="store_true", help="every L in 256..8192 and B in 1,4")
     p.add_argument("--batch", type=positive_ints, default=None, help="comma-separated B (1)")
+    p.add_argument(
+        "--tokens",
+        type=int,
+        default=None,
+        help="fix B·L: each length L runs with B = TOKENS // L (instead of --batch)",
+    )
     p.add_argument("--mask", choices=["causal", "bidirectional", "both"], default="causal")
     p.add_argument("--schemes", type=_names(SCHEMES), default=SCHEMES)
     impls = [i for i in IMPLEMENTATIONS if i != "sdpa-plain"]
@@ -729,6 +792,13 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _device_name(device: str) -> str:
+    """The CPU's or the GPU's name, for the header."""
+    if device.startswith("cuda"):
+        return torch.cuda.get_device_name(torch.device(device))
+    return cpu_name() if device == "cpu" else device
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``relpos bench``; returns the exit status."""
     parser = build_parser()
@@ -749,6 +819,14 @@ def main(argv: list[str] | None = None) -> int:
     args.flush_denormals = flushed
     args.retain_heap = args.retain_heap and retain_freed_memory()
     args.lengths = args.lengths or (ALL_LENGTHS if args.all else DEFAULT_LENGTHS)
+    if args.tokens is not None:
+        if args.batch is not None:
+            parser.error("--tokens fixes B·L: give it or --batch, not both")
+        if args.tokens < max(args.lengths):
+            parser.error(
+                f"--tokens must be at least the longest of --lengths ({max(args.lengths)}), "
+                f"got {args.tokens}"
+            )
     args.batch = args.batch or ([1, 4] if args.all else [1])
     args.causal_modes = {"causal": [True], "bidirectional": [False], "both": [True, False]}[
         args.mask
@@ -759,7 +837,7 @@ def main(argv: list[str] | None = None) -> int:
         args.max_memory_gb = 0.6 * _available_bytes() / 2**30
     header = (
         f"relpos bench: H={args.heads}, d={args.head_dim}, {args.dtype} on {args.device} "
-        f"({cpu_name() if args.device == 'cpu' else args.device}, "
+        f"({_device_name(args.device)}, "
         f"{torch.get_num_threads()} threads, denormals "
         f"{'flushed' if args.flush_denormals else 'kept'}, "
         f"{'freed memory retained' if args.retain_heap else 'default malloc'}, "
@@ -769,7 +847,12 @@ def main(argv: list[str] | None = None) -> int:
         "sdpa-plain).\n\nCommand: `relpos bench " + " ".join(argv or sys.argv[1:]) + "`"
     )
     print(header.splitlines()[0], flush=True)
-    results = run(args, log=lambda line: print(line, flush=True))
+    # The tables are rewritten after every configuration: a run cut short keeps what it measured.
+    results = run(
+        args,
+        log=lambda line: print(line, flush=True),
+        on_result=lambda done: write_outputs(done, args.out, header, plot=False),
+    )
     write_outputs(results, args.out, header, plot=args.plot)
     print(
         f"wrote {args.out / 'bench.md'}, {args.out / 'bench.json'}"

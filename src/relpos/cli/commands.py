@@ -455,12 +455,16 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    import torch
 
     from ..atomic import atomic_path
     from ..music import load_token_data
     from ..training import evaluate_nll
+    from .limits import DeviceError, parse_device
 
+    try:
+        device = parse_device(args.device)
+    except DeviceError as e:
+        raise CLIError(f"--device: {e}") from None
     run_dir = _run_folder("--run-dir", args.run_dir)
     splits = _parse_splits(args.splits)
     model, cfg, state, path = _load_model(run_dir, args.checkpoint)
@@ -470,7 +474,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
     else:
         source, flag = cfg.data, f"the run's data ({cfg.data}; pass --data to use other data)"
         check_data(flag, source)
-    _check_fits(cfg, torch.device("cpu"), training=False, source=f" (of {path})")
+    _check_fits(cfg, device, training=False, source=f" (of {path})")
+    model.to(device)
     try:
         data = load_token_data(source, max_shift=0, progress=not args.no_progress)
     except ValueError as e:
@@ -485,7 +490,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         seqs = data.split(split)
         if not any(len(s) >= 2 for s in seqs):
             raise CLIError(f"--splits: the {split} split of {source} is empty: nothing to evaluate")
-        nll = evaluate_nll(model, seqs, context=cfg.context, grid=data.grid)
+        nll = evaluate_nll(model, seqs, context=cfg.context, grid=data.grid, device=device)
         if not math.isfinite(nll):
             raise CLIError(
                 f"--checkpoint: the {split} NLL of {path} is {nll}: the model's outputs are not "
@@ -797,6 +802,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--checkpoint", default="best", help="best, last, or a checkpoint path")
     p.add_argument("--data", default=None, help="evaluate on other data (default: the run's)")
     p.add_argument("--splits", default="valid,test", help="comma-separated: train, valid, test")
+    p.add_argument(
+        "--device", default=None, help="cpu, cuda, cuda:N or mps (default: cuda if available)"
+    )
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=cmd_eval)
 

@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# The GPU checks in one run (docs/performance.md, "On a GPU"): the CUDA test suite, the
+# paper-size JSB model beside it, then `relpos bench` on the GPU alone.
+#
+#   benchmarks/gpu_check.sh OUT            # PYTHON=python3 by default; relpos from ./src
+#
+# OUT gets the logs and results.tgz (tables, JSON, plots, the run's metrics; no checkpoints);
+# the folders themselves are written under WORK (default: a temporary folder).
+#
+# Phase 1 (in parallel): the CUDA tests (pytest-xdist workers: FlexAttention compiles are CPU
+# work), one bench process per scheme × mask that compiles every FlexAttention shape once (its
+# "first call s" is the cold compile, measured under that load; Inductor's on-disk caches then
+# serve phase 2), and `relpos train` of configs/jsb-music-paper.json for TRAIN_S seconds, then
+# `relpos eval`. Phase 2: `relpos bench --device cuda` with nothing else on the GPU.
+# Budgets (seconds): TEST_S, TRAIN_S, BENCH_S.
+set -u
+OUT=${1:?usage: benchmarks/gpu_check.sh OUT}
+WORK=${WORK:-$(mktemp -d)}
+mkdir -p "$OUT" "$WORK"
+PY=${PYTHON:-python3}
+export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+TEST_S=${TEST_S:-270} TRAIN_S=${TRAIN_S:-250} BENCH_S=${BENCH_S:-260}
+WORKERS=${WORKERS:-8}  # 0: no pytest-xdist
+LENGTHS=${LENGTHS:-4096,16384,1024} TOKENS=${TOKENS:-16384}
+FLEX_SCHEMES=${FLEX_SCHEMES:-alibi t5 music}
+BENCH_SCHEMES=${BENCH_SCHEMES:-alibi,t5,shaw,music}
+DEVICE=${DEVICE:-cuda}
+
+{ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1
+  $PY -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__,
+  torch.cuda.get_device_name() if torch.cuda.is_available() else 'no cuda')" 2>&1; } \
+  | tee "$OUT/env.txt"
+
+# ---- phase 1: tests, cold compiles and training side by side (13 processes on the CPU cores:
+# one thread and one compile worker each)
+export OMP_NUM_THREADS=1 TORCHINDUCTOR_COMPILE_THREADS=1
+( timeout "$TRAIN_S" $PY -m relpos.cli train --config configs/jsb-music-paper.json \
+    --run-dir "$WORK/jsb" --device "$DEVICE" --no-progress
+  $PY -m relpos.cli eval --run-dir "$WORK/jsb" --device "$DEVICE" --no-progress ||
+    $PY -m relpos.cli eval --run-dir "$WORK/jsb" --device "$DEVICE" --no-progress --checkpoint last
+) > "$OUT/train.log" 2>&1 &
+TRAIN=$!
+
+for scheme in $FLEX_SCHEMES; do
+  for mask in causal bidirectional; do
+    timeout "$TEST_S" $PY -m relpos.cli.bench --device "$DEVICE" --impls flex --schemes "$scheme" \
+      --mask "$mask" --lengths "$LENGTHS" --tokens "$TOKENS" --repeats 5 --warmup 1 --no-memory \
+      --no-plot --out "$WORK/cold/$scheme-$mask" > "$WORK/cold-$scheme-$mask.log" 2>&1 &
+  done
+done
+
+XDIST=(); [ "$WORKERS" -gt 0 ] && XDIST=(-n "$WORKERS")
+timeout "$TEST_S" $PY -m pytest -v -rfE "${XDIST[@]}" -p no:cacheprovider -k cuda \
+  tests/test_cuda.py tests/test_conformance.py tests/test_forgetting.py > "$OUT/tests.log" 2>&1
+echo "tests: exit $?" | tee -a "$OUT/tests.log"
+grep -E "FAILED|ERROR" "$OUT/tests.log" | head -n 30
+tail -n 3 "$OUT/tests.log"
+wait
+tail -n 5 "$OUT/train.log"
+cat "$WORK"/cold-*.log > "$OUT/cold.log"
+
+# ---- phase 2: the bench, alone on the GPU
+unset OMP_NUM_THREADS TORCHINDUCTOR_COMPILE_THREADS
+timeout "$BENCH_S" $PY -m relpos.cli.bench --device "$DEVICE" --dtype bfloat16 \
+  --lengths "$LENGTHS" --tokens "$TOKENS" --mask both --schemes "$BENCH_SCHEMES" \
+  --impls sdpa,chunked,flex,sdpa-bias --repeats 10 --warmup 3 --max-config-seconds 20 \
+  --out "$WORK/bench" 2>&1 | tee "$OUT/bench.log"
+echo "bench: exit ${PIPESTATUS[0]}"
+
+# ---- everything but checkpoints in one archive, beside the logs
+tar --exclude='*.pt' -czf "$OUT/results.tgz" -C "$WORK" . 2>/dev/null
+ls -la "$OUT"
