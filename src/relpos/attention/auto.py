@@ -32,8 +32,19 @@ from ``i·j > 128·256`` (:data:`SMALL_RELATIVE`), when the term's table needs a
 then differentiates its float mask with the math kernel) or when the term depends on the query
 (``sdpa`` builds a ``(b, h, i, j)`` bias). Plain positions: self-attention over one contiguous
 sequence per row (``Positions.from_length``). On a device other than CPU, ``chunked`` has no
-fused parts, so ``auto`` takes ``sdpa`` whenever it supports the scheme and ``chunked`` otherwise.
-``auto`` never picks ``flex``: its first call per shape compiles (seconds), so it is opt-in.
+fused parts, so ``auto`` takes ``sdpa`` whenever it supports the scheme and ``chunked`` otherwise,
+except for training on CUDA (:func:`flex_wins_on_cuda`, measured on an H100 in bf16):
+
+=================================  ==================================================================
+scheme (CUDA, with gradients)      picks
+=================================  ==================================================================
+ALiBi                              ``flex`` past 512² (L=4096: 1.9× flash SDPA vs 15× for ``sdpa``)
+Shaw keys, Music Transformer,      ``flex`` where ``sdpa``'s mask would pass the budget below (L=4096
+Transformer-XL                     B=4: 36 ms, 81 MiB vs ``chunked`` 57 ms, 429 MiB)
+=================================  ==================================================================
+
+``flex`` compiles once per shape (seconds), which training pays once; without gradients (a new
+shape at every decoding step) ``auto`` never picks it.
 
 **Memory first.** Wherever ``sdpa`` would have to build its float mask — a ``(b|1, h|1, i, j)``
 tensor, for padded, packed or cached positions or for a score bias — and that mask would exceed
@@ -59,6 +70,7 @@ from ..schemes.base import (
 from .chunked import chunked_attention, chunked_path, chunked_supports
 from .contract import AttentionBackend, needs_grad, validate_attention_inputs
 from .eager import eager_attention
+from .flex import flex_attention_backend, flex_available, flex_supports
 from .sdpa import is_plain, sdpa_attention, sdpa_supports
 
 __all__ = [
@@ -67,6 +79,7 @@ __all__ = [
     "SMALL_RELATIVE",
     "auto_attention",
     "choose_backend",
+    "flex_wins_on_cuda",
     "sdpa_mask_bytes",
 ]
 
@@ -84,6 +97,7 @@ _PICKS: dict[str, AttentionBackend] = {
     "sdpa": sdpa_attention,
     "chunked": chunked_attention,
     "eager": eager_attention,
+    "flex": flex_attention_backend,
 }
 
 
@@ -131,6 +145,37 @@ def sdpa_mask_bytes(
     return size
 
 
+def flex_wins_on_cuda(
+    scheme: Scheme,
+    q: Tensor,
+    q_positions: Positions,
+    k_positions: Positions,
+    *,
+    needs_grad: bool,
+    dropout: bool,
+) -> bool:
+    """Whether ``auto`` takes ``flex`` for this call: on CUDA, for training (gradients; no
+    attention dropout, which FlexAttention lacks), where it was measured to win
+    (``docs/performance.md``, "On a GPU"): ALiBi with fixed slopes past ``i·j > 512²``, and a
+    query-dependent relative term (Shaw's keys, the Music Transformer, Transformer-XL) wherever
+    ``sdpa``'s float mask would exceed :data:`SDPA_MASK_BUDGET`. Training runs one shape, so the
+    compile (seconds, once per shape) is paid once; inference (a new shape per decoding step)
+    stays on ``sdpa``/``chunked``."""
+    if q.device.type != "cuda" or not needs_grad or dropout or not flex_available():
+        return False
+    if not flex_supports(scheme, device=q.device, needs_grad=True):
+        return False
+    if isinstance(scheme, LinearBiasScheme):  # fixed slopes (learned ALiBi is a distance bias)
+        return len(q_positions) * len(k_positions) > SMALL
+    if (
+        isinstance(scheme, RelativeScheme)
+        and not scheme.query_independent
+        and "key_bias" not in scheme.hooks
+    ):
+        return sdpa_mask_bytes(scheme, q, q_positions, k_positions) > SDPA_MASK_BUDGET
+    return False
+
+
 def choose_backend(
     scheme: Scheme,
     q: Tensor,
@@ -152,6 +197,15 @@ def choose_backend(
         return "sdpa" if sdpa_supports(scheme) else "eager"
     if not sdpa_supports(scheme):
         return "chunked"
+    if flex_wins_on_cuda(
+        scheme,
+        q,
+        q_positions,
+        k_positions,
+        needs_grad=needs_grad,
+        dropout=dropout_p > 0 and training,
+    ):
+        return "flex"
     if sdpa_mask_bytes(scheme, q, q_positions, k_positions, causal=causal) > SDPA_MASK_BUDGET:
         return "chunked"  # memory first: O(block·L), never the (i, j) mask
     size = len(q_positions) * len(k_positions)
