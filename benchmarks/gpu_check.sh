@@ -21,7 +21,7 @@ PY=${PYTHON:-python3}
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 TEST_S=${TEST_S:-270} TRAIN_S=${TRAIN_S:-250} BENCH_S=${BENCH_S:-260}
 WORKERS=${WORKERS:-8}  # 0: no pytest-xdist
-LENGTHS=${LENGTHS:-4096,16384,1024} TOKENS=${TOKENS:-16384}
+LENGTHS=${LENGTHS:-1024,4096,16384}  # ascending: each L estimates the next one's time TOKENS=${TOKENS:-16384}
 FLEX_SCHEMES=${FLEX_SCHEMES:-alibi t5 music}
 BENCH_SCHEMES=${BENCH_SCHEMES:-alibi,t5,shaw,music}
 DEVICE=${DEVICE:-cuda}
@@ -63,7 +63,7 @@ cat "$WORK"/cold-*.log > "$OUT/cold.log"
 unset OMP_NUM_THREADS TORCHINDUCTOR_COMPILE_THREADS
 timeout "$BENCH_S" $PY -m relpos.cli.bench --device "$DEVICE" --dtype bfloat16 \
   --lengths "$LENGTHS" --tokens "$TOKENS" --mask both --schemes "$BENCH_SCHEMES" \
-  --impls sdpa,chunked,flex,sdpa-bias --repeats 10 --warmup 3 --max-config-seconds 20 \
+  --impls sdpa,chunked,flex,sdpa-bias --repeats 10 --warmup 3 --max-config-seconds 10 \
   --out "$WORK/bench" 2>&1 | tee "$OUT/bench.log"
 echo "bench: exit ${PIPESTATUS[0]}"
 

@@ -262,6 +262,15 @@ def _score_mod(
             return key_mod
     rel = scheme.relative_logits(q).float()  # (b|1, h, i|1, R)
     per_query, rb = rel.shape[2] > 1, rel.shape[0]
+    if not per_query and rb == 1 and rel_k is None:
+        # One table for every query and row (T5): read it per distance, (h, hi - lo + 1), so that
+        # the backward pass spreads its atomic adds over every distance instead of R buckets.
+        by_distance = rel[0, :, 0, :][:, lut]
+
+        def bucket_mod(score, b, h, q_idx, kv_idx):
+            return score + by_distance[h, distance(b, q_idx, kv_idx) + offset]
+
+        return bucket_mod
 
     def relative_mod(score, b, h, q_idx, kv_idx):
         row = lut[distance(b, q_idx, kv_idx) + offset]
