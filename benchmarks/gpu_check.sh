@@ -21,7 +21,8 @@ PY=${PYTHON:-python3}
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 TEST_S=${TEST_S:-270} TRAIN_S=${TRAIN_S:-250} BENCH_S=${BENCH_S:-260}
 WORKERS=${WORKERS:-8}  # 0: no pytest-xdist
-LENGTHS=${LENGTHS:-1024,4096,16384}  # ascending: each L estimates the next one's time TOKENS=${TOKENS:-16384}
+LENGTHS=${LENGTHS:-1024,4096,16384}  # ascending: each L estimates the next one's time
+TOKENS=${TOKENS:-16384}
 FLEX_SCHEMES=${FLEX_SCHEMES:-alibi t5 music}
 BENCH_SCHEMES=${BENCH_SCHEMES:-alibi,t5,shaw,music}
 DEVICE=${DEVICE:-cuda}
