@@ -197,6 +197,47 @@ def test_train_refuses_configs_and_resumes(tiny_data, tmp_path, capsys):
     refused(capsys, [*r, "--config", str(bad), "--resume"], "--config and --resume")
 
 
+def test_flags_given_with_config_override_its_fields(tiny_data, tmp_path, capsys):
+    """``--config`` plus flags: each flag given replaces its field (the data elsewhere, a shorter
+    run, the scheme's distance, autocast off); the flags not given keep the file's values."""
+    cfg = tmp_path / "recipe.json"
+    model = {"vocab_size": 77, "d_model": 16, "num_heads": 2, "num_layers": 1, "dropout": 0.2}
+    scheme = {"name": "music", "max_distance": 64}
+    cfg.write_text(
+        json.dumps(
+            {
+                "model": {**model, "scheme": scheme},
+                "data": str(tmp_path / "not-here.json"),
+                "context": 32,
+                "batch_size": 2,
+                "steps": 50,
+                "eval_every": 1,
+                "warmup": 1,
+                "lr": 0.003,
+                "autocast": True,
+            }
+        )
+    )
+    run = tmp_path / "r"
+    argv = ["train", "--config", str(cfg), "--run-dir", str(run), "--no-progress"]
+    overrides = ["--data", str(tiny_data), "--steps", "2", "--no-autocast"]
+    assert main([*argv, *overrides, "--scheme-arg", "max_distance=8"]) == 0
+    capsys.readouterr()
+    saved = json.loads((run / "config.json").read_text())
+    assert Path(saved["data"]) == tiny_data.resolve()
+    assert (saved["steps"], saved["autocast"], saved["lr"]) == (2, False, 0.003)
+    assert saved["model"]["scheme"] == {**scheme, "max_distance": 8}
+    assert saved["model"]["dropout"] == 0.2  # not given: the file's
+    # --scheme replaces the scheme; a bad override names its flag.
+    assert main([*argv, *overrides, "--run-dir", str(tmp_path / "r2"), "--scheme", "alibi"]) == 0
+    capsys.readouterr()
+    saved = json.loads((tmp_path / "r2" / "config.json").read_text())
+    assert saved["model"]["scheme"]["name"] == "alibi"
+    refused(capsys, [*argv, *overrides, "--lr", "-1"], "--lr")
+    refused(capsys, [*argv, "--data", str(tmp_path / "gone.json")], "--data", "does not exist")
+    refused(capsys, ["train", "--run-dir", str(run), "--resume", "--lr", "0.1"], "--lr", "--resume")
+
+
 # ----------------------------------------------------------------------------- eval
 
 

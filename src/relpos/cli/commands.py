@@ -16,6 +16,7 @@ their pages in anew on every call); ``relpos bench --default-malloc`` measures w
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import os
@@ -23,6 +24,7 @@ import re
 import sys
 import traceback
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -192,100 +194,182 @@ def _scheme_from_args(name: str, pairs: list[str]) -> dict[str, Any]:
     return scheme
 
 
-def _add_model_args(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("model (ignored with --config or --resume)")
-    g.add_argument("--scheme", default=DEMO["scheme"], help="positional scheme (default: music)")
-    g.add_argument(
+@dataclass(frozen=True)
+class _Flag:
+    """A model or training flag of ``relpos train``: the config field it sets (``model.`` for the
+    :class:`~relpos.models.TransformerConfig`), its default without ``--config``, and argparse's
+    keywords. Its argparse default is None, so a flag the user gave is told from one left out."""
+
+    name: str
+    field: str
+    default: Any
+    kw: dict[str, Any]
+
+    @property
+    def dest(self) -> str:
+        return self.name[2:].replace("-", "_")
+
+
+_MODEL_FLAGS = [
+    _Flag("--scheme", "model.scheme", DEMO["scheme"], {"help": "positional scheme"}),
+    _Flag(
         "--scheme-arg",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="a scheme config field, e.g. max_distance=512 (repeatable)",
-    )
-    g.add_argument("--d-model", type=int, default=DEMO["d_model"])
-    g.add_argument("--num-heads", type=int, default=DEMO["num_heads"])
-    g.add_argument("--num-layers", type=int, default=DEMO["num_layers"])
-    g.add_argument("--dropout", type=float, default=0.1)
-    g.add_argument(
+        "model.scheme",
+        [],
+        {
+            "action": "append",
+            "metavar": "KEY=VALUE",
+            "help": "a scheme config field, e.g. max_distance=512 (repeatable; with --config, "
+            "updates the file's scheme)",
+        },
+    ),
+    _Flag("--d-model", "model.d_model", DEMO["d_model"], {"type": int}),
+    _Flag("--num-heads", "model.num_heads", DEMO["num_heads"], {"type": int}),
+    _Flag("--num-layers", "model.num_layers", DEMO["num_layers"], {"type": int}),
+    _Flag("--dropout", "model.dropout", 0.1, {"type": float}),
+    _Flag(
         "--backend",
-        default="auto",
-        help="attention backend: auto (the fastest that fits), eager, sdpa, chunked, flex",
-    )
-    t = p.add_argument_group("training (ignored with --config or --resume)")
-    t.add_argument(
+        "model.backend",
+        "auto",
+        {"help": "attention backend: auto (the fastest that fits), eager, sdpa, chunked, flex"},
+    ),
+]
+_TRAINING_FLAGS = [
+    _Flag(
         "--data",
-        default="music21",
-        help="'music21' (the corpus in the music21 package) or a JSB JSON file",
-    )
-    t.add_argument("--context", type=int, default=DEMO["context"], help="tokens per window")
-    t.add_argument("--batch-size", type=int, default=DEMO["batch_size"])
-    t.add_argument("--steps", type=int, default=DEMO["steps"])
-    t.add_argument("--lr", type=float, default=DEMO["lr"])
-    t.add_argument("--warmup", type=int, default=DEMO["warmup"])
-    t.add_argument("--eval-every", type=int, default=DEMO["eval_every"])
-    t.add_argument(
+        "data",
+        "music21",
+        {"help": "'music21' (the corpus in the music21 package) or a JSB JSON file"},
+    ),
+    _Flag("--context", "context", DEMO["context"], {"type": int, "help": "tokens per window"}),
+    _Flag("--batch-size", "batch_size", DEMO["batch_size"], {"type": int}),
+    _Flag("--steps", "steps", DEMO["steps"], {"type": int}),
+    _Flag("--lr", "lr", DEMO["lr"], {"type": float}),
+    _Flag("--warmup", "warmup", DEMO["warmup"], {"type": int}),
+    _Flag("--eval-every", "eval_every", DEMO["eval_every"], {"type": int}),
+    _Flag(
         "--accumulate",
-        type=int,
-        default=1,
-        help="micro-batches per step (same update, less memory)",
-    )
-    t.add_argument(
+        "accumulate",
+        1,
+        {"type": int, "help": "micro-batches per step (same update, less memory)"},
+    ),
+    _Flag(
         "--ema",
-        type=float,
-        default=0.0,
-        help="moving average of the weights for evaluation, e.g. 0.999 (0: off)",
-    )
-    t.add_argument(
+        "ema",
+        0.0,
+        {
+            "type": float,
+            "help": "moving average of the weights for evaluation, e.g. 0.999",
+        },
+    ),
+    _Flag(
         "--patience",
-        type=int,
-        default=0,
-        help="stop after this many validations without a new best (0: never)",
-    )
-    t.add_argument("--autocast", action="store_true", help="bfloat16 autocast of the forward pass")
-    t.add_argument("--max-shift", type=int, default=5, help="transposition augmentation (0: off)")
-    t.add_argument("--seed", type=_SEED, default=0)
+        "patience",
+        0,
+        {"type": int, "help": "stop after this many validations without a new best (0: never)"},
+    ),
+    _Flag(
+        "--autocast",
+        "autocast",
+        False,
+        {"action": argparse.BooleanOptionalAction, "help": "bfloat16 autocast of the forward pass"},
+    ),
+    _Flag(
+        "--max-shift",
+        "max_shift",
+        5,
+        {"type": int, "help": "transposition augmentation (0: off)"},
+    ),
+    _Flag("--seed", "seed", 0, {"type": _SEED}),
+]
+
+
+def _add_model_args(p: argparse.ArgumentParser) -> None:
+    for title, flags in (("model", _MODEL_FLAGS), ("training", _TRAINING_FLAGS)):
+        group = p.add_argument_group(
+            f"{title} (with --config: override the file's value; refused with --resume)"
+        )
+        for flag in flags:
+            kw = dict(flag.kw)
+            if kw.get("action") != "append":
+                kw["help"] = (kw.get("help", "") + f" (default: {flag.default})").strip()
+            group.add_argument(flag.name, default=None, **kw)
+
+
+def _given_flags(args: argparse.Namespace) -> list[_Flag]:
+    """The model and training flags given on the command line."""
+    return [f for f in _MODEL_FLAGS + _TRAINING_FLAGS if getattr(args, f.dest) is not None]
+
+
+def _flag_value(args: argparse.Namespace, flag: _Flag) -> Any:
+    value = getattr(args, flag.dest)
+    return flag.default if value is None else value
 
 
 def _train_config(args: argparse.Namespace):
-    """The run's config from ``--config`` or the flags; errors name the flag (or the file)."""
+    """The run's config from ``--config`` (with the flags given overriding its fields) or from
+    the flags alone; errors name the flag (or the file)."""
     from ..models import TransformerConfig
     from ..music import VOCAB_SIZE
     from ..training import TrainConfig
 
+    given = _given_flags(args)
     if args.config:
         path = input_file("--config", args.config, "a TrainConfig JSON file")
         try:
-            return TrainConfig.load(path)
+            cfg = TrainConfig.load(path)
         except (ValueError, TypeError) as e:
             raise CLIError(f"--config {path}: {e}") from None
-    scheme = _scheme_from_args(args.scheme, args.scheme_arg)
-    check_data("--data", args.data)
+        return _override(cfg, args, given) if given else cfg
+    value = {f.dest: _flag_value(args, f) for f in _MODEL_FLAGS + _TRAINING_FLAGS}
+    scheme = _scheme_from_args(value["scheme"], value["scheme_arg"])
+    check_data("--data", value["data"])
     try:
         model = TransformerConfig(
             vocab_size=VOCAB_SIZE,
-            d_model=args.d_model,
-            num_heads=args.num_heads,
-            num_layers=args.num_layers,
-            dropout=args.dropout,
             scheme=scheme,
-            backend=args.backend,
+            **{
+                f.field.split(".")[1]: value[f.dest] for f in _MODEL_FLAGS if "scheme" not in f.dest
+            },
         )
         return TrainConfig(
             model=model,
-            data=str(args.data),
-            context=args.context,
-            batch_size=args.batch_size,
-            steps=args.steps,
-            lr=args.lr,
-            warmup=args.warmup,
-            eval_every=args.eval_every,
-            accumulate=args.accumulate,
-            ema=args.ema,
-            patience=args.patience,
-            autocast=args.autocast,
-            max_shift=args.max_shift,
-            seed=args.seed,
+            **{f.field: value[f.dest] for f in _TRAINING_FLAGS if f.dest != "data"},
+            data=str(value["data"]),
         )
+    except (ValueError, TypeError) as e:
+        flag = _flag_of(str(e))
+        raise CLIError(f"{flag}: {e}" if flag else str(e)) from None
+
+
+def _override(cfg, args: argparse.Namespace, given: list[_Flag]):
+    """``cfg`` with the fields of the ``given`` flags replaced; ``--scheme`` replaces the scheme,
+    ``--scheme-arg`` alone updates the file's."""
+    names = [f.dest for f in given]
+    model: dict[str, Any] = {}
+    train: dict[str, Any] = {}
+    if "scheme" in names or "scheme_arg" in names:
+        if "scheme" in names:
+            scheme = _scheme_from_args(args.scheme, args.scheme_arg or [])
+        else:
+            base = dict(cfg.model.scheme)
+            extra = _scheme_from_args(base.pop("name"), args.scheme_arg)
+            scheme = {**base, **extra}
+        model["scheme"] = scheme
+    for f in given:
+        if "scheme" in f.dest:
+            continue
+        value = getattr(args, f.dest)
+        if f.dest == "data":
+            check_data("--data", value)
+            value = str(value)
+        if f.field.startswith("model."):
+            model[f.field.split(".")[1]] = value
+        else:
+            train[f.field] = value
+    try:
+        new_model = dataclasses.replace(cfg.model, **model) if model else cfg.model
+        return dataclasses.replace(cfg, model=new_model, **train)
     except (ValueError, TypeError) as e:
         flag = _flag_of(str(e))
         raise CLIError(f"{flag}: {e}" if flag else str(e)) from None
@@ -417,6 +501,12 @@ def cmd_train(args: argparse.Namespace) -> int:
             raise CLIError(
                 "--config and --resume: --resume continues the run with its own config; "
                 "drop --config (or start a new run in another --run-dir)"
+            )
+        if _given_flags(args):
+            names = ", ".join(f.name for f in _given_flags(args))
+            raise CLIError(
+                f"{names} with --resume: --resume continues the run with its own config; drop "
+                "them (or start a new run in another --run-dir)"
             )
         if not (run_dir / "last.pt").is_file():
             raise CLIError(
@@ -788,7 +878,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("train", help="train a transformer on chorales")
     p.add_argument("--run-dir", default="runs/music", help="run folder (checkpoints, metrics)")
-    p.add_argument("--config", help="a TrainConfig JSON file (instead of the flags below)")
+    p.add_argument(
+        "--config", help="a TrainConfig JSON file (flags given beside it override its fields)"
+    )
     p.add_argument("--resume", action="store_true", help="continue the run in --run-dir")
     p.add_argument(
         "--device", default=None, help="cpu, cuda, cuda:N or mps (default: cuda if available)"
