@@ -52,6 +52,22 @@ def test_rates_are_per_hundred_steps():
     assert stats["voice_crossings"] == 0 and stats["out_of_range"] == 0
 
 
+def test_a_primed_prefix_is_context_but_motion_out_of_it_counts():
+    """``skip=k``: the first k steps are not counted, yet the parallel fifths and octave from
+    the last skipped step (0) into the first counted one (1) are."""
+    stats = chorale_statistics(HAND_MADE, skip=1)
+    assert stats["steps"] == 4
+    assert stats["parallel_fifths"] == pytest.approx(2 * 100 / 4)
+    assert stats["parallel_octaves"] == pytest.approx(1 * 100 / 4)
+    later = chorale_statistics(HAND_MADE, skip=2)  # the motion 0 -> 1 is inside the context
+    assert later["parallel_fifths"] == later["parallel_octaves"] == 0
+    assert chorale_statistics(HAND_MADE, skip=5)["steps"] == 0
+    both = compare_chorales([HAND_MADE], [HAND_MADE], skip=1)
+    assert both["generated"]["steps"] == 4 and both["real"]["steps"] == 5
+    with pytest.raises(ValueError, match="skip"):
+        chorale_statistics(HAND_MADE, skip=-1)
+
+
 def test_crossings_and_out_of_range_notes_are_counted_per_step():
     chorale = [
         [60, 64, 55, 48],  # alto above soprano: one crossing

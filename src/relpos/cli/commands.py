@@ -705,22 +705,24 @@ def _write_stats(
     from ..atomic import atomic_path
     from ..music import chorale_statistics, compare_chorales
 
-    generated = {seed: chorale[prime_steps:] for seed, chorale in samples.items()}
     result: dict[str, Any] = {
         "split": split,
         **info,
         "prime_steps": prime_steps,
         "prime_excluded": True,
         "note": "rates per 100 sixteenth-note steps; the generated side counts only the sampled "
-        "steps (a --prime-steps prefix is excluded)",
+        "steps (a --prime-steps prefix is excluded; a parallel motion from its last step into "
+        "the first sampled one counts)",
         "real_chorales": len(real),
-        **compare_chorales(list(generated.values()), real),
-        "samples": [{"seed": seed, **chorale_statistics(c)} for seed, c in generated.items()],
+        **compare_chorales(list(samples.values()), real, skip=prime_steps),
+        "samples": [
+            {"seed": seed, **chorale_statistics(c, skip=prime_steps)} for seed, c in samples.items()
+        ],
     }
     gen, ref = result["generated"], result["real"]
     primed = f"; the {prime_steps} primed steps of each excluded" if prime_steps else ""
     print(
-        f"{len(generated)} generated chorale(s) ({gen['steps']:.0f} sampled steps{primed}) "
+        f"{len(samples)} generated chorale(s) ({gen['steps']:.0f} sampled steps{primed}) "
         f"against the {len(real)} {split} chorales ({ref['steps']:.0f} steps), per 100 steps:\n"
         f"  {'':<22}{'generated':>10}{'real':>10}"
     )

@@ -88,15 +88,23 @@ def pitch_class_distance(a: Sequence[Any], b: Sequence[Any]) -> float:
 
 
 def chorale_statistics(
-    chorale: Any, ranges: Sequence[tuple[int, int]] = VOICE_RANGES
+    chorale: Any, ranges: Sequence[tuple[int, int]] = VOICE_RANGES, *, skip: int = 0
 ) -> dict[str, float]:
     """The rates of one chorale (see the module docstring), per 100 grid steps.
 
+    Args:
+        skip: leading steps that are context only (a primed prefix): the rates count the steps
+            after them, and a parallel motion *into* the first counted step (from the last
+            skipped one) counts too.
+
     Returns:
-        ``steps``, ``out_of_range``, ``voice_crossings``, ``parallel_fifths``,
-        ``parallel_octaves`` (the last four per 100 steps).
+        ``steps`` (counted), ``out_of_range``, ``voice_crossings``, ``parallel_fifths``,
+        ``parallel_octaves`` (the last four per 100 counted steps).
     """
-    c = _pitches(chorale)
+    full = _pitches(chorale)
+    if skip < 0:
+        raise ValueError(f"skip must be >= 0, got {skip}")
+    c = full[skip:]
     steps = len(c)
     scale = PER / steps if steps else 0.0
     lo = np.array([r[0] for r in ranges])
@@ -105,7 +113,7 @@ def chorale_statistics(
     out = int((sounding & ((c < lo) | (c > hi))).sum())
     upper, lower = c[:, :-1], c[:, 1:]
     crossings = int((sounding[:, :-1] & sounding[:, 1:] & (upper < lower)).sum())
-    motion = parallel_motion(c)
+    motion = parallel_motion(full[max(skip - 1, 0) :] if steps else c)
     return {
         "steps": float(steps),
         "out_of_range": out * scale,
@@ -115,9 +123,12 @@ def chorale_statistics(
     }
 
 
-def compare_chorales(generated: Sequence[Any], real: Sequence[Any]) -> dict[str, Any]:
+def compare_chorales(
+    generated: Sequence[Any], real: Sequence[Any], *, skip: int = 0
+) -> dict[str, Any]:
     """Mean rates of ``generated`` and ``real`` chorales side by side, and the pitch-class
-    distance between the two sets.
+    distance between the two sets; ``skip`` leading steps of each generated chorale are context
+    (a primed prefix, :func:`chorale_statistics`).
 
     Returns:
         ``{"generated": {rate: mean}, "real": {rate: mean}, "pitch_class_distance": float}``;
@@ -129,8 +140,8 @@ def compare_chorales(generated: Sequence[Any], real: Sequence[Any]) -> dict[str,
             f"generated and {len(real)} real"
         )
 
-    def pooled(chorales: Sequence[Any]) -> dict[str, float]:
-        stats = [chorale_statistics(c) for c in chorales]
+    def pooled(chorales: Sequence[Any], skip: int = 0) -> dict[str, float]:
+        stats = [chorale_statistics(c, skip=skip) for c in chorales]
         steps = sum(s["steps"] for s in stats)
         rates = ("out_of_range", "voice_crossings", "parallel_fifths", "parallel_octaves")
         return {
@@ -138,8 +149,9 @@ def compare_chorales(generated: Sequence[Any], real: Sequence[Any]) -> dict[str,
             **{r: sum(s[r] * s["steps"] for s in stats) / steps if steps else 0.0 for r in rates},
         }
 
+    counted = [_pitches(c, f"generated[{i}]")[skip:] for i, c in enumerate(generated)]
     return {
-        "generated": pooled(generated),
+        "generated": pooled(generated, skip),
         "real": pooled(real),
-        "pitch_class_distance": pitch_class_distance(generated, real),
+        "pitch_class_distance": pitch_class_distance(counted, real),
     }
