@@ -323,8 +323,7 @@ def test_generate_samples_several_seeds_and_their_statistics(run, tiny_data, tmp
         assert (tmp_path / "again.mid").read_bytes() == (
             folder / f"sample-seed{s}.mid"
         ).read_bytes()
-    generated = [c[4:] for c in full]  # the primed prefix is not the model's
-    expected = compare_chorales(generated, real)
+    expected = compare_chorales(full, real, skip=4)  # the primed prefix is not the model's
     stats = json.loads((folder / "stats.json").read_text())
     assert stats["split"] == "test" and stats["prime_steps"] == 4 and stats["prime_excluded"]
     assert stats["real_chorales"] == len(real) == 2
@@ -333,7 +332,7 @@ def test_generate_samples_several_seeds_and_their_statistics(run, tiny_data, tmp
         assert stats[side] == pytest.approx(expected[side]), side
     assert stats["pitch_class_distance"] == pytest.approx(expected["pitch_class_distance"])
     assert [x.pop("seed") for x in stats["samples"]] == seeds
-    assert stats["samples"] == [pytest.approx(chorale_statistics(c)) for c in generated]
+    assert stats["samples"] == [pytest.approx(chorale_statistics(c, skip=4)) for c in full]
     assert stats["midi"] == [str(folder / f"sample-seed{s}.mid") for s in seeds]
     for label in ("out of range", "voice crossings", "parallel fifths", "parallel octaves"):
         assert re.search(rf"{label} +[0-9.]+ +[0-9.]+", printed), printed
@@ -378,6 +377,26 @@ def test_generate_refuses_bad_samples_and_stats(run, tiny_data, tmp_path, capsys
 
 
 # ----------------------------------------------------------------------------- other commands
+
+
+def test_bench_layouts(tmp_path, capsys):
+    """``relpos bench --layout``: padded rows (a quarter left padding), packed rows (four
+    documents); the baseline stays plain."""
+    from relpos.cli import bench
+
+    padded = bench.layout_positions("padded", 2, 16, "cpu")
+    assert padded.valid.sum(1).tolist() == [12, 12] and not padded.valid[:, :4].any()
+    packed = bench.layout_positions("packed", 2, 16, "cpu")
+    assert packed.seg[0].tolist() == [0] * 4 + [1] * 4 + [2] * 4 + [3] * 4
+    assert packed.pos[0, 4:8].tolist() == [0, 1, 2, 3]  # each document from 0
+    out = tmp_path / "b"
+    argv = ["--lengths", "32", "--batch", "2", "--schemes", "kerple", "--impls", "sdpa,chunked"]
+    argv += ["--layout", "packed", "--repeats", "5", "--warmup", "1", "--no-memory", "--no-plot"]
+    assert bench.main([*argv, "--out", str(out)]) == 0
+    table = (out / "bench.md").read_text()
+    assert "| kerple | chunked | 32 | 2 | causal, packed |" in table
+    assert "| none | sdpa-plain | 32 | 2 | causal |" in table
+    capsys.readouterr()
 
 
 def test_demo_bench_tour_and_no_command_refuse(tiny_data, tmp_path, capsys):

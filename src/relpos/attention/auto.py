@@ -3,6 +3,38 @@ gradients are needed.
 
 What it picks (measured on a 2-core CPU, fp32, h=8, d=64; ``docs/performance.md``):
 
+=================================  ===========================  ==================================
+scheme                             plain positions              padded / packed / KV cache
+=================================  ===========================  ==================================
+NoPE, sinusoidal, learned, RoPE    ``sdpa`` (no mask)           ``sdpa`` (boolean-as-float mask)
+ALiBi, learned ALiBi               ``chunked`` (flash parts)    ``sdpa`` (float mask); learned
+                                                                ALiBi ``chunked`` (tiles)
+T5, Shaw keys, Music Transformer   ``chunked`` (band + flash)   ``chunked`` with gradients,
+                                                                ``sdpa`` without
+Shaw with a value term             ``chunked``                  ``chunked``
+DeBERTa (a key term)               ``chunked`` (tiles) with     ``chunked`` (tiles) with
+                                   gradients, ``sdpa`` without  gradients, ``sdpa`` without
+KERPLE, DPB, Sandwich, FIRE        ``sdpa``; ``chunked``        ``sdpa``; ``chunked`` (tiles)
+(a function of the positions)      (tiles) past 512² on CPU     past 512² on CPU
+Forget gate (a per-token decay)    ``sdpa``; ``chunked``        ``sdpa``; ``chunked`` (tiles)
+                                   (flash parts) past 512²      past 512² on CPU with
+                                   on CPU                       gradients
+=================================  ===========================  ==================================
+
+A scheme whose ``key_bias`` has no relative form (CoPE) runs on ``sdpa`` only (``chunked``
+cannot tile it: :func:`~relpos.attention.chunked.chunked_supports`), and on ``eager`` if it also
+has a value term.
+
+Short sequences (``i·j <= 512²``, :data:`SMALL`) take ``sdpa`` whenever it supports the scheme:
+the ``(i, j)`` tensors are small and its fused kernels beat ``chunked``'s per-tile overhead. The
+region path (a relative term over plain positions on CPU, no dropout) overtakes ``sdpa`` sooner,
+from ``i·j > 128·256`` (:data:`SMALL_RELATIVE`), when the term's table needs a gradient (``sdpa``
+then differentiates its float mask with the math kernel) or when the term depends on the query
+(``sdpa`` builds a ``(b, h, i, j)`` bias). Plain positions: self-attention over one contiguous
+sequence per row (``Positions.from_length``). On a device other than CPU, ``chunked`` has no
+fused parts, so ``auto`` takes ``sdpa`` whenever it supports the scheme and ``chunked`` otherwise,
+except for training on CUDA (:func:`flex_wins_on_cuda`, measured on an H100 in bf16):
+
 ==============================  ================================================================
 scheme (CUDA, with gradients)   picks
 ==============================  ================================================================
@@ -30,6 +62,7 @@ from torch import Tensor
 from ..positions import Positions
 from ..schemes.base import (
     LOGIT_HOOKS,
+    DecayBiasScheme,
     DistanceBiasScheme,
     LinearBiasScheme,
     RelativeScheme,
@@ -196,9 +229,12 @@ def choose_backend(
         return "chunked"
     if q.device.type != "cpu":
         return "sdpa"
-    plain = q_positions is k_positions and q_positions.contiguous
-    if isinstance(scheme, DistanceBiasScheme) and plain:
-        return "chunked"  # one table per call on the tiles beats sdpa's float mask past 512²
+    if scheme.hooks & LOGIT_HOOKS and not isinstance(
+        scheme, RelativeScheme | LinearBiasScheme | DecayBiasScheme
+    ):
+        # A function of the positions (KERPLE, DPB, Sandwich, learned ALiBi, FIRE): evaluated per
+        # tile, it beats sdpa's float mask past 512² on any layout, with or without gradients.
+        return "chunked"
     if scheme.hooks & LOGIT_HOOKS and learned_grad:
         return "chunked"  # sdpa would differentiate the mask with the math kernel
     return "sdpa"

@@ -250,8 +250,10 @@ def make_setup(
     dtype: torch.dtype,
     grad: bool,
     seed: int = 0,
+    layout: str = "plain",
 ) -> Setup:
-    """Random inputs and a scheme with non-trivial parameters, plain positions ``0..L-1``."""
+    """Random inputs and a scheme with non-trivial parameters, at the positions of ``layout``
+    (:func:`layout_positions`)."""
     import relpos
 
     torch.manual_seed(seed)
@@ -266,11 +268,31 @@ def make_setup(
         torch.randn(b, heads, n, head_dim, device=device, dtype=dtype).requires_grad_(grad)
         for _ in range(3)
     )
-    positions = relpos.Positions.from_length(n, device=device)
+    positions = layout_positions(layout, b, n, device)
     x = None
     if "contextualize" in scheme.hooks:
         x = torch.randn(b, n, heads * head_dim, device=device, dtype=dtype).requires_grad_(grad)
     return Setup(q, k, v, scheme, positions, causal, x)
+
+
+LAYOUTS = ["plain", "padded", "packed"]
+
+
+def layout_positions(layout: str, b: int, n: int, device: str) -> Any:
+    """``plain``: ``0..L-1`` in every row; ``padded``: a quarter of each row left padding (a
+    batch of prompts); ``packed``: four documents of ``L/4`` tokens per row."""
+    from ..positions import Positions
+
+    if layout == "plain":
+        return Positions.from_length(n, device=device)
+    if layout == "padded":
+        mask = torch.ones(b, n, dtype=torch.bool, device=device)
+        mask[:, : n // 4] = False
+        return Positions.from_padding_mask(mask)
+    if layout == "packed":
+        seg = (torch.arange(n, device=device) * 4 // n).expand(b, n)
+        return Positions.from_segments(seg)
+    raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
 
 
 # ----------------------------------------------------------------------------- measuring
@@ -378,7 +400,15 @@ def _memory_child(spec: dict[str, Any]) -> dict[str, Any]:
     )
     _step(impl.run, small, True)
     del small
-    s = make_setup(spec["scheme"], spec["L"], spec["B"], causal=spec["causal"], grad=True, **kw)
+    s = make_setup(
+        spec["scheme"],
+        spec["L"],
+        spec["B"],
+        causal=spec["causal"],
+        grad=True,
+        layout=spec.get("layout", "plain"),
+        **kw,
+    )
     if device.startswith("cuda"):
         return {"peak_bytes": _cuda_peak_bytes(impl.run, s)}
     # The peak is the kernel's high-water mark of resident memory, reset once the inputs exist
@@ -435,6 +465,7 @@ class Config:
     L: int
     B: int
     causal: bool
+    layout: str = "plain"
 
 
 @dataclass
@@ -487,10 +518,12 @@ def run(
     for causal in args.causal_modes:
         for b, n in _shapes(args):
             configs = [Config("none", "sdpa-plain", n, b, causal)] + [
-                Config(sc, impl, n, b, causal)
+                Config(sc, impl, n, b, causal, args.layout)
                 for sc in args.schemes
                 for impl in args.impls
-                if impl != "sdpa-plain" and _supported(impl, sc, causal, device)
+                if impl != "sdpa-plain"
+                and _supported(impl, sc, causal, device)
+                and (args.layout == "plain" or impl != "naive-shaw")  # it masks the future only
             ]
             # Every configuration is timed alternating with the baseline (measure_paired).
             base = make_setup("none", n, b, causal=causal, grad=True, **kw)
@@ -533,7 +566,7 @@ def _run_one(
         if estimate > args.max_config_seconds:
             res.skipped = f"~{estimate:.0f} s estimated > --max-config-seconds"
             return res
-    s = make_setup(cfg.scheme, cfg.L, cfg.B, causal=cfg.causal, grad=True, **kw)
+    s = make_setup(cfg.scheme, cfg.L, cfg.B, causal=cfg.causal, grad=True, layout=cfg.layout, **kw)
     if cfg.scheme != "none":
         res.auto = _auto_pick(s)
     timing = dict(repeats=args.repeats, warmup=args.warmup, device=args.device)
@@ -560,7 +593,9 @@ def _run_one(
         res.fwdbwd_ratio = paired_ratio(both, both_base)
     slow[key] = (cfg.L, (res.fwd_ms + res.fwdbwd_ms) / 1e3)
     if args.memory and args.device.startswith("cuda"):
-        s = make_setup(cfg.scheme, cfg.L, cfg.B, causal=cfg.causal, grad=True, **kw)
+        s = make_setup(
+            cfg.scheme, cfg.L, cfg.B, causal=cfg.causal, grad=True, layout=cfg.layout, **kw
+        )
         res.peak_mib = _cuda_peak_bytes(impl.run, s) / 2**20
         del s
     elif args.memory:
@@ -570,6 +605,7 @@ def _run_one(
             "L": cfg.L,
             "B": cfg.B,
             "causal": cfg.causal,
+            "layout": cfg.layout,
             "heads": args.heads,
             "head_dim": args.head_dim,
             "device": args.device,
@@ -589,9 +625,14 @@ def _fmt(x: float | None, spec: str) -> str:
     return "–" if x is None else format(x, spec)
 
 
+def _mask(c: Config) -> str:
+    mask = "causal" if c.causal else "bidir "
+    return mask if c.layout == "plain" else f"{mask.strip()}, {c.layout}"
+
+
 def _line(r: Result) -> str:
     c = r.config
-    head = f"{c.scheme:6s} {c.impl:11s} L={c.L:<5d} B={c.B} {'causal' if c.causal else 'bidir '}"
+    head = f"{c.scheme:6s} {c.impl:11s} L={c.L:<5d} B={c.B} {_mask(c)}"
     if r.skipped:
         return f"{head}  skipped: {r.skipped}"
     return (
@@ -613,7 +654,7 @@ def render_markdown(results: list[Result], header: str) -> str:
     for r in results:
         c = r.config
         lines.append(
-            f"| {c.scheme} | {c.impl} | {c.L} | {c.B} | {'causal' if c.causal else 'bidir'} "
+            f"| {c.scheme} | {c.impl} | {c.L} | {c.B} | {_mask(c).strip()} "
             f"| {_fmt(r.fwd_ms, '.1f')} | {_fmt(r.fwd_ratio, '.2f')} | {_fmt(r.fwdbwd_ms, '.1f')} "
             f"| {_fmt(r.fwdbwd_ratio, '.2f')} | {_fmt(r.peak_mib, '.1f')} "
             f"| {_fmt(r.first_s, '.2f')} | {r.auto} "
@@ -736,6 +777,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="fix B·L: each length L runs with B = TOKENS // L (instead of --batch)",
     )
     p.add_argument("--mask", choices=["causal", "bidirectional", "both"], default="causal")
+    p.add_argument(
+        "--layout",
+        choices=LAYOUTS,
+        default="plain",
+        help="positions of every row: plain, padded (a quarter left padding) or packed (four "
+        "documents); the sdpa-plain baseline stays plain",
+    )
     p.add_argument("--schemes", type=_names(SCHEMES), default=SCHEMES)
     impls = [i for i in IMPLEMENTATIONS if i != "sdpa-plain"]
     p.add_argument(
