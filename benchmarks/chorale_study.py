@@ -1,120 +1,206 @@
 """The scheme study: same model, same budget, different positions, on the standard JSB split.
 
+    # the 600-step study (docs/results.md): the demo's model, flags for the budget
     python benchmarks/chorale_study.py --data ../shared/data/jsb-chorales/Jsb16thSeparated.json \
         --out runs/study --steps 600
 
-Trains one model per scheme with `relpos train`, evaluates its best checkpoint with `relpos eval`,
-samples a chorale with `relpos generate`, and writes `results.md` (a markdown table) into --out.
+    # at the recipe's quality: every scheme with configs/jsb-music.json, two seeds, runs side by
+    # side (on a GPU, 16 small runs share it; on a CPU, give each run its own core)
+    python benchmarks/chorale_study.py --config configs/jsb-music.json --seeds 0,1 \
+        --schemes music,shaw,t5,alibi,rope,learned,sinusoidal,nope --parallel 16 \
+        --device cuda --out runs/study-recipe
+
+Each run is `relpos train` (the scheme, and with --config every other field from the file), then
+`relpos eval` of its best checkpoint; the first seed of each scheme also samples a chorale with
+`relpos generate`. A run folder that finished is skipped and one that stopped is resumed, so the
+study can be stopped and started again. `results.md` and `results.json` (mean and spread over the
+seeds of each scheme) and `valid_curves.png` are written into --out, each atomically.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import statistics
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
 
 from relpos.atomic import atomic_path
-from relpos.cli import main as relpos
 from relpos.training import load_checkpoint
 
+#: The flags that choose each scheme (with --config they replace the file's scheme).
 SCHEMES = {
     "music": ["--scheme", "music"],
-    # Windows hold 256 tokens, so no distance past 255 is ever seen: the same function with a
-    # table of 257 rows instead of 1025 (fewer parameters, closer to the absolute models' size).
+    # Windows of 256 tokens never see a distance past 255: the same function with a table of
+    # 257 rows instead of 1025 (fewer parameters, closer to the absolute models' size).
     "music-256": ["--scheme", "music", "--scheme-arg", "max_distance=256"],
+    "shaw": ["--scheme", "shaw"],
+    "t5": ["--scheme", "t5"],
+    "alibi": ["--scheme", "alibi"],
+    "rope": ["--scheme", "rope"],
     "sinusoidal": ["--scheme", "sinusoidal"],
     "learned": ["--scheme", "learned", "--scheme-arg", "max_len=512"],
     "nope": ["--scheme", "nope"],
 }
+DEFAULT = "music,music-256,sinusoidal,learned,nope"  # the 600-step study's rows
 
 
-def plot_valid_curves(out: Path, names: list[str]) -> None:
-    """Validation NLL against step, one line per scheme, into ``out/valid_curves.png``."""
+def relpos_command(*args: str) -> list[str]:
+    return [sys.executable, "-m", "relpos.cli", *args]
+
+
+def run_one(out: Path, name: str, seed: int, args: argparse.Namespace, env: dict) -> str:
+    """Train (or resume) and evaluate one run; returns its folder name, or raises on failure."""
+    run = out / f"{name}-seed{seed}"
+    run.mkdir(parents=True, exist_ok=True)
+    log = run / "study.log"
+    train = ["train", "--run-dir", str(run), "--no-progress"]
+    if args.device:
+        train += ["--device", args.device]
+    if (run / "eval.json").exists():
+        return run.name  # finished
+    if (run / "last.pt").exists():
+        done = load_checkpoint(run / "last.pt")["step"]
+        steps = json.loads((run / "config.json").read_text())["steps"]
+        train = [*train, "--resume"] if done < steps else []
+    elif args.config:
+        train += ["--config", args.config, "--seed", str(seed), *SCHEMES[name]]
+    else:
+        every = str(max(args.steps // 6, 1))
+        train += ["--data", args.data, "--steps", str(args.steps), "--eval-every", every]
+        train += ["--seed", str(seed), *SCHEMES[name]]
+    commands = [train] if train else []
+    commands.append(["eval", "--run-dir", str(run), "--no-progress"])
+    if seed == args.seed_list[0]:
+        sample = ["--length", "64", "--prime-steps", "16", "--prime-from", "test:0", "--top-k", "8"]
+        commands.append(["generate", "--run-dir", str(run), *sample, "--no-progress"])
+    with open(log, "a") as f:
+        for command in commands:
+            done = subprocess.run(relpos_command(*command), stdout=f, stderr=f, env=env)
+            if status := done.returncode:
+                raise RuntimeError(f"{run.name}: relpos {command[0]} exited {status}; see {log}")
+    return run.name
+
+
+def summarize(out: Path, names: list[str], seeds: list[int]) -> list[dict]:
+    """One row per scheme with at least one finished run: mean and spread (max - min) of the
+    valid and test NLL over its seeds."""
+    rows = []
+    for name in names:
+        results = []
+        for seed in seeds:
+            run = out / f"{name}-seed{seed}"
+            if (run / "eval.json").exists():
+                results.append(json.loads((run / "eval.json").read_text()))
+        if not results:
+            continue
+        state = torch.load(out / f"{name}-seed{seeds[0]}" / "best.pt", weights_only=True)
+        valid = [r["valid_nll"] for r in results]
+        test = [r["test_nll"] for r in results]
+        rows.append(
+            {
+                "scheme": name,
+                "seeds": len(results),
+                "parameters": sum(v.numel() for v in state["model"].values()),
+                "best_steps": [r["step"] for r in results],
+                "valid_nll": statistics.fmean(valid),
+                "valid_spread": max(valid) - min(valid),
+                "test_nll": statistics.fmean(test),
+                "test_spread": max(test) - min(test),
+            }
+        )
+    return rows
+
+
+def render(rows: list[dict]) -> str:
+    lines = [
+        "| scheme | seeds | parameters | best step | valid NLL (spread) | test NLL (spread) |",
+        "| --- | ---: | ---: | --- | ---: | ---: |",
+    ]
+    for r in rows:
+        steps = ", ".join(str(s) for s in r["best_steps"])
+        lines.append(
+            f"| {r['scheme']} | {r['seeds']} | {r['parameters']:,} | {steps} "
+            f"| {r['valid_nll']:.4f} ({r['valid_spread']:.4f}) "
+            f"| {r['test_nll']:.4f} ({r['test_spread']:.4f}) |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def plot_valid_curves(out: Path, runs: list[str]) -> None:
+    """Validation NLL against step, one line per run, into ``out/valid_curves.png``."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4), dpi=110)
-    for name in names:
+    for name in runs:
         records = [json.loads(x) for x in (out / name / "metrics.jsonl").read_text().splitlines()]
         points = [(r["step"], r["valid_nll"]) for r in records if "valid_nll" in r]
-        ax.plot(*zip(*points, strict=True), "o-", label=name)
+        ax.plot(*zip(*points, strict=True), "o-", label=name, markersize=3)
     ax.set(xlabel="step", ylabel="valid NLL (nats per token)", title="JSB chorales, same budget")
     ax.grid(alpha=0.3)
-    ax.legend()
+    ax.legend(fontsize=7)
     fig.tight_layout()
     with atomic_path(out / "valid_curves.png", suffix=".png") as tmp:
         fig.savefig(tmp, format="png")
     plt.close(fig)
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--data", required=True)
+    source = p.add_mutually_exclusive_group(required=True)
+    source.add_argument("--data", help="a JSB JSON file: the demo's model for --steps")
+    source.add_argument("--config", help="a TrainConfig JSON file (e.g. configs/jsb-music.json)")
     p.add_argument("--out", default="runs/study")
-    p.add_argument("--steps", type=int, default=600)
-    p.add_argument("--schemes", default=",".join(SCHEMES))
-    args = p.parse_args()
+    p.add_argument("--steps", type=int, default=600, help="with --data")
+    p.add_argument("--schemes", default=DEFAULT, help=f"comma-separated, from {list(SCHEMES)}")
+    p.add_argument("--seeds", default="0", help="comma-separated seeds, one run each")
+    p.add_argument("--parallel", type=int, default=1, help="runs at a time")
+    p.add_argument("--device", default=None, help="cpu or cuda (default: relpos train's)")
+    args = p.parse_args(argv)
+    names = [n for n in args.schemes.split(",") if n]
+    unknown = [n for n in names if n not in SCHEMES]
+    if unknown or not names:
+        p.error(f"--schemes: unknown {unknown or args.schemes!r}; choose from {list(SCHEMES)}")
+    try:
+        args.seed_list = [int(s) for s in args.seeds.split(",") if s]
+    except ValueError:
+        p.error(f"--seeds: expected comma-separated integers, got {args.seeds!r}")
+    if not args.seed_list or args.parallel < 1:
+        p.error("--seeds needs at least one seed and --parallel at least 1")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    for name in args.schemes.split(","):
-        run = out / name
-        train = ["train", "--run-dir", str(run), "--no-progress"]
-        if not (run / "last.pt").exists():
-            train += [
-                "--data",
-                args.data,
-                "--steps",
-                str(args.steps),
-                "--eval-every",
-                str(max(args.steps // 6, 1)),
-                *SCHEMES[name],
-            ]
-        elif load_checkpoint(run / "last.pt")["step"] < args.steps:
-            train.append("--resume")  # an interrupted run continues where it stopped
-        else:
-            train = []
-        if train and (status := relpos(train)):
-            return status
-        relpos(["eval", "--run-dir", str(run), "--no-progress"])
-        relpos(
-            [
-                "generate",
-                "--run-dir",
-                str(run),
-                "--length",
-                "64",
-                "--prime-steps",
-                "16",
-                "--prime-from",
-                "test:0",
-                "--top-k",
-                "8",
-            ]
-        )
+    threads = max(1, (os.cpu_count() or 1) // args.parallel)
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
+    jobs = [(name, seed) for seed in args.seed_list for name in names]
+    failed = []
+    with ThreadPoolExecutor(max_workers=args.parallel) as pool:
+        futures = [pool.submit(run_one, out, n, s, args, env) for n, s in jobs]
+        for future in futures:
+            try:
+                print(f"done: {future.result()}", flush=True)
+            except RuntimeError as e:
+                failed.append(str(e))
+                print(f"failed: {e}", file=sys.stderr, flush=True)
     # The table covers every finished run in --out (several invocations may share it).
-    rows = []
-    for name in SCHEMES:
-        run = out / name
-        if not (run / "eval.json").exists():
-            continue
-        result = json.loads((run / "eval.json").read_text())
-        state = torch.load(run / "best.pt", weights_only=True)["model"]
-        params = sum(v.numel() for v in state.values())
-        rows.append((name, params, result["step"], result["valid_nll"], result["test_nll"]))
-    lines = [
-        "| scheme | parameters | best step | valid NLL | test NLL |",
-        "| --- | ---: | ---: | ---: | ---: |",
-    ]
-    lines += [f"| {n} | {p:,} | {s} | {v:.4f} | {t:.4f} |" for n, p, s, v, t in rows]
+    rows = summarize(out, list(SCHEMES), args.seed_list)
+    table = render(rows)
     with atomic_path(out / "results.md") as tmp:
-        tmp.write_text("\n".join(lines) + "\n")
-    plot_valid_curves(out, [r[0] for r in rows])
-    print("\n".join(lines))
-    return 0
+        tmp.write_text(table)
+    with atomic_path(out / "results.json") as tmp:
+        tmp.write_text(json.dumps(rows, indent=1) + "\n")
+    finished = [r.name for r in sorted(out.glob("*-seed*")) if (r / "eval.json").exists()]
+    if finished:
+        plot_valid_curves(out, finished)
+    print(table)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

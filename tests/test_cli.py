@@ -493,3 +493,44 @@ def test_trailing_padding_changes_no_loss():
         loss_padded, n_padded = window_loss(model, padded, padded_mask)
     assert n == n_padded == 11 + 8
     torch.testing.assert_close(loss, loss_padded)
+
+
+# ----------------------------------------------------------------------------- the scheme study
+def test_the_study_script_runs_seeds_side_by_side_and_skips_finished_runs(tiny_data, tmp_path):
+    """``benchmarks/chorale_study.py --config``: every scheme × seed is a run folder with its
+    evaluation; the table has each scheme's mean and spread; a second call trains nothing."""
+    import importlib.util
+
+    path = Path(__file__).parents[1] / "benchmarks" / "chorale_study.py"
+    spec = importlib.util.spec_from_file_location("chorale_study", path)
+    study = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(study)
+    cfg = tmp_path / "tiny.json"
+    model = {"vocab_size": 77, "d_model": 16, "num_heads": 2, "num_layers": 1}
+    budget = {"context": 32, "batch_size": 2, "steps": 2, "eval_every": 1, "warmup": 1}
+    cfg.write_text(json.dumps({"model": model, "data": str(tiny_data), **budget}))
+    out = tmp_path / "study"
+    argv = ["--config", str(cfg), "--schemes", "alibi,nope", "--seeds", "0,1"]
+    argv += ["--parallel", "2", "--device", "cpu", "--out", str(out)]
+    assert study.main(argv) == 0
+    rows = json.loads((out / "results.json").read_text())
+    assert [(r["scheme"], r["seeds"]) for r in rows] == [("alibi", 2), ("nope", 2)]
+    for r in rows:
+        valid = [
+            json.loads((out / f"{r['scheme']}-seed{s}" / "eval.json").read_text())["valid_nll"]
+            for s in (0, 1)
+        ]
+        assert r["valid_nll"] == pytest.approx(sum(valid) / 2)
+        assert r["valid_spread"] == pytest.approx(max(valid) - min(valid))
+    saved = json.loads((out / "alibi-seed1" / "config.json").read_text())
+    assert saved["seed"] == 1 and saved["model"]["scheme"]["name"] == "alibi"
+    assert (out / "alibi-seed0" / "samples").is_dir()  # the first seed samples a chorale
+    assert not (out / "alibi-seed1" / "samples").exists()
+    assert "| alibi | 2 |" in (out / "results.md").read_text()
+    for bad in (["--schemes", "bogus"], ["--seeds", "x"], ["--parallel", "0"]):
+        with pytest.raises(SystemExit) as stop:
+            study.main([*argv, *bad])
+        assert stop.value.code == 2
+    stamp = (out / "nope-seed0" / "eval.json").stat().st_mtime_ns
+    assert study.main(argv) == 0  # everything finished: nothing runs again
+    assert (out / "nope-seed0" / "eval.json").stat().st_mtime_ns == stamp
