@@ -21,6 +21,7 @@ from relpos import Positions, Transformer, TransformerConfig, make_scheme
 from relpos.attention import auto as auto_mod
 from relpos.attention.auto import SDPA_MASK_BUDGET, choose_backend, sdpa_mask_bytes
 from relpos.cli import commands, limits, main
+from relpos.cli.runs import load_model
 from relpos.music import (
     chorale_statistics,
     compare_chorales,
@@ -315,7 +316,7 @@ def test_generate_samples_several_seeds_and_their_statistics(run, tiny_data, tmp
         assert (folder / f"sample-seed{s}.musicxml").is_file()
         assert (folder / f"sample-seed{s}.png").is_file()
     # The same chorales again, from the same checkpoint, prime and seeds: they are the ones written.
-    model, *_ = commands._load_model(copy, "best")
+    model, *_ = load_model(copy, "best")
     real = load_chorales(tiny_data).split("test")
     full = [sample_chorale(model, 6, seed=s, prime=real[0][:4]) for s in seeds]
     for s, chorale in zip(seeds, full, strict=True):

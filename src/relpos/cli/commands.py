@@ -25,13 +25,15 @@ import sys
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from ..runtime import flush_denormals, retain_freed_memory
+from .argtypes import MAX_SEED, SEED, int_type
 from .checks import CLIError, check_data, input_file, output_folder
+from .generate import add_parser as add_generate
+from .runs import load_model, parse_splits, run_folder
 
-__all__ = ["MAX_LENGTH", "MAX_SEED", "CLIError", "build_parser", "main"]
+__all__ = ["MAX_SEED", "CLIError", "build_parser", "main"]
 
 # The README's main job: a small model, a few minutes on a laptop CPU.
 DEMO = {
@@ -47,14 +49,6 @@ DEMO = {
     "warmup": 60,
 }
 
-#: The most sixteenth-note steps ``relpos generate --length`` samples: 40,000 tokens, about 31
-#: minutes of music at 80 bpm (a chorale is one to three minutes). Sampling time grows with the
-#: square of the length (every token attends to all before it).
-MAX_LENGTH = 10_000
-#: The largest ``--seed`` (torch's and numpy's seeds are 64-bit).
-MAX_SEED = 2**63 - 1
-#: What ``--splits`` may name.
-SPLIT_NAMES = ("train", "valid", "test")
 _COMMANDS = ("train", "eval", "generate", "demo", "bench", "tour", "compare")
 
 
@@ -82,56 +76,7 @@ def _one_line(text: str) -> str:
 # argparse reports a failed type as "argument --flag: <message>", so each names its argument.
 
 
-def _int_type(minimum: int, maximum: int | None = None, why: str = "") -> Callable[[str], int]:
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-        if value < minimum or (maximum is not None and value > maximum):
-            bound = f">= {minimum}" if maximum is None else f"in {minimum}..{maximum}"
-            raise argparse.ArgumentTypeError(f"expected an integer {bound}{why}, got {value}")
-        return value
-
-    parse.__name__ = "integer"
-    return parse
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not math.isfinite(value) or value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a finite number > 0, got {text!r}")
-    return value
-
-
-_SEED = _int_type(0, MAX_SEED)
-
-
-def _split_type(text: str) -> str:
-    if text not in SPLIT_NAMES:
-        raise argparse.ArgumentTypeError(
-            f"expected a split of the run's data, one of {', '.join(SPLIT_NAMES)}; got {text!r}"
-        )
-    return text
-
-
 # ----------------------------------------------------------------------------- paths and data
-
-
-def _run_folder(flag: str, path: str | os.PathLike[str]) -> Path:
-    """An existing run folder (for ``eval`` and ``generate``)."""
-    p = Path(path).expanduser()
-    if not p.exists():
-        raise CLIError(
-            f"{flag}: {p} does not exist (expected the folder of a run: relpos train --run-dir "
-            f"{p} writes one)"
-        )
-    if not p.is_dir():
-        raise CLIError(f"{flag}: {p} is not a folder (expected the folder of a run)")
-    return p
 
 
 # ----------------------------------------------------------------------------- configs
@@ -280,7 +225,7 @@ _TRAINING_FLAGS = [
         5,
         {"type": int, "help": "transposition augmentation (0: off)"},
     ),
-    _Flag("--seed", "seed", 0, {"type": _SEED}),
+    _Flag("--seed", "seed", 0, {"type": SEED}),
 ]
 
 
@@ -422,68 +367,6 @@ def _check_fits(cfg, device, *, training: bool, source: str) -> None:
     )
 
 
-def _load_model(run_dir: Path, which: str):
-    """The model of a run folder, from ``best``/``last`` checkpoint or a checkpoint path."""
-    import torch
-
-    from ..models import Transformer
-    from ..training import TrainConfig, load_checkpoint
-
-    if which in ("best", "last"):
-        path = run_dir / f"{which}.pt"
-        if not path.exists():
-            other = run_dir / ("last.pt" if which == "best" else "best.pt")
-            hint = f" (the run has {other.name}: pass --checkpoint {other.stem})"
-            raise CLIError(
-                f"--checkpoint {which}: {path} does not exist"
-                + (hint if other.is_file() else " (no checkpoint has been written there yet)")
-            )
-    else:
-        path = input_file("--checkpoint", which, "best, last, or a checkpoint file")
-    try:
-        state = load_checkpoint(path)
-    except (ValueError, TypeError) as e:
-        raise CLIError(f"--checkpoint: {e}") from None
-    try:
-        cfg = TrainConfig.from_dict(state["config"])
-    except (ValueError, TypeError) as e:
-        raise CLIError(f"--checkpoint: {path} holds an invalid config: {e}") from None
-    # A run that kept a moving average of its weights is evaluated (and generates) with it.
-    average = state.get("ema")
-    weights = average.get("model") if isinstance(average, dict) else state["model"]
-    if not isinstance(weights, dict):
-        raise CLIError(f"--checkpoint: {path} holds no model weights")
-    bad = [
-        name
-        for name, t in weights.items()
-        if isinstance(t, torch.Tensor) and t.is_floating_point() and not bool(t.isfinite().all())
-    ]
-    if bad:
-        raise CLIError(
-            f"--checkpoint: {path} (step {state.get('step')}) holds non-finite weights (NaN or "
-            f"inf in {len(bad)} tensor(s), e.g. {bad[0]}): the run diverged before it was "
-            "written; use an earlier checkpoint (--checkpoint best, last or a path) or retrain "
-            "with a lower --lr"
-        )
-    model = Transformer(cfg.model)
-    try:
-        model.load_state_dict(weights)
-    except RuntimeError as e:
-        first = str(e).strip().splitlines()[0]
-        raise CLIError(f"--checkpoint: {path} does not match its own config ({first})") from None
-    return model.eval(), cfg, state, path
-
-
-def _parse_splits(text: str) -> list[str]:
-    names = [s.strip() for s in text.split(",") if s.strip()]
-    if not names:
-        raise CLIError(f"--splits: expected a comma-separated list of {SPLIT_NAMES}, got {text!r}")
-    for name in names:
-        if name not in SPLIT_NAMES:
-            raise CLIError(f"--splits: unknown split {name!r}; expected some of {SPLIT_NAMES}")
-    return list(dict.fromkeys(names))
-
-
 # ----------------------------------------------------------------------------- subcommands
 
 
@@ -555,9 +438,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
         device = parse_device(args.device)
     except DeviceError as e:
         raise CLIError(f"--device: {e}") from None
-    run_dir = _run_folder("--run-dir", args.run_dir)
-    splits = _parse_splits(args.splits)
-    model, cfg, state, path = _load_model(run_dir, args.checkpoint)
+    run_dir = run_folder("--run-dir", args.run_dir)
+    splits = parse_splits(args.splits)
+    model, cfg, state, path = load_model(run_dir, args.checkpoint)
     if args.data:
         check_data("--data", args.data)
         source, flag = args.data, "--data"
@@ -592,195 +475,6 @@ def cmd_eval(args: argparse.Namespace) -> int:
     with atomic_path(out) as tmp:
         tmp.write_text(json.dumps(result, indent=2) + "\n")
     print(f"wrote {out}")
-    return 0
-
-
-def _run_chorales(cfg, flag: str):
-    """The chorales of the run's data (:func:`relpos.music.load_chorales`); errors name ``flag``."""
-    from ..music import load_chorales
-
-    check_data(f"the run's data, which {flag} reads", cfg.data)
-    try:
-        return load_chorales(None if cfg.data == "music21" else cfg.data, progress=False)
-    except ValueError as e:
-        raise CLIError(f"{flag}: {e}") from None
-
-
-def _prime(args: argparse.Namespace, cfg) -> Any:
-    """The first ``--prime-steps`` steps of the ``--prime-from`` chorale, or None."""
-    if not args.prime_steps:
-        return None
-    split, sep, index = args.prime_from.partition(":")
-    if split not in SPLIT_NAMES or not re.fullmatch(r"\d*", index) or (sep and not index):
-        raise CLIError(
-            f"--prime-from: expected SPLIT:INDEX with SPLIT train, valid or test and INDEX an "
-            f"integer >= 0 (e.g. test:0), got {args.prime_from!r}"
-        )
-    chorales = _run_chorales(cfg, "--prime-from").split(split)
-    i = int(index or 0)
-    if not 0 <= i < len(chorales):
-        raise CLIError(
-            f"--prime-from: index {i} is out of range: {split} has {len(chorales)} chorales"
-        )
-    if args.prime_steps > len(chorales[i]):
-        raise CLIError(
-            f"--prime-steps {args.prime_steps}: chorale {split}:{i} has only {len(chorales[i])} "
-            "steps"
-        )
-    return chorales[i][: args.prime_steps]
-
-
-def _midi_out(args: argparse.Namespace, run_dir: Path, seed: int) -> Path:
-    if not args.out:
-        return run_dir / "samples" / f"sample-seed{seed}.mid"
-    out = Path(args.out).expanduser()
-    if out.is_dir():
-        raise CLIError(f"--out: {out} is a folder; expected a MIDI file path ending in .mid")
-    if out.suffix.lower() not in (".mid", ".midi"):
-        raise CLIError(
-            f"--out: expected a MIDI file path ending in .mid (the MusicXML goes beside it), "
-            f"got {out}"
-        )
-    for beside in (".musicxml", ".png"):
-        if out.with_suffix(beside).is_dir():
-            raise CLIError(f"--out: {out.with_suffix(beside)} is a folder; choose another name")
-    output_folder("--out", out.parent)
-    return out
-
-
-def _sample_outs(args: argparse.Namespace, run_dir: Path) -> dict[int, Path]:
-    """The MIDI path of each seed ``--seed``, …, ``--seed + --samples - 1``."""
-    last = args.seed + args.samples - 1
-    if last > MAX_SEED:
-        raise CLIError(
-            f"--samples {args.samples}: with --seed {args.seed} the last seed would be {last}, "
-            f"beyond the largest seed {MAX_SEED}"
-        )
-    if args.out and args.samples > 1:
-        raise CLIError(
-            f"--out names one MIDI file, but --samples {args.samples} asks for several chorales: "
-            "drop --out (they go to RUN/samples/sample-seedS.mid, one per seed) or --samples"
-        )
-    return {seed: _midi_out(args, run_dir, seed) for seed in range(args.seed, last + 1)}
-
-
-def _stats_out(args: argparse.Namespace, first: Path) -> Path | None:
-    """Where ``--stats`` writes its JSON: ``RUN/samples/stats.json``, or ``NAME.stats.json``
-    beside ``--out NAME.mid``; None without ``--stats``."""
-    if args.stats is None:
-        return None
-    path = first.with_name(f"{first.stem}.stats.json") if args.out else first.parent / "stats.json"
-    if path.is_dir():
-        raise CLIError(f"--stats: {path} is a folder; it is where the statistics would be written")
-    return path
-
-
-def _real_chorales(args: argparse.Namespace, cfg) -> list | None:
-    """The real chorales of the ``--stats`` split of the run's data; None without ``--stats``."""
-    if args.stats is None:
-        return None
-    real = list(_run_chorales(cfg, f"--stats {args.stats}").split(args.stats))
-    if not real:
-        raise CLIError(
-            f"--stats {args.stats}: the {args.stats} split of the run's data ({cfg.data}) has no "
-            f"chorales to compare with; choose another of {', '.join(SPLIT_NAMES)}"
-        )
-    return real
-
-
-_RATES = {
-    "out_of_range": "out of range",
-    "voice_crossings": "voice crossings",
-    "parallel_fifths": "parallel fifths",
-    "parallel_octaves": "parallel octaves",
-}
-
-
-def _write_stats(
-    path: Path, split: str, real: list, samples: dict[int, Any], *, prime_steps: int, info: dict
-) -> dict[str, Any]:
-    """Compare the sampled steps of ``samples`` (seed → chorale, the ``prime_steps`` prefix
-    excluded) with ``real`` (:func:`relpos.music.compare_chorales`); print a table and write it
-    to ``path`` as JSON (atomically). Returns what it wrote."""
-    from ..atomic import atomic_path
-    from ..music import chorale_statistics, compare_chorales
-
-    result: dict[str, Any] = {
-        "split": split,
-        **info,
-        "prime_steps": prime_steps,
-        "prime_excluded": True,
-        "note": "rates per 100 sixteenth-note steps; the generated side counts only the sampled "
-        "steps (a --prime-steps prefix is excluded; a parallel motion from its last step into "
-        "the first sampled one counts)",
-        "real_chorales": len(real),
-        **compare_chorales(list(samples.values()), real, skip=prime_steps),
-        "samples": [
-            {"seed": seed, **chorale_statistics(c, skip=prime_steps)} for seed, c in samples.items()
-        ],
-    }
-    gen, ref = result["generated"], result["real"]
-    primed = f"; the {prime_steps} primed steps of each excluded" if prime_steps else ""
-    print(
-        f"{len(samples)} generated chorale(s) ({gen['steps']:.0f} sampled steps{primed}) "
-        f"against the {len(real)} {split} chorales ({ref['steps']:.0f} steps), per 100 steps:\n"
-        f"  {'':<22}{'generated':>10}{'real':>10}"
-    )
-    for key, label in _RATES.items():
-        print(f"  {label:<22}{gen[key]:>10.2f}{ref[key]:>10.2f}")
-    distance = result["pitch_class_distance"]
-    print(f"  {'pitch-class distance':<22}{distance:>10.3f}  (total variation: 0 same, 1 disjoint)")
-    with atomic_path(path) as tmp:
-        tmp.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {path}")
-    return result
-
-
-def cmd_generate(args: argparse.Namespace) -> int:
-    from ..music import sample_chorale, write_midi, write_musicxml, write_piano_roll
-
-    run_dir = _run_folder("--run-dir", args.run_dir)
-    outs = _sample_outs(args, run_dir)
-    stats_path = _stats_out(args, outs[args.seed])
-    model, cfg, _, checkpoint = _load_model(run_dir, args.checkpoint)
-    prime = _prime(args, cfg)
-    real = _real_chorales(args, cfg)  # before sampling: a bad --stats writes nothing
-    samples = {}
-    for seed, out in outs.items():
-        try:
-            chorale = sample_chorale(
-                model,
-                args.length,
-                temperature=args.temperature,
-                top_k=args.top_k,
-                seed=seed,
-                prime=prime,
-                progress=not args.no_progress,
-            )
-        except ValueError as e:
-            flag = "--length/--prime-steps" if "position table" in str(e) else "--checkpoint"
-            raise CLIError(f"{flag}: {e}") from None
-        out.parent.mkdir(parents=True, exist_ok=True)
-        write_midi(chorale, out, tempo_bpm=80)
-        xml = write_musicxml(chorale, out.with_suffix(".musicxml"))
-        png = write_piano_roll(chorale, out.with_suffix(".png"), title=out.stem)
-        print(
-            f"wrote {out}, {xml} and {png} ({len(chorale)} sixteenth-note steps, "
-            f"{'primed with ' + str(len(prime)) + ' steps, ' if prime is not None else ''}"
-            f"temperature {args.temperature}, top-k {args.top_k or 'off'}, seed {seed})"
-        )
-        samples[seed] = chorale
-    if stats_path is not None:
-        info = {
-            "data": cfg.data,
-            "checkpoint": str(checkpoint),
-            "length": args.length,
-            "temperature": args.temperature,
-            "top_k": args.top_k,
-            "midi": [str(out) for out in outs.values()],
-        }
-        prime_steps = 0 if prime is None else len(prime)
-        _write_stats(stats_path, args.stats, real, samples, prime_steps=prime_steps, info=info)
     return 0
 
 
@@ -902,49 +596,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=cmd_eval)
 
-    p = sub.add_parser("generate", help="sample a chorale; write MIDI and MusicXML")
-    p.add_argument("--run-dir", default="runs/music")
-    p.add_argument("--checkpoint", default="best", help="best, last, or a checkpoint path")
-    p.add_argument(
-        "--length",
-        type=_int_type(1, MAX_LENGTH, " (sixteenth-note steps; time grows with its square)"),
-        default=64,
-        help=f"sixteenth-note steps to sample (1..{MAX_LENGTH})",
-    )
-    p.add_argument("--temperature", type=_positive_float, default=1.0, help="> 0 (default 1)")
-    p.add_argument(
-        "--top-k", type=_int_type(0), default=0, help="sample among the k likeliest (0: off)"
-    )
-    p.add_argument("--seed", type=_SEED, default=0)
-    p.add_argument(
-        "--prime-steps",
-        type=_int_type(0),
-        default=0,
-        help="continue the first N steps of a held-out chorale",
-    )
-    p.add_argument("--prime-from", default="test:0", help="SPLIT:INDEX of the priming chorale")
-    p.add_argument("--out", default=None, help="MIDI path, .mid (default: RUN/samples/…)")
-    p.add_argument(
-        "--samples",
-        type=_int_type(1),
-        default=1,
-        help="chorales to sample, seeds SEED, SEED+1, … (default 1; more than one: not with --out)",
-    )
-    p.add_argument(
-        "--stats",
-        type=_split_type,
-        default=None,
-        metavar="SPLIT",
-        help="compare the sampled steps with the real chorales of SPLIT (train, valid, test) of "
-        "the run's data; print a table and write RUN/samples/stats.json (or NAME.stats.json "
-        "beside --out NAME.mid)",
-    )
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    p.set_defaults(func=cmd_generate)
+    add_generate(sub)
 
     p = sub.add_parser("demo", help="the main job: train, evaluate, generate (a few minutes)")
     p.add_argument("--run-dir", default="runs/demo")
-    p.add_argument("--steps", type=_int_type(1), default=DEMO["steps"])
+    p.add_argument("--steps", type=int_type(1), default=DEMO["steps"])
     p.add_argument("--data", default=None, help="'music21' (default) or a JSB JSON file")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=cmd_demo)

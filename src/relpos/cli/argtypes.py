@@ -1,0 +1,53 @@
+"""argparse types of the ``relpos`` command line: each failure names what it expected and what it
+got (argparse prefixes "argument --flag:")."""
+
+from __future__ import annotations
+
+import argparse
+import math
+from collections.abc import Callable
+
+__all__ = ["MAX_SEED", "SEED", "SPLIT_NAMES", "int_type", "positive_float", "split_type"]
+
+#: The largest ``--seed`` (torch's and numpy's seeds are 64-bit).
+MAX_SEED = 2**63 - 1
+
+
+#: What ``--splits`` may name.
+SPLIT_NAMES = ("train", "valid", "test")
+
+
+def int_type(minimum: int, maximum: int | None = None, why: str = "") -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if value < minimum or (maximum is not None and value > maximum):
+            bound = f">= {minimum}" if maximum is None else f"in {minimum}..{maximum}"
+            raise argparse.ArgumentTypeError(f"expected an integer {bound}{why}, got {value}")
+        return value
+
+    parse.__name__ = "integer"
+    return parse
+
+
+def positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a finite number > 0, got {text!r}")
+    return value
+
+
+SEED = int_type(0, MAX_SEED)
+
+
+def split_type(text: str) -> str:
+    if text not in SPLIT_NAMES:
+        raise argparse.ArgumentTypeError(
+            f"expected a split of the run's data, one of {', '.join(SPLIT_NAMES)}; got {text!r}"
+        )
+    return text
