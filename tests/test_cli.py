@@ -100,10 +100,13 @@ def test_a_device_that_is_no_device(tiny_data, tmp_path, capsys, device):
     assert not (tmp_path / "r").exists()
 
 
-def test_eval_refuses_a_device_that_is_not_there(tmp_path, capsys, monkeypatch):
-    """``relpos eval --device``: checked before the run folder is read."""
+@pytest.mark.parametrize("command", ["eval", "generate"])
+def test_eval_and_generate_refuse_a_device_that_is_not_there(
+    command, tmp_path, capsys, monkeypatch
+):
+    """``relpos eval/generate --device``: checked before the run folder is read."""
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    argv = ["eval", "--run-dir", str(tmp_path), "--device"]
+    argv = [command, "--run-dir", str(tmp_path), "--device"]
     refused(capsys, [*argv, "cuda"], "--device", "not available", "--device cpu")
     refused(capsys, [*argv, "idee"], "--device", "'idee'")
 

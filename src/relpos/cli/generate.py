@@ -11,6 +11,7 @@ from typing import Any
 
 from .argtypes import MAX_SEED, SEED, SPLIT_NAMES, int_type, positive_float, split_type
 from .checks import CLIError, output_folder
+from .limits import DeviceError, parse_device
 from .runs import load_model, run_chorales, run_folder
 
 __all__ = ["MAX_LENGTH", "add_parser", "cmd_generate"]
@@ -154,10 +155,15 @@ def _write_stats(
 def cmd_generate(args: argparse.Namespace) -> int:
     from ..music import sample_chorale, write_midi, write_musicxml, write_piano_roll
 
+    try:
+        device = parse_device(args.device)
+    except DeviceError as e:
+        raise CLIError(f"--device: {e}") from None
     run_dir = run_folder("--run-dir", args.run_dir)
     outs = _sample_outs(args, run_dir)
     stats_path = _stats_out(args, outs[args.seed])
     model, cfg, _, checkpoint = load_model(run_dir, args.checkpoint)
+    model.to(device)
     prime = _prime(args, cfg)
     real = _real_chorales(args, cfg)  # before sampling: a bad --stats writes nothing
     samples = {}
@@ -171,6 +177,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
                 seed=seed,
                 prime=prime,
                 progress=not args.no_progress,
+                device=device,
             )
         except ValueError as e:
             flag = "--length/--prime-steps" if "position table" in str(e) else "--checkpoint"
@@ -237,6 +244,9 @@ def add_parser(sub: Any) -> None:
         help="compare the sampled steps with the real chorales of SPLIT (train, valid, test) of "
         "the run's data; print a table and write RUN/samples/stats.json (or NAME.stats.json "
         "beside --out NAME.mid)",
+    )
+    p.add_argument(
+        "--device", default=None, help="cpu, cuda, cuda:N or mps (default: cuda if available)"
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_generate)
