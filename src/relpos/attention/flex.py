@@ -23,7 +23,12 @@ relative table.
 * On CPU, FlexAttention is compiled by Inductor's C++ backend for inference only: ``flex`` runs
   there without gradients (:func:`flex_supports` says so, ``auto`` never picks it for training).
   On CUDA it runs forward and backward (gradients of a learned table flow through the captured
-  ``rel``), untested here for lack of a GPU.
+  ``rel``; ``tests/test_cuda.py`` checks them against float64 ``eager`` where a GPU is present).
+  There, head dims under :data:`CUDA_MIN_HEAD_DIM` are zero-padded (``q``, ``k`` and ``v``; the
+  extra output columns dropped), and a learned table with gradients runs with
+  :data:`SMALL_BLOCKS`, as does any kernel that ran out of shared memory with the defaults.
+* Plain positions (self-attention, one contiguous sequence per row) read distances as
+  ``kv_idx - q_idx`` and mask causally by index, with no mask at all when bidirectional.
 * On CPU, ``q`` and ``k`` of head dim 8 or 16 are zero-padded to 24 (``q·k`` is unchanged; ``v``
   is not padded): Inductor's CPU kernel (torch 2.13, AVX2) computes ``q·kᵀ`` for ``d % 8 == 0``,
   ``d < 24`` with a micro-GEMM that, for a key block of length ``≡ 8 (mod 16)`` (any ``j ≤ 128``
