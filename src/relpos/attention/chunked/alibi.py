@@ -46,7 +46,7 @@ from ...functional.dtypes import compute_dtype
 from .grads import GradSink, push_grad
 from .job import Job
 from .kernels import block_bounds, flash_backward
-from .parts import Part, Span, attend_part, head_spans, merge_part
+from .parts import Part, Span, attend_parts, head_spans
 
 __all__ = ["ALIBI_BLOCK", "AlibiAttention", "alibi_reach"]
 
@@ -179,11 +179,8 @@ class AlibiAttention(torch.autograd.Function):
         out = torch.empty_like(qf)
         lse = qf.new_empty(b, h, n)
         for c, (i0, i1) in enumerate(block_bounds(0, n, ALIBI_BLOCK)):
-            diag, *rest = _parts(geom, job.causal, h, i0, i1, n, reach[c])
-            # Merge by log-sum-exp, starting from the diagonal part (its lse is finite).
-            o, l_ = attend_part(diag, qf, kf, vf, slice(i0, i1), job.scale)
-            for part in rest:
-                o, l_ = merge_part(o, l_, part, qf, kf, vf, slice(i0, i1), job.scale)
+            parts = _parts(geom, job.causal, h, i0, i1, n, reach[c])  # the diagonal first
+            o, l_ = attend_parts(parts, qf, kf, vf, slice(i0, i1), job.scale)
             out[:, :, i0:i1] = o
             lse[:, :, i0:i1] = l_
         ctx.job, ctx.reach, ctx.geom = job, reach, geom

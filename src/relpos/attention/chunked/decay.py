@@ -30,7 +30,7 @@ from torch import Tensor
 from ...functional.dtypes import compute_dtype
 from .job import Job
 from .kernels import block_bounds, flash_backward
-from .parts import Part, Span, attend_part, merge_part
+from .parts import Part, Span, attend_parts
 
 __all__ = ["DECAY_BLOCK", "DecayAttention"]
 
@@ -68,11 +68,8 @@ class DecayAttention(torch.autograd.Function):
         out = torch.empty_like(qf)
         lse = qf.new_empty(b, h, n)
         for i0, i1 in block_bounds(0, n, DECAY_BLOCK):
-            diag, *rest = _parts(c, h, i0, i1, dtype)
             rows = slice(i0, i1)
-            o, l_ = attend_part(diag, qf, kf, vf, rows, job.scale)
-            for part in rest:
-                o, l_ = merge_part(o, l_, part, qf, kf, vf, rows, job.scale)
+            o, l_ = attend_parts(_parts(c, h, i0, i1, dtype), qf, kf, vf, rows, job.scale)
             out[:, :, rows], lse[:, :, rows] = o, l_
         ctx.job, ctx.c = job, c
         ctx.save_for_backward(qf, kf, vf, out, lse)

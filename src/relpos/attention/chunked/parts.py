@@ -20,7 +20,7 @@ from torch import Tensor
 
 from .kernels import flash
 
-__all__ = ["Part", "Span", "attend_part", "head_spans", "merge_part"]
+__all__ = ["Part", "Span", "attend_part", "attend_parts", "head_spans", "merge_part"]
 
 
 @dataclass
@@ -88,3 +88,15 @@ def merge_part(
     l_p = l_p + part.const
     total = torch.logaddexp(lse, l_p)
     return torch.lerp(o, o_p, torch.exp(l_p - total).unsqueeze(-1)), total
+
+
+def attend_parts(
+    parts: list[Part], q: Tensor, k: Tensor, v: Tensor, rows: slice, scale: float
+) -> tuple[Tensor, Tensor]:
+    """``(o, lse)`` of a query block over all its parts: the first (the diagonal, whose lse is
+    finite) attended, each other one merged in by log-sum-exp (:func:`merge_part`)."""
+    first, *rest = parts
+    o, lse = attend_part(first, q, k, v, rows, scale)
+    for part in rest:
+        o, lse = merge_part(o, lse, part, q, k, v, rows, scale)
+    return o, lse
