@@ -372,12 +372,9 @@ def _check_fits(cfg, device, *, training: bool, source: str) -> None:
 
 def cmd_train(args: argparse.Namespace) -> int:
     from ..training import TrainConfig, train
-    from .limits import DeviceError, parse_device
+    from .limits import device_flag
 
-    try:
-        device = parse_device(args.device)
-    except DeviceError as e:
-        raise CLIError(f"--device: {e}") from None
+    device = device_flag(args.device)
     run_dir = output_folder("--run-dir", args.run_dir)
     if args.resume:
         if args.config:
@@ -432,12 +429,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from ..atomic import atomic_path
     from ..music import load_token_data
     from ..training import evaluate_nll
-    from .limits import DeviceError, parse_device
+    from .limits import device_flag
 
-    try:
-        device = parse_device(args.device)
-    except DeviceError as e:
-        raise CLIError(f"--device: {e}") from None
+    device = device_flag(args.device)
     run_dir = run_folder("--run-dir", args.run_dir)
     splits = parse_splits(args.splits)
     model, cfg, state, path = load_model(run_dir, args.checkpoint)
@@ -527,12 +521,10 @@ def _bench(argv: list[str]) -> int:
     parser = bench.build_parser()
     parser.error = _usage_error("relpos bench")  # type: ignore[method-assign]
     args = parser.parse_args(argv)
-    from .limits import DeviceError, parse_device
 
-    try:
-        parse_device(args.device)
-    except DeviceError as e:
-        raise CLIError(f"--device: {e}") from None
+    from .limits import device_flag
+
+    device_flag(args.device)
     for flag, value, minimum in (
         ("--heads", args.heads, 1),
         ("--head-dim", args.head_dim, 1),

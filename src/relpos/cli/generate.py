@@ -11,7 +11,7 @@ from typing import Any
 
 from .argtypes import MAX_SEED, SEED, SPLIT_NAMES, int_type, positive_float, split_type
 from .checks import CLIError, output_folder
-from .limits import DeviceError, parse_device
+from .limits import device_flag
 from .runs import load_model, run_chorales, run_folder
 
 __all__ = ["MAX_LENGTH", "add_parser", "cmd_generate"]
@@ -155,10 +155,7 @@ def _write_stats(
 def cmd_generate(args: argparse.Namespace) -> int:
     from ..music import sample_chorale, write_midi, write_musicxml, write_piano_roll
 
-    try:
-        device = parse_device(args.device)
-    except DeviceError as e:
-        raise CLIError(f"--device: {e}") from None
+    device = device_flag(args.device)
     run_dir = run_folder("--run-dir", args.run_dir)
     outs = _sample_outs(args, run_dir)
     stats_path = _stats_out(args, outs[args.seed])

@@ -18,7 +18,14 @@ import torch
 from ..attention.auto import SDPA_MASK_BUDGET
 from ..training.evaluate import EVAL_TOKENS
 
-__all__ = ["Estimate", "available_memory", "estimate_memory", "format_bytes", "parse_device"]
+__all__ = [
+    "Estimate",
+    "available_memory",
+    "device_flag",
+    "estimate_memory",
+    "format_bytes",
+    "parse_device",
+]
 
 #: Floats per token and head of the ``chunked`` backend's working set (``O(block·L)``: a band of
 #: 128 queries over clipped distances, a chunk of rows of the distance engine; see the bound in
@@ -71,6 +78,16 @@ def parse_device(text: str | None) -> torch.device:
             raise DeviceError(f"{text!r} is not available on this machine; use --device cpu")
         return device
     raise DeviceError(f"relpos runs on cpu, cuda or mps, got device type {device.type!r}")
+
+
+def device_flag(text: str | None) -> torch.device:
+    """:func:`parse_device` for ``--device``: a :class:`~.checks.CLIError` naming the flag."""
+    from .checks import CLIError
+
+    try:
+        return parse_device(text)
+    except DeviceError as e:
+        raise CLIError(f"--device: {e}") from None
 
 
 def available_memory(device: torch.device) -> int | None:
