@@ -15,8 +15,11 @@ relative table.
   A decay bias (the Forgetting Transformer) adds ``c[b, h, i] - c[b, h, j]`` from the positions'
   per-token ``log_decay`` (float64; the difference cast to the score's dtype).
 * Compiled once per shape (and scheme, layout): the first call at a new shape compiles for seconds
-  (``relpos bench`` reports it as ``first call s``); up to :data:`RECOMPILE_LIMIT` variants are
-  kept.
+  (``relpos bench`` reports it as ``first call s``). Past Dynamo's recompile limit
+  (``torch._dynamo.config.recompile_limit``, 8 by default) FlexAttention runs unfused, the same
+  numbers from an ``(i, j)`` score matrix; a job with many shapes (``relpos bench``) raises it.
+  Decoding with a KV cache is a new shape at every step, which is why ``auto`` leaves ``flex`` to
+  training.
 * The ``BlockMask`` says which pairs may attend (same segment, real tokens, and ``p_j <= p_i`` when
   causal); blocks with no allowed pair are skipped. For plain positions it is cached per shape.
 * Shaw's value term is not expressible (FlexAttention returns no probabilities): unsupported.
@@ -96,9 +99,6 @@ SMALL_BLOCKS = {
 }
 #: ``(scheme type, device, grad)`` whose kernels ran out of shared memory with the defaults.
 _NEEDS_SMALL_BLOCKS: set[tuple] = set()
-#: Compiled variants FlexAttention may keep (shapes × schemes × layouts) before Dynamo stops
-#: compiling new ones (its default is 8).
-RECOMPILE_LIMIT = 64
 #: Head dim ``q`` and ``k`` are zero-padded to on CPU when ``d % 8 == 0`` and ``d < 24``: the
 #: smallest that avoids the CPU kernel's out-of-bounds ``q·kᵀ`` path (``K % VLEN == 0 and
 #: 24 * BLOCK_M > K``, ``BLOCK_M = 1``) for both AVX2 (``VLEN = 8``) and AVX-512 (``VLEN = 16``).
@@ -141,19 +141,6 @@ def _compiled_flex() -> Callable[..., Tensor]:
     if _compiled is None:
         _compiled = torch.compile(flex_attention, dynamic=False)
     return _compiled
-
-
-def _shape_budget():
-    """Dynamo's recompile limit raised to :data:`RECOMPILE_LIMIT` for the compiled call: each
-    shape, scheme and layout compiles once, and past the default limit (8) FlexAttention would
-    run unfused, an ``(i, j)`` score matrix per call, without a word."""
-    config = torch._dynamo.config
-    limits = {
-        name: max(getattr(config, name), RECOMPILE_LIMIT)
-        for name in ("recompile_limit", "accumulated_recompile_limit")
-        if hasattr(config, name)  # both since torch 2.6 (before: cache_size_limit)
-    }
-    return config.patch(**limits)
 
 
 def _mask_mod(q_positions: Positions, k_positions: Positions, causal: bool):
@@ -335,16 +322,15 @@ def flex_attention_backend(
     options = _kernel_options(scheme, q.device, grad)
     while True:
         try:
-            with _shape_budget():
-                out = _compiled_flex()(
-                    qc,
-                    kc,
-                    vc,
-                    score_mod=score_mod,
-                    block_mask=mask,
-                    scale=1.0 / math.sqrt(q.shape[-1]),
-                    kernel_options=options,
-                )
+            out = _compiled_flex()(
+                qc,
+                kc,
+                vc,
+                score_mod=score_mod,
+                block_mask=mask,
+                scale=1.0 / math.sqrt(q.shape[-1]),
+                kernel_options=options,
+            )
             break
         except RuntimeError as e:  # a kernel that needs more shared memory than the GPU has
             if options == SMALL_BLOCKS or "out of resource" not in str(e):

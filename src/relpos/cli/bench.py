@@ -896,11 +896,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(header.splitlines()[0], flush=True)
     # The tables are rewritten after every configuration: a run cut short keeps what it measured.
-    results = run(
-        args,
-        log=lambda line: print(line, flush=True),
-        on_result=lambda done: write_outputs(done, args.out, header, plot=False),
-    )
+    # Every shape of every scheme compiles its own FlexAttention kernels: past Dynamo's default
+    # recompile limit (8) flex would be timed unfused.
+    with torch._dynamo.config.patch(recompile_limit=512, accumulated_recompile_limit=4096):
+        results = run(
+            args,
+            log=lambda line: print(line, flush=True),
+            on_result=lambda done: write_outputs(done, args.out, header, plot=False),
+        )
     write_outputs(results, args.out, header, plot=args.plot)
     print(
         f"wrote {args.out / 'bench.md'}, {args.out / 'bench.json'}"
