@@ -23,8 +23,8 @@ TEST_S=${TEST_S:-270} TRAIN_S=${TRAIN_S:-250} BENCH_S=${BENCH_S:-260}
 WORKERS=${WORKERS:-8}  # 0: no pytest-xdist
 LENGTHS=${LENGTHS:-1024,4096,16384}  # ascending: each L estimates the next one's time
 TOKENS=${TOKENS:-16384}
-FLEX_SCHEMES=${FLEX_SCHEMES:-alibi t5 music}
-BENCH_SCHEMES=${BENCH_SCHEMES:-alibi,t5,shaw,music}
+FLEX_SCHEMES=${FLEX_SCHEMES:-alibi t5 music kerple}
+BENCH_SCHEMES=${BENCH_SCHEMES:-alibi,t5,shaw,music,kerple}
 DEVICE=${DEVICE:-cuda}
 
 { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1
