@@ -456,6 +456,17 @@ def test_auto_takes_flex_on_cuda_where_it_was_measured_to_win(
     assert not auto_mod.flex_wins_on_cuda(scheme, cpu, qp, kp, needs_grad=True, dropout=False)
 
 
+def test_auto_keeps_learned_tables_off_flex_before_the_torch_it_was_measured_with(monkeypatch):
+    scheme = relpos.make_scheme("music", d_model=32, num_heads=2, causal=True)
+    pos = Positions.from_length(4096)
+    q = CudaQuery(4, 2, 4096, 16)
+    assert auto_mod.flex_wins_on_cuda(scheme, q, pos, pos, needs_grad=True, dropout=False)
+    monkeypatch.setattr(torch, "__version__", "2.6.0")
+    assert not auto_mod.flex_wins_on_cuda(scheme, q, pos, pos, needs_grad=True, dropout=False)
+    alibi = relpos.make_scheme("alibi", d_model=32, num_heads=2, causal=True)  # nothing learned
+    assert auto_mod.flex_wins_on_cuda(alibi, q, pos, pos, needs_grad=True, dropout=False)
+
+
 @pytest.mark.parametrize("name", ["alibi", "t5", "music", "rope"])
 def test_auto_takes_sdpa_for_short_sequences(name):
     scheme = relpos.make_scheme(name, d_model=8, num_heads=2, causal=True)

@@ -58,6 +58,7 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor
+from torch.torch_version import TorchVersion
 
 from ..positions import Positions
 from ..schemes.base import (
@@ -75,6 +76,7 @@ from .flex import flex_attention_backend, flex_available, flex_supports
 from .sdpa import is_plain, sdpa_attention, sdpa_supports
 
 __all__ = [
+    "FLEX_LEARNED_TORCH",
     "SDPA_MASK_BUDGET",
     "SMALL",
     "SMALL_RELATIVE",
@@ -89,6 +91,10 @@ SMALL = 512 * 512
 #: The same bound where the region path runs a learned relative term with gradients, or a
 #: query-dependent one (``docs/performance.md``, "What auto picks").
 SMALL_RELATIVE = 128 * 256
+#: The torch release ``flex`` was measured and tested with, on CUDA, differentiating a learned
+#: relative table it reads in its ``score_mod`` (older releases may lack that backward): ``auto``
+#: takes ``flex`` for those schemes from this release on.
+FLEX_LEARNED_TORCH = "2.11"
 #: Bytes of the float mask ``sdpa`` may build in one call; past it ``auto`` takes ``chunked``
 #: (:func:`sdpa_mask_bytes`). 64 MiB: e.g. one ``(1, 1, 4096, 4096)`` float32 mask, or a
 #: ``(32, 4, 256, 256)`` bias (a batch of 32 windows of 256 tokens, 4 heads).
@@ -161,7 +167,8 @@ def flex_wins_on_cuda(
     query-dependent relative term (Shaw's keys, the Music Transformer, Transformer-XL) wherever
     ``sdpa``'s float mask would exceed :data:`SDPA_MASK_BUDGET`. Training runs one shape, so the
     compile (seconds, once per shape) is paid once; inference (a new shape per decoding step)
-    stays on ``sdpa``/``chunked``."""
+    stays on ``sdpa``/``chunked``. The relative terms (learned tables ``flex`` differentiates)
+    only from torch :data:`FLEX_LEARNED_TORCH`, the release they were tested with."""
     if q.device.type != "cuda" or not needs_grad or dropout or not flex_available():
         return False
     if not flex_supports(scheme, device=q.device, needs_grad=True):
@@ -172,6 +179,7 @@ def flex_wins_on_cuda(
         isinstance(scheme, RelativeScheme)
         and not scheme.query_independent
         and "key_bias" not in scheme.hooks
+        and TorchVersion(torch.__version__) >= FLEX_LEARNED_TORCH
     ):
         return sdpa_mask_bytes(scheme, q, q_positions, k_positions) > SDPA_MASK_BUDGET
     return False
