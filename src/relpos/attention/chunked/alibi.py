@@ -46,7 +46,7 @@ from ...functional.dtypes import compute_dtype
 from .grads import GradSink, push_grad
 from .job import Job
 from .kernels import block_bounds, flash_backward
-from .parts import Part, Span, attend_parts, head_spans
+from .parts import Part, Span, attend_blocks, head_spans
 
 __all__ = ["ALIBI_BLOCK", "AlibiAttention", "alibi_reach"]
 
@@ -172,17 +172,14 @@ class AlibiAttention(torch.autograd.Function):
         del params  # reached through job.scheme; listed so that autograd tracks them
         dtype = compute_dtype(q.dtype)
         qf, kf, vf = (t.to(dtype) for t in (q, k, v))
-        b, h, n, _ = qf.shape
+        h, n = qf.shape[1], qf.shape[2]
         slopes = _slopes(job).detach().to(qf.device, dtype)
         reach = alibi_reach(slopes, qf, kf, job.scale, ALIBI_BLOCK)
         geom = _Geometry.build(slopes, job.causal, n, ALIBI_BLOCK)
-        out = torch.empty_like(qf)
-        lse = qf.new_empty(b, h, n)
-        for c, (i0, i1) in enumerate(block_bounds(0, n, ALIBI_BLOCK)):
-            parts = _parts(geom, job.causal, h, i0, i1, n, reach[c])  # the diagonal first
-            o, l_ = attend_parts(parts, qf, kf, vf, slice(i0, i1), job.scale)
-            out[:, :, i0:i1] = o
-            lse[:, :, i0:i1] = l_
+        out, lse = attend_blocks(
+            lambda c, i0, i1: _parts(geom, job.causal, h, i0, i1, n, reach[c]),
+            qf, kf, vf, ALIBI_BLOCK, job.scale,
+        )  # fmt: skip
         ctx.job, ctx.reach, ctx.geom = job, reach, geom
         ctx.save_for_backward(qf, kf, vf, out, lse)
         return out.to(q.dtype)

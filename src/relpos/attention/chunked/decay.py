@@ -30,7 +30,7 @@ from torch import Tensor
 from ...functional.dtypes import compute_dtype
 from .job import Job
 from .kernels import block_bounds, flash_backward
-from .parts import Part, Span, attend_parts
+from .parts import Part, Span, attend_blocks
 
 __all__ = ["DECAY_BLOCK", "DecayAttention"]
 
@@ -63,14 +63,11 @@ class DecayAttention(torch.autograd.Function):
         ctx.decay_dtypes = [t.dtype for t in decays]
         dtype = compute_dtype(q.dtype)
         qf, kf, vf = (t.to(dtype) for t in (q, k, v))
-        b, h, n, _ = qf.shape
+        h = qf.shape[1]
         c = job.scheme.decays(job.q_positions, job.k_positions)[0].detach().double()  # (b, h, n)
-        out = torch.empty_like(qf)
-        lse = qf.new_empty(b, h, n)
-        for i0, i1 in block_bounds(0, n, DECAY_BLOCK):
-            rows = slice(i0, i1)
-            o, l_ = attend_parts(_parts(c, h, i0, i1, dtype), qf, kf, vf, rows, job.scale)
-            out[:, :, rows], lse[:, :, rows] = o, l_
+        out, lse = attend_blocks(
+            lambda _, i0, i1: _parts(c, h, i0, i1, dtype), qf, kf, vf, DECAY_BLOCK, job.scale
+        )
         ctx.job, ctx.c = job, c
         ctx.save_for_backward(qf, kf, vf, out, lse)
         return out.to(q.dtype)

@@ -13,14 +13,23 @@ same keys), and the parts merge by log-sum-exp.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
-from .kernels import flash
+from .kernels import block_bounds, flash
 
-__all__ = ["Part", "Span", "attend_part", "attend_parts", "head_spans", "merge_part"]
+__all__ = [
+    "Part",
+    "Span",
+    "attend_blocks",
+    "attend_part",
+    "attend_parts",
+    "head_spans",
+    "merge_part",
+]
 
 
 @dataclass
@@ -100,3 +109,24 @@ def attend_parts(
     for part in rest:
         o, lse = merge_part(o, lse, part, q, k, v, rows, scale)
     return o, lse
+
+
+def attend_blocks(
+    parts_of: Callable[[int, int, int], list[Part]],
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    block: int,
+    scale: float,
+) -> tuple[Tensor, Tensor]:
+    """``(out, lse)`` of every query block of ``block`` rows: block ``c``, rows ``[i0, i1)``,
+    attends its parts ``parts_of(c, i0, i1)`` (:func:`attend_parts`).
+
+    Shapes: q ``(b, h, i, d)``; returns ``(b, h, i, d)`` and ``(b, h, i)``.
+    """
+    b, h, n, _ = q.shape
+    out, lse = torch.empty_like(q), q.new_empty(b, h, n)
+    for c, (i0, i1) in enumerate(block_bounds(0, n, block)):
+        rows = slice(i0, i1)
+        out[:, :, rows], lse[:, :, rows] = attend_parts(parts_of(c, i0, i1), q, k, v, rows, scale)
+    return out, lse
