@@ -229,6 +229,9 @@ _TRAINING_FLAGS = [
 ]
 
 
+_DATA = next(f for f in _TRAINING_FLAGS if f.dest == "data")
+
+
 def _add_model_args(p: argparse.ArgumentParser) -> None:
     for title, flags in (("model", _MODEL_FLAGS), ("training", _TRAINING_FLAGS)):
         group = p.add_argument_group(
@@ -252,10 +255,8 @@ def _flag_value(args: argparse.Namespace, flag: _Flag) -> Any:
 
 
 def _train_config(args: argparse.Namespace):
-    """The run's config from ``--config`` (with the flags given overriding its fields) or from
-    the flags alone; errors name the flag (or the file)."""
-    from ..models import TransformerConfig
-    from ..music import VOCAB_SIZE
+    """The run's config from ``--config`` or from the flags' defaults, with the flags given
+    replacing its fields (:func:`_override`); errors name the flag (or the file)."""
     from ..training import TrainConfig
 
     given = _given_flags(args)
@@ -266,25 +267,22 @@ def _train_config(args: argparse.Namespace):
         except (ValueError, TypeError) as e:
             raise CLIError(f"--config {path}: {e}") from None
         return _override(cfg, args, given) if given else cfg
-    value = {f.dest: _flag_value(args, f) for f in _MODEL_FLAGS + _TRAINING_FLAGS}
-    scheme = _scheme_from_args(value["scheme"], value["scheme_arg"])
-    check_data("--data", value["data"])
-    try:
-        model = TransformerConfig(
-            vocab_size=VOCAB_SIZE,
-            scheme=scheme,
-            **{
-                f.field.split(".")[1]: value[f.dest] for f in _MODEL_FLAGS if "scheme" not in f.dest
-            },
-        )
-        return TrainConfig(
-            model=model,
-            **{f.field: value[f.dest] for f in _TRAINING_FLAGS if f.dest != "data"},
-            data=str(value["data"]),
-        )
-    except (ValueError, TypeError) as e:
-        flag = _flag_of(str(e))
-        raise CLIError(f"{flag}: {e}" if flag else str(e)) from None
+    if _DATA not in given:
+        given.append(_DATA)  # the default data is checked like a given one
+    return _override(_default_config(), args, given)
+
+
+def _default_config():
+    """The config of the flags' defaults."""
+    from ..models import TransformerConfig
+    from ..music import VOCAB_SIZE
+    from ..training import TrainConfig
+
+    model = {f.field.split(".")[1]: f.default for f in _MODEL_FLAGS if f.field != "model.scheme"}
+    return TrainConfig(
+        model=TransformerConfig(vocab_size=VOCAB_SIZE, scheme={"name": DEMO["scheme"]}, **model),
+        **{f.field: f.default for f in _TRAINING_FLAGS},
+    )
 
 
 def _override(cfg, args: argparse.Namespace, given: list[_Flag]):
@@ -304,7 +302,7 @@ def _override(cfg, args: argparse.Namespace, given: list[_Flag]):
     for f in given:
         if "scheme" in f.dest:
             continue
-        value = getattr(args, f.dest)
+        value = _flag_value(args, f)
         if f.dest == "data":
             check_data("--data", value)
             value = str(value)
@@ -382,8 +380,8 @@ def cmd_train(args: argparse.Namespace) -> int:
                 "--config and --resume: --resume continues the run with its own config; "
                 "drop --config (or start a new run in another --run-dir)"
             )
-        if _given_flags(args):
-            names = ", ".join(f.name for f in _given_flags(args))
+        if given := _given_flags(args):
+            names = ", ".join(f.name for f in given)
             raise CLIError(
                 f"{names} with --resume: --resume continues the run with its own config; drop "
                 "them (or start a new run in another --run-dir)"
