@@ -104,6 +104,11 @@ def causal_only(spec: dict) -> bool:
     return relpos.SCHEMES[spec["name"]].causal_only
 
 
+def has_value_term(spec: dict) -> bool:
+    """Whether the spec adds a value term (Shaw's values): ``sdpa`` and ``flex`` decline it."""
+    return spec["name"] == "shaw" and spec.get("values", True)
+
+
 def tiles_refuse(spec: dict) -> bool:
     """Whether ``chunked`` and ``flex`` refuse the scheme: a ``key_bias`` with no relative form
     (CoPE's gates read every key at once); ``eager`` and ``sdpa`` run it (``auto``: ``sdpa``)."""

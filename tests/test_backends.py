@@ -35,6 +35,7 @@ from relpos.attention.sdpa import sdpa_attention, sdpa_supports
 from tests.helpers import (
     BACKEND_SPECS,
     causal_only,
+    has_value_term,
     make_layout,
     randomize_parameters,
     spec_id,
@@ -59,10 +60,6 @@ def one_thread():
 
 LAYOUTS = ["plain", "offset", "left-pad", "right-pad", "packed", "cached", "cached-plain"]
 FAST_BACKENDS = ["sdpa", "chunked", "chunked-tiles", "auto"]
-
-
-def has_value_term(spec: dict) -> bool:
-    return spec["name"] == "shaw" and spec.get("values", True)
 
 
 def call(name: str, q, k, v, scheme, qp, kp, causal, **kw):

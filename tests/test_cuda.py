@@ -30,7 +30,13 @@ import torch
 import relpos
 from relpos.attention.backends import BACKENDS
 from relpos.attention.flex import flex_available, flex_supports
-from tests.helpers import BACKEND_SPECS, make_layout, randomize_parameters, spec_id
+from tests.helpers import (
+    BACKEND_SPECS,
+    has_value_term,
+    make_layout,
+    randomize_parameters,
+    spec_id,
+)
 
 DEVICE = os.environ.get("RELPOS_TEST_DEVICE", "cuda")
 #: Largest ``‖x − ref‖ / ‖ref‖`` per tensor, by dtype.
@@ -59,10 +65,6 @@ def compiled_for_real():
         recompile_limit=256, accumulated_recompile_limit=4096, fail_on_recompile_limit_hit=True
     ):
         yield
-
-
-def has_value_term(spec: dict) -> bool:
-    return spec["name"] == "shaw" and spec.get("values", True)
 
 
 def relative_error(x: torch.Tensor | None, ref: torch.Tensor | None) -> float:
