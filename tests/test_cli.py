@@ -403,6 +403,23 @@ def test_bench_layouts(tmp_path, capsys):
     capsys.readouterr()
 
 
+def test_bench_tokens_fix_the_batch_times_length(tmp_path, capsys):
+    """``--tokens N``: each length L runs with B = N // L; refused beside --batch or below L."""
+    from relpos.cli import bench
+
+    argv = ["--schemes", "alibi", "--impls", "sdpa", "--repeats", "5", "--warmup", "1"]
+    argv += ["--no-memory", "--no-plot", "--out", str(tmp_path)]
+    assert bench.main([*argv, "--lengths", "16,32", "--tokens", "64"]) == 0
+    rows = json.loads((tmp_path / "bench.json").read_text())
+    assert {(r["config"]["L"], r["config"]["B"]) for r in rows} == {(16, 4), (32, 2)}
+    assert all(r["first_s"] is not None for r in rows)  # the first call, timed
+    capsys.readouterr()
+    for bad in (["--tokens", "64", "--batch", "2"], ["--tokens", "8"]):
+        with pytest.raises(SystemExit):
+            bench.main([*argv, "--lengths", "16,32", *bad])
+        assert "--tokens" in capsys.readouterr().err
+
+
 def test_demo_bench_tour_and_no_command_refuse(tiny_data, tmp_path, capsys):
     refused(capsys, ["demo", "--steps", "0"], "argument --steps")
     refused(capsys, ["demo", "--data", str(tmp_path / "no.json")], "--data", "does not exist")
