@@ -45,8 +45,8 @@ from torch import Tensor
 from ...functional.dtypes import compute_dtype
 from .grads import GradSink, push_grad
 from .job import Job
-from .kernels import block_bounds, flash_backward
-from .parts import Part, Span, attend_blocks, head_spans
+from .kernels import block_bounds
+from .parts import Part, Span, attend_blocks, backward_part, head_spans
 
 __all__ = ["ALIBI_BLOCK", "AlibiAttention", "alibi_reach"]
 
@@ -206,26 +206,16 @@ class AlibiAttention(torch.autograd.Function):
                 extra = torch.stack((torch.ones_like(ar), ar), -1).expand(*qb.shape[:2], -1, 2)
                 qb = torch.cat((qb, extra), -1)
             for part in _parts(ctx.geom, job.causal, h, i0, i1, n, ctx.reach[c]):
-                lse_p = lse[:, :, i0:i1] if part.const is None else lse[:, :, i0:i1] - part.const
-                lse_p = lse_p.contiguous()
-                for s in part.spans:
-                    if s.j1 == s.j0:  # every key of this part is out of reach for these heads
-                        continue
-                    hs, js = slice(s.h0, s.h1), slice(s.j0, s.j1)
-                    gq, gk, gv = flash_backward(
-                        dob[:, hs], qb[:, hs], kf[:, hs, js], vf[:, hs, js], ob[:, hs],
-                        lse_p[:, hs], 0.0, part.causal, attn_mask=part.call_mask(s),
-                        scale=job.scale,
-                    )  # fmt: skip
-                    dq[:, hs, i0:i1] += gq[..., :d]
-                    dk[:, hs, js] += gk[..., :d]
-                    dv[:, hs, js] += gv[..., :d]
+                spans = backward_part(
+                    part, dob, qb, ob, lse, kf, vf, slice(i0, i1), job.scale, (dq, dk, dv)
+                )
+                for s, gk in spans:
                     if learn and (part.const is not None or job.causal):
                         # Σ dS·(u_j - c_i), u_j = j - i0; a right part's e is its negative.
                         u = torch.arange(s.j0 - i0, s.j1 - i0, device=qf.device, dtype=qf.dtype)
                         moments = gk[..., d:] / job.scale  # (b, h, j, 2): Σ_i dS, Σ_i dS·c_i
                         g = (moments[..., 0] * u - moments[..., 1]).sum((0, 2))
-                        dslope[hs] += g if part.start < i1 else -g
+                        dslope[s.h0 : s.h1] += g if part.start < i1 else -g
             if learn and not job.causal:
                 e = _diag_distance(i1 - i0, False, qf)
                 dslope += _diag_slope_grad(

@@ -29,8 +29,8 @@ from torch import Tensor
 
 from ...functional.dtypes import compute_dtype
 from .job import Job
-from .kernels import block_bounds, flash_backward
-from .parts import Part, Span, attend_blocks
+from .kernels import block_bounds
+from .parts import Part, Span, attend_blocks, backward_part
 
 __all__ = ["DECAY_BLOCK", "DecayAttention"]
 
@@ -89,18 +89,10 @@ class DecayAttention(torch.autograd.Function):
             rows = slice(i0, i1)
             dob, ob, qb = do[:, :, rows].contiguous(), out[:, :, rows].contiguous(), qf[:, :, rows]
             for part in _parts(ctx.c, h, i0, i1, qf.dtype):
-                lse_p = lse[:, :, rows] if part.const is None else lse[:, :, rows] - part.const
-                (span,) = part.spans
-                keys = slice(span.j0, span.j1)
-                gq, gk, gv = flash_backward(
-                    dob, qb, kf[:, :, keys], vf[:, :, keys], ob, lse_p.contiguous(), 0.0,
-                    part.causal, attn_mask=part.mask, scale=job.scale,
-                )  # fmt: skip
-                dq[:, :, rows] += gq[..., :d]
-                dk[:, :, keys] += gk[..., :d]
-                dv[:, :, keys] += gv[..., :d]
-                if learn:
-                    colsum[:, :, keys] += gk[..., d] / job.scale
+                spans = backward_part(part, dob, qb, ob, lse, kf, vf, rows, job.scale, (dq, dk, dv))
+                for span, gk in spans:  # one span: every head the same keys
+                    if learn:
+                        colsum[:, :, span.j0 : span.j1] += gk[..., d] / job.scale
         t = grad_out.dtype
         grads = (dq.to(t), dk.to(t), dv.to(t), None)
         if not learn:

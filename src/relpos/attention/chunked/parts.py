@@ -13,13 +13,13 @@ same keys), and the parts merge by log-sum-exp.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
-from .kernels import block_bounds, flash
+from .kernels import block_bounds, flash, flash_backward
 
 __all__ = [
     "Part",
@@ -27,6 +27,7 @@ __all__ = [
     "attend_blocks",
     "attend_part",
     "attend_parts",
+    "backward_part",
     "head_spans",
     "merge_part",
 ]
@@ -130,3 +131,40 @@ def attend_blocks(
         rows = slice(i0, i1)
         out[:, :, rows], lse[:, :, rows] = attend_parts(parts_of(c, i0, i1), q, k, v, rows, scale)
     return out, lse
+
+
+def backward_part(
+    part: Part,
+    do: Tensor,
+    q: Tensor,
+    o: Tensor,
+    lse: Tensor,
+    k: Tensor,
+    v: Tensor,
+    rows: slice,
+    scale: float,
+    grads: tuple[Tensor, Tensor, Tensor],
+) -> Iterator[tuple[Span, Tensor]]:
+    """The fused backward pass of one part of the query block ``rows``: adds each span's
+    gradients into ``grads = (dq, dk, dv)`` (their ``d`` columns) and yields the span with its
+    full key gradient, whose extra columns (past ``d``) carry what a caller appended to ``q``.
+
+    Shapes: do, q, o ``(b, h, bi, d+)`` (the block's rows); lse ``(b, h, i)`` (every row); k, v
+    ``(b, h, j, d+)``; dq ``(b, h, i, d)``, dk, dv ``(b, h, j, d)``.
+    """
+    dq, dk, dv = grads
+    d = dq.shape[-1]
+    lse_p = lse[:, :, rows] if part.const is None else lse[:, :, rows] - part.const
+    lse_p = lse_p.contiguous()
+    for s in part.spans:
+        if s.j1 == s.j0:  # every key of this part is out of reach for these heads
+            continue
+        hs, js = slice(s.h0, s.h1), slice(s.j0, s.j1)
+        gq, gk, gv = flash_backward(
+            do[:, hs], q[:, hs], k[:, hs, js], v[:, hs, js], o[:, hs], lse_p[:, hs], 0.0,
+            part.causal, attn_mask=part.call_mask(s), scale=scale,
+        )  # fmt: skip
+        dq[:, hs, rows] += gq[..., :d]
+        dk[:, hs, js] += gk[..., :d]
+        dv[:, hs, js] += gv[..., :d]
+        yield s, gk
