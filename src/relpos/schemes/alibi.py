@@ -64,19 +64,13 @@ class ALiBi(LinearBiasScheme):
 
 
 @dataclass(frozen=True)
-class LearnedALiBiConfig(SchemeConfig):
-    """Args:
+class LearnedALiBiConfig(ALiBiConfig):
+    """Args (ALiBi's fields, checked alike):
     slopes: initial slopes, one per head (default: ALiBi's geometric sequence).
     heads: the heads that get the bias (indices), or None for every head; the others get 0.
     """
 
     name = "learned_alibi"
-    slopes: tuple[float, ...] | None = None
-    heads: tuple[int, ...] | None = None
-
-    def validate(self) -> None:
-        object.__setattr__(self, "slopes", _check_slopes(self.slopes))
-        object.__setattr__(self, "heads", check_heads_field(self.heads))
 
 
 @register
