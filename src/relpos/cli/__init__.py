@@ -1,5 +1,5 @@
 """The ``relpos`` command line: ``train``, ``eval``, ``generate``, ``demo`` (:mod:`.commands`),
-``bench`` (:mod:`.bench`) and ``tour`` (:mod:`.tour`)."""
+``bench`` (:mod:`.bench`), ``tour`` (:mod:`.tour`) and ``compare`` (:mod:`.compare`)."""
 
 from .commands import build_parser, main
 

@@ -1,4 +1,5 @@
-"""The ``relpos`` command line: ``train``, ``eval``, ``generate``, ``demo``, ``bench``, ``tour``.
+"""The ``relpos`` command line: ``train``, ``eval``, ``generate``, ``demo``, ``bench``, ``tour``,
+``compare``.
 
 Every subcommand reports a user error — a malformed or out-of-range value, a device that is not
 there, a path that is missing or of the wrong kind, data in the wrong format, a run that cannot fit
@@ -559,7 +560,11 @@ def cmd_tour(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="relpos", description=__doc__.splitlines()[0])
+    parser = _Parser(
+        prog="relpos",
+        description="relpos: train, evaluate and sample chorale models; benchmark attention; "
+        "compare schemes on length generalisation.",
+    )
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("train", help="train a transformer on chorales")
