@@ -284,6 +284,40 @@ def test_chunked_dropout_gradients_match_finite_differences():
     assert not torch.allclose(dropped, plain)  # dropout did something
 
 
+@pytest.mark.parametrize("backend", ["eager", "sdpa", "chunked-tiles", "auto"])
+@pytest.mark.parametrize("name", ["nope", "alibi", "music"])
+def test_attention_dropout_drops_at_rate_p_and_rescales_the_rest(backend, name):
+    """With ``v = I`` the output is the (dropped) probabilities themselves: each pair a query may
+    attend to is 0 with probability ``p`` and otherwise its probability / (1 - p), so the
+    expectation is the probabilities without dropout. The rate is checked to 5 standard errors
+    over every allowed pair of 150 draws (a seeded run: deterministic)."""
+    torch.manual_seed(0)
+    n, p, draws = 16, 0.3, 150
+    scheme = relpos.make_scheme(name, d_model=2 * n, num_heads=2, causal=True)
+    randomize_parameters(scheme)
+    q, k = (torch.randn(1, 2, n, n) for _ in range(2))
+    v = torch.eye(n).expand(1, 2, n, n)
+    pos = Positions.from_length(n)
+    probs = call(backend, q, k, v, scheme, pos, pos, True)
+    allowed = torch.ones(n, n, dtype=torch.bool).tril().expand(1, 2, n, n)
+    assert torch.all(probs[allowed] > 0) and torch.all(probs[~allowed] == 0)
+    run = [
+        call(backend, q, k, v, scheme, pos, pos, True, dropout_p=p, training=True)
+        for _ in range(draws)
+    ]
+    out = torch.stack(run)  # (draws, 1, 2, i, j)
+    kept = out != 0
+    assert not kept[:, ~allowed].any()
+    count = allowed.sum().item() * draws
+    rate = 1.0 - kept[:, allowed].sum().item() / count
+    assert abs(rate - p) < 5 * (p * (1 - p) / count) ** 0.5, rate
+    expected = (probs / (1 - p)).expand_as(out)
+    torch.testing.assert_close(out[kept], expected[kept], rtol=1e-5, atol=1e-7)
+    # Outside training the same call is the probabilities, unchanged.
+    same = call(backend, q, k, v, scheme, pos, pos, True, dropout_p=p, training=False)
+    torch.testing.assert_close(same, probs, rtol=0, atol=0)
+
+
 # ------------------------------------------------------------------------------ memory structure
 class MaxNumel(TorchDispatchMode):
     """Records the largest tensor any op produces."""
