@@ -30,7 +30,20 @@ def _check_slopes(slopes) -> tuple[float, ...] | None:
 
 
 @dataclass(frozen=True)
-class ALiBiConfig(SchemeConfig):
+class _SlopeFields(SchemeConfig):
+    """The fields and checks both ALiBi configs share (siblings, not parent and child: a scheme
+    refuses another scheme's config)."""
+
+    slopes: tuple[float, ...] | None = None
+    heads: tuple[int, ...] | None = None
+
+    def validate(self) -> None:
+        object.__setattr__(self, "slopes", _check_slopes(self.slopes))
+        object.__setattr__(self, "heads", check_heads_field(self.heads))
+
+
+@dataclass(frozen=True)
+class ALiBiConfig(_SlopeFields):
     """Args:
     slopes: one slope per head instead of the paper's geometric sequence; a slope of 0 leaves
         that head without a bias (per-head control: bias some heads, not others).
@@ -38,12 +51,6 @@ class ALiBiConfig(SchemeConfig):
     """
 
     name = "alibi"
-    slopes: tuple[float, ...] | None = None
-    heads: tuple[int, ...] | None = None
-
-    def validate(self) -> None:
-        object.__setattr__(self, "slopes", _check_slopes(self.slopes))
-        object.__setattr__(self, "heads", check_heads_field(self.heads))
 
 
 @register
@@ -64,8 +71,8 @@ class ALiBi(LinearBiasScheme):
 
 
 @dataclass(frozen=True)
-class LearnedALiBiConfig(ALiBiConfig):
-    """Args (ALiBi's fields, checked alike):
+class LearnedALiBiConfig(_SlopeFields):
+    """Args:
     slopes: initial slopes, one per head (default: ALiBi's geometric sequence).
     heads: the heads that get the bias (indices), or None for every head; the others get 0.
     """
