@@ -20,22 +20,8 @@ import torch
 
 from relpos import Transformer, TransformerConfig
 from relpos.music import VOCAB_SIZE
-from relpos.runtime import cpu_name
+from relpos.runtime import bf16_instructions, cpu_name
 from relpos.training import accumulate_gradients
-
-BF16_FLAGS = ("avx512_bf16", "amx_bf16")
-
-
-def bf16_flags() -> list[str]:
-    """The bfloat16 instruction sets ``/proc/cpuinfo`` lists (empty elsewhere)."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            lines = [line for line in f if line.startswith("flags")]
-        flags = lines[0].split(":", 1)[1].split() if lines else []
-    except OSError:
-        return []
-    return [name for name in BF16_FLAGS if name in flags]
-
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -70,7 +56,7 @@ def main() -> None:
         for autocast in times:
             times[autocast].append(step(autocast))
     fp32, bf16 = min(times[False]), min(times[True])
-    flags = ", ".join(bf16_flags()) or "none"
+    flags = ", ".join(bf16_instructions()) or "none"
     print(
         f"{cpu_name()} (bfloat16 instructions: {flags}), {torch.get_num_threads()} thread(s); "
         f"width {args.d_model}, {args.layers} layers, {args.batch} × {args.context} tokens"

@@ -32,9 +32,11 @@ __all__ = [
     "MMAP_THRESHOLD",
     "TOP_PAD",
     "TRIM_THRESHOLD",
+    "bf16_instructions",
     "cpu_name",
     "denormals_flushed",
     "flush_denormals",
+    "native_bf16",
     "retain_freed_memory",
 ]
 
@@ -86,6 +88,31 @@ def cpu_name() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine() or "unknown CPU"
+
+
+#: x86 instruction sets that compute in bfloat16 natively (without them it is emulated, and
+#: autocast to bfloat16 makes CPU training several times slower).
+BF16_FLAGS = ("avx512_bf16", "amx_bf16")
+
+
+def bf16_instructions() -> list[str]:
+    """The bfloat16 instruction sets ``/proc/cpuinfo`` lists (empty where there is none)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            line = next((line for line in f if line.startswith("flags")), "")
+    except OSError:
+        return []
+    flags = line.split(":", 1)[1].split() if line else []
+    return [name for name in BF16_FLAGS if name in flags]
+
+
+def native_bf16(device: torch.device | str) -> bool:
+    """Whether ``device`` computes bfloat16 natively: a CUDA GPU that supports it, or a CPU with
+    one of :data:`BF16_FLAGS`. The ``"auto"`` setting of training's ``autocast`` follows this."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.cuda.is_bf16_supported()
+    return device.type == "cpu" and bool(bf16_instructions())
 
 
 # ----------------------------------------------------------------------------- the C heap

@@ -5,9 +5,9 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
+from ..functional.dropout import dropout
 from ..functional.dtypes import compute_dtype
 from ..positions import Positions
 from ..schemes.base import Scheme
@@ -55,7 +55,7 @@ def eager_attention(
     logits = logits.masked_fill(~allowed, torch.finfo(logits.dtype).min)
     probs = torch.softmax(logits, dim=-1) * allowed
     if dropout_p > 0.0 and training:
-        probs = F.dropout(probs, dropout_p)
+        probs = dropout(probs, dropout_p)
     out = probs @ v.to(dtype)
     term = scheme.value_term(probs, q_positions, k_positions)
     if term is not None:

@@ -34,6 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from ..functional.dropout import drop_mask
 from ..positions import Positions
 from ..schemes.base import LOGIT_HOOKS, Scheme
 from .contract import validate_attention_inputs, zero_padding_keys
@@ -79,6 +80,15 @@ def _logit_terms(
         if key_bias is not None:
             bias = key_bias if bias is None else bias + key_bias
     return bias
+
+
+def _math_attention_with_dropout(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, p: float) -> Tensor:
+    """``dropout(softmax(q·kᵀ/√d + mask))·v``: the CPU math kernel's computation, whose float
+    ``bernoulli_`` dropout mask costs more than its matmuls; :func:`drop_mask`'s is cheap."""
+    scores = torch.matmul(q, k.transpose(-1, -2)).mul_(1.0 / math.sqrt(q.shape[-1]))
+    probs = torch.softmax(scores + mask, dim=-1)  # the mask's float32 bias promotes bf16 scores
+    drop, scale = drop_mask(probs.shape, p, probs.device)
+    return torch.matmul(torch.where(drop, 0.0, probs), v).mul_(scale)
 
 
 def sdpa_attention(
@@ -129,8 +139,11 @@ def sdpa_attention(
         # Finite fill: a fully masked row stays finite (uniform), then is zeroed below.
         mask = bias.to(dtype).masked_fill(~allowed, fill)
     qc, kc, vc = (t.to(dtype) for t in (q, k, v))
-    out = F.scaled_dot_product_attention(
-        qc, kc, vc, attn_mask=mask, dropout_p=p, scale=1.0 / math.sqrt(q.shape[-1])
-    )
+    if p > 0 and q.device.type == "cpu":
+        out = _math_attention_with_dropout(qc, kc, vc, mask, p)
+    else:
+        out = F.scaled_dot_product_attention(
+            qc, kc, vc, attn_mask=mask, dropout_p=p, scale=1.0 / math.sqrt(q.shape[-1])
+        )
     out = torch.where(allowed.any(-1, keepdim=True), out, 0.0)
     return out.to(q.dtype)

@@ -7,7 +7,15 @@ import argparse
 import math
 from collections.abc import Callable
 
-__all__ = ["MAX_SEED", "SEED", "SPLIT_NAMES", "int_type", "positive_float", "split_type"]
+__all__ = [
+    "MAX_SEED",
+    "SEED",
+    "SPLIT_NAMES",
+    "OnOffAuto",
+    "int_type",
+    "positive_float",
+    "split_type",
+]
 
 #: The largest ``--seed`` (torch's and numpy's seeds are 64-bit).
 MAX_SEED = 2**63 - 1
@@ -51,3 +59,29 @@ def split_type(text: str) -> str:
             f"expected a split of the run's data, one of {', '.join(SPLIT_NAMES)}; got {text!r}"
         )
     return text
+
+
+class OnOffAuto(argparse.Action):
+    """``--flag`` (on), ``--flag auto``, ``--flag on|off`` and ``--no-flag`` (off): a boolean
+    that may also be ``"auto"``."""
+
+    _VALUES = {"on": True, "true": True, "off": False, "false": False, "auto": "auto"}
+
+    def __init__(self, option_strings: list[str], dest: str, **kw: object) -> None:
+        name = option_strings[0]
+        negative = "--no-" + name[2:]
+        kw.setdefault("metavar", "{on,off,auto}")
+        super().__init__([name, negative], dest, nargs="?", **kw)  # type: ignore[arg-type]
+
+    def __call__(self, parser, namespace, value, option_string=None):  # noqa: ANN001
+        if option_string is not None and option_string.startswith("--no-"):
+            if value is not None:
+                parser.error(f"argument {option_string}: takes no value, got {value!r}")
+            setattr(namespace, self.dest, False)
+            return
+        if value is None:
+            setattr(namespace, self.dest, True)
+            return
+        if value.lower() not in self._VALUES:
+            parser.error(f"argument {option_string}: expected on, off or auto, got {value!r}")
+        setattr(namespace, self.dest, self._VALUES[value.lower()])

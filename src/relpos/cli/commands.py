@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..runtime import flush_denormals, retain_freed_memory
-from .argtypes import MAX_SEED, SEED, int_type
+from .argtypes import MAX_SEED, SEED, OnOffAuto, int_type
 from .checks import CLIError, check_data, input_file, output_folder
 from .generate import add_parser as add_generate
 from .runs import load_model, parse_splits, run_folder
@@ -218,7 +218,11 @@ _TRAINING_FLAGS = [
         "--autocast",
         "autocast",
         False,
-        {"action": argparse.BooleanOptionalAction, "help": "bfloat16 autocast of the forward pass"},
+        {
+            "action": OnOffAuto,
+            "help": "bfloat16 autocast of the forward pass; auto: on where the device computes "
+            "bfloat16 natively (CUDA, or a CPU with AVX-512 BF16 or AMX)",
+        },
     ),
     _Flag(
         "--max-shift",

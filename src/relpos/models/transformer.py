@@ -17,6 +17,7 @@ from torch import Tensor, nn
 from ..attention import KVCache, MultiheadAttention
 from ..attention.backends import get_backend
 from ..embedding import TokenPositionEmbedding
+from ..functional.dropout import Dropout
 from ..positions import Positions, resolve_positions
 from ..schemes.base import Scheme, check_heads, check_int, config_from_dict, make_scheme
 
@@ -136,7 +137,7 @@ class Block(nn.Module):
         self.mlp = nn.Sequential(
             nn.Linear(cfg.d_model, d_ff), nn.GELU(), nn.Linear(d_ff, cfg.d_model)
         )
-        self.drop = nn.Dropout(cfg.dropout)
+        self.drop = Dropout(cfg.dropout)
 
     def forward(self, x: Tensor, positions: Positions, cache: KVCache | None) -> Tensor:
         x = x + self.drop(self.attn(self.ln1(x), positions, cache=cache))
@@ -161,7 +162,7 @@ class Transformer(nn.Module):
         self.embed = TokenPositionEmbedding(
             cfg.vocab_size, cfg.d_model, cfg.scheme if absolute else None
         )
-        self.drop = nn.Dropout(cfg.dropout)
+        self.drop = Dropout(cfg.dropout)
         specs = cfg.layer_schemes or [None if absolute else cfg.scheme] * cfg.num_layers
         if cfg.share_relative:  # one module, so one set of tables, in every layer
             shared = make_scheme(

@@ -108,7 +108,9 @@ class TrainConfig:
         patience: stop after this many validations in a row without a new best NLL (0: never);
             ``best.pt`` keeps the best.
         autocast: run forward passes under bfloat16 autocast (weights, optimiser and loss stay
-            float32).
+            float32): ``True``, ``False``, or ``"auto"``: on where the device computes bfloat16
+            natively (:func:`relpos.runtime.native_bf16`: a CUDA GPU, or a CPU with AVX-512 BF16
+            or AMX), where it is faster; off elsewhere, where bfloat16 is emulated and slower.
         eval_every: validate (and checkpoint) every this many steps.
         max_shift: transposition augmentation, semitones either way (0: off).
         seed: seeds torch, numpy and the data order.
@@ -132,7 +134,7 @@ class TrainConfig:
     accumulate: int = 1
     ema: float = 0.0
     patience: int = 0
-    autocast: bool = False
+    autocast: bool | str = False
     eval_every: int = 200
     max_shift: int = 5
     seed: int = 0
@@ -171,8 +173,8 @@ class TrainConfig:
                 f"batch_size ({self.batch_size}) must be divisible by accumulate "
                 f"({self.accumulate}): each micro-batch holds batch_size / accumulate windows"
             )
-        if not isinstance(self.autocast, bool):
-            raise TypeError(f"autocast must be true or false, got {self.autocast!r}")
+        if not isinstance(self.autocast, bool) and self.autocast != "auto":
+            raise TypeError(f"autocast must be true, false or 'auto', got {self.autocast!r}")
         betas = self.betas
         if isinstance(betas, (str, bytes)) or not isinstance(betas, Sequence) or len(betas) != 2:
             raise TypeError(f"betas must be a pair of numbers [beta1, beta2], got {betas!r}")

@@ -42,6 +42,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from ..atomic import atomic_path, remove_stale_temporaries
 from ..models.transformer import Transformer
+from ..runtime import native_bf16
 from .checkpoint import load_checkpoint, save_checkpoint
 from .config import TrainConfig
 from .dataset import TokenDataset
@@ -373,7 +374,8 @@ def train(
         validations without a new best), ``signal`` (the name of the signal
         that stopped the run, or ``None``), ``exit_status`` (0 when finished; 128 + the signal
         number when a signal stopped it: 130 for SIGINT, 143 for SIGTERM; 130 for
-        ``stop_after``), ``best_valid_nll``, ``tokens_per_s``.
+        ``stop_after``), ``best_valid_nll``, ``autocast`` (whether it was on: ``"auto"``
+        resolved), ``tokens_per_s``.
 
     Raises:
         FileExistsError: a new run in a folder that already holds one (:data:`RUN_FILES`).
@@ -393,6 +395,7 @@ def train(
         _refuse_existing_run(run)
         cfg = cfg.with_absolute_data()
     ctx = _Dist.from_env(device)
+    autocast = native_bf16(device) if cfg.autocast == "auto" else bool(cfg.autocast)
     if cfg.batch_size % (ctx.world * cfg.accumulate):
         raise ValueError(
             f"batch_size ({cfg.batch_size}) must be divisible by the number of "
@@ -478,6 +481,7 @@ def train(
                     "numpy_rng": numpy_rng,
                     "torch_rng": torch_rng,
                     "best_valid_nll": best,
+        "autocast": autocast,
                     "evals_since_best": since_best,
                     "valid_nll": valid_nll,
                     **({} if average is None else {"ema": average.state_dict()}),
@@ -528,7 +532,7 @@ def train(
                     tokens,
                     mask,
                     micro_batches=cfg.accumulate,
-                    autocast=cfg.autocast,
+                    autocast=autocast,
                     distributed=ctx.world > 1,
                 )
                 if cfg.grad_clip:
@@ -606,5 +610,6 @@ def train(
         "signal": stopped_by.name if stopped_by is not None else None,
         "exit_status": exit_status,
         "best_valid_nll": best,
+        "autocast": autocast,
         "tokens_per_s": tokens_seen / max(time.perf_counter() - t0, 1e-9),
     }

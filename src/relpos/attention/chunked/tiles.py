@@ -34,6 +34,7 @@ import math
 import torch
 from torch import Tensor
 
+from ...functional.dropout import drop_mask
 from ...functional.dtypes import compute_dtype
 from ...functional.skew import gather_relative, scatter_relative, scatter_table
 from .grads import GradSink, push_grad
@@ -47,7 +48,8 @@ DEFAULT_BLOCK = (256, 512)
 
 
 def _keep_mask(p: Tensor, dropout_p: float) -> Tensor:
-    return (torch.rand(p.shape, device=p.device) >= dropout_p).to(p.dtype) / (1.0 - dropout_p)
+    drop, scale = drop_mask(p.shape, dropout_p, p.device)
+    return torch.where(drop, 0.0, scale).to(p.dtype)
 
 
 def _rng_state(device: torch.device) -> Tensor:
