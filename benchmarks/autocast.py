@@ -23,6 +23,7 @@ from relpos.music import VOCAB_SIZE
 from relpos.runtime import bf16_instructions, cpu_name
 from relpos.training import accumulate_gradients
 
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--d-model", type=int, default=128)

@@ -318,6 +318,31 @@ def test_attention_dropout_drops_at_rate_p_and_rescales_the_rest(backend, name):
     torch.testing.assert_close(same, probs, rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("name", ["nope", "music"])
+def test_sdpa_dropout_on_cpu_equals_eager_with_the_same_mask(name):
+    """On the CPU, ``sdpa`` with dropout computes the math kernel's function itself (torch's draws
+    its mask with a slow float ``bernoulli_``) and draws the same ``(b, h, i, j)`` mask as
+    ``eager`` from the same seed: equal outputs and gradients, the learned bias's included."""
+    torch.manual_seed(0)
+    scheme = relpos.make_scheme(name, d_model=16, num_heads=2, causal=True)
+    randomize_parameters(scheme)
+    pos = Positions.from_segments(torch.tensor([[0, 0, 0, 1, 1, 1, 1, -1], [0] * 8]))
+    qkv = [torch.randn(2, 2, 8, 8, requires_grad=True) for _ in range(3)]
+    params = [*qkv, *scheme.parameters()]
+    results = []
+    for backend in ("eager", "sdpa"):
+        torch.manual_seed(7)
+        out = call(backend, *qkv, scheme, pos, pos, True, dropout_p=0.3, training=True)
+        grads = torch.autograd.grad(out.square().sum(), params)
+        results.append((out, grads))
+    (out_e, grads_e), (out_s, grads_s) = results
+    plain = call("eager", *qkv, scheme, pos, pos, True)
+    assert not torch.allclose(out_e, plain)  # dropout did something
+    torch.testing.assert_close(out_s, out_e, rtol=1e-5, atol=1e-6)
+    for g_s, g_e in zip(grads_s, grads_e, strict=True):
+        torch.testing.assert_close(g_s, g_e, rtol=1e-5, atol=1e-6)
+
+
 # ------------------------------------------------------------------------------ memory structure
 class MaxNumel(TorchDispatchMode):
     """Records the largest tensor any op produces."""

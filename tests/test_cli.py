@@ -157,6 +157,8 @@ TRAIN_CASES = [
     (["--lr", "nan"], ["--lr", "finite"]),
     (["--lr", "-1"], ["--lr"]),
     (["--dropout", "1.5"], ["--dropout"]),
+    (["--autocast", "maybe"], ["--autocast", "on, off or auto", "maybe"]),
+    (["--no-autocast=on"], ["--no-autocast", "takes no value"]),
     (["--warmup", "-1"], ["--warmup"]),
     (["--eval-every", "0"], ["--eval-every"]),
     (["--max-shift", "-1"], ["--max-shift"]),

@@ -248,3 +248,46 @@ def test_music_table_slice_by_span_equals_the_full_table(causal, n):
     a = scheme.score_bias(q, with_span, with_span)
     b = scheme.score_bias(q, without, without)
     torch.testing.assert_close(a[keep.expand_as(a)], b[keep.expand_as(b)])
+
+
+# ------------------------------------------------------------------------------ dropout
+def test_drop_mask_rate_scale_and_independent_lanes():
+    """The CPU mask drops at ``p`` rounded to 1/65536 (to 5 standard errors, in each of the four
+    16-bit lanes of a random word: a lane stuck or shared would show), scales by
+    ``1 / (1 - rounded p)``, and draws from torch's seeded generator."""
+    from relpos.functional.dropout import drop_mask
+
+    n, p = 1 << 20, 0.3
+    torch.manual_seed(0)
+    drop, scale = drop_mask((n // 1024, 1024), p, torch.device("cpu"))
+    rounded = round(p * 65536) / 65536
+    assert drop.dtype == torch.bool and drop.shape == (n // 1024, 1024)
+    assert scale == pytest.approx(1 / (1 - rounded), rel=1e-12)
+    for lane in range(4):
+        rate = drop.flatten()[lane::4].float().mean().item()
+        assert abs(rate - rounded) < 5 * (p * (1 - p) / (n // 4)) ** 0.5, (lane, rate)
+    # Neighbouring lanes are independent: both dropped at rate p² (not p, not 0).
+    pairs = drop.flatten().view(-1, 4)
+    both = (pairs[:, 0] & pairs[:, 1]).float().mean().item()
+    assert abs(both - rounded**2) < 5 * (p * p * (1 - p * p) / (n // 4)) ** 0.5, both
+    torch.manual_seed(0)
+    assert torch.equal(drop_mask(drop.shape, p, torch.device("cpu"))[0], drop)
+    odd, _ = drop_mask((3, 5), p, torch.device("cpu"))  # not a multiple of four lanes
+    assert odd.shape == (3, 5)
+    assert not drop_mask((64,), 0.0, torch.device("cpu"))[0].any()
+    with pytest.raises(ValueError, match=r"p must be in \[0, 1\), got 1.0"):
+        drop_mask((4,), 1.0, torch.device("cpu"))
+
+
+def test_dropout_keeps_the_expectation_and_is_identity_in_eval():
+    from relpos.functional.dropout import Dropout, dropout
+
+    x = torch.rand(256, 256) + 0.5
+    torch.manual_seed(1)
+    y = dropout(x, 0.25)
+    kept = y != 0
+    torch.testing.assert_close(y[kept], (x / (1 - 0.25))[kept])
+    assert abs(kept.float().mean().item() - 0.75) < 0.01
+    layer = Dropout(0.25).eval()
+    assert layer(x) is x and dropout(x, 0.25, training=False) is x
+    assert dropout(x, 0.0) is x

@@ -741,6 +741,45 @@ def test_bfloat16_autocast_trains_with_float32_weights(tiny_data, tmp_path):
     assert all(v.dtype == torch.float32 for v in state["model"].values() if v.is_floating_point())
 
 
+@pytest.mark.parametrize("native", [False, True])
+def test_autocast_auto_follows_native_bfloat16(tiny_data, tmp_path, monkeypatch, native):
+    """``autocast="auto"`` is on exactly where the device computes bfloat16 natively (faked here
+    both ways); the config keeps ``"auto"``, the summary says what ran."""
+    import relpos.training.loop as loop_mod
+
+    monkeypatch.setattr(loop_mod, "native_bf16", lambda device: native)
+    cfg = tiny_config(tiny_data, autocast="auto", steps=1, eval_every=1)
+    assert train(cfg, tmp_path / "r")["autocast"] is native
+    assert TrainConfig.load(tmp_path / "r" / "config.json").autocast == "auto"
+
+
+def test_native_bf16_reads_the_cpu_flags(monkeypatch):
+    import relpos.runtime as runtime
+
+    assert set(runtime.bf16_instructions()) <= set(runtime.BF16_FLAGS)  # this machine's, read
+    monkeypatch.setattr(runtime, "bf16_instructions", lambda: [])
+    assert not runtime.native_bf16("cpu")
+    monkeypatch.setattr(runtime, "bf16_instructions", lambda: ["avx512_bf16"])
+    assert runtime.native_bf16("cpu") and not runtime.native_bf16("meta")
+
+
+@pytest.mark.parametrize(
+    ("flags", "expected"),
+    [
+        ([], False),
+        (["--autocast"], True),
+        (["--autocast", "auto"], "auto"),
+        (["--autocast", "off"], False),
+        (["--autocast=on", "--no-autocast"], False),
+    ],
+)
+def test_autocast_flag_takes_on_off_auto(tiny_data, tmp_path, flags, expected):
+    run = tmp_path / "run"
+    base = [*TINY_FLAGS, "--steps", "1", "--eval-every", "1"]
+    assert main(["train", "--run-dir", str(run), "--data", str(tiny_data), *base, *flags]) == 0
+    assert TrainConfig.load(run / "config.json").autocast == expected
+
+
 def test_recipe_flags_reach_the_config(tiny_data, tmp_path):
     run = tmp_path / "run"
     flags = [*TINY_FLAGS, "--steps", "2", "--eval-every", "2"]

@@ -22,6 +22,9 @@ Shape legend: ``b`` batch, ``h`` heads, ``i`` queries, ``j`` keys, ``d`` head di
   fused CPU kernels do not differentiate the mask, so training such a scheme with ``sdpa`` falls
   back to PyTorch's math kernel (correct, but it materialises the ``(b, h, i, j)`` probabilities):
   ``auto`` prefers ``chunked`` there.
+* Dropout in training on the CPU: PyTorch's math kernel draws its mask with a float ``bernoulli_``
+  that costs more than its matmuls, so the backend computes the same function itself with
+  :func:`~relpos.functional.dropout.drop_mask`'s integer mask (equal to ``eager`` given the seed).
 
 Reference: Dao et al. (2022), "FlashAttention"; PyTorch's ``scaled_dot_product_attention`` docs.
 """

@@ -61,11 +61,19 @@ def split_type(text: str) -> str:
     return text
 
 
+#: What an :class:`OnOffAuto` flag's value may be.
+_ON_OFF_AUTO: dict[str, bool | str] = {
+    "on": True,
+    "true": True,
+    "off": False,
+    "false": False,
+    "auto": "auto",
+}
+
+
 class OnOffAuto(argparse.Action):
     """``--flag`` (on), ``--flag auto``, ``--flag on|off`` and ``--no-flag`` (off): a boolean
     that may also be ``"auto"``."""
-
-    _VALUES = {"on": True, "true": True, "off": False, "false": False, "auto": "auto"}
 
     def __init__(self, option_strings: list[str], dest: str, **kw: object) -> None:
         name = option_strings[0]
@@ -73,7 +81,7 @@ class OnOffAuto(argparse.Action):
         kw.setdefault("metavar", "{on,off,auto}")
         super().__init__([name, negative], dest, nargs="?", **kw)  # type: ignore[arg-type]
 
-    def __call__(self, parser, namespace, value, option_string=None):  # noqa: ANN001
+    def __call__(self, parser, namespace, value, option_string=None):
         if option_string is not None and option_string.startswith("--no-"):
             if value is not None:
                 parser.error(f"argument {option_string}: takes no value, got {value!r}")
@@ -82,6 +90,6 @@ class OnOffAuto(argparse.Action):
         if value is None:
             setattr(namespace, self.dest, True)
             return
-        if value.lower() not in self._VALUES:
+        if value.lower() not in _ON_OFF_AUTO:
             parser.error(f"argument {option_string}: expected on, off or auto, got {value!r}")
-        setattr(namespace, self.dest, self._VALUES[value.lower()])
+        setattr(namespace, self.dest, _ON_OFF_AUTO[value.lower()])

@@ -21,7 +21,9 @@ __all__ = ["Dropout", "drop_mask", "dropout"]
 _CODES = 1 << 16  # values of one 16-bit lane
 
 
-def drop_mask(shape: torch.Size | tuple[int, ...], p: float, device: torch.device) -> tuple[Tensor, float]:
+def drop_mask(
+    shape: torch.Size | tuple[int, ...], p: float, device: torch.device
+) -> tuple[Tensor, float]:
     """A mask of dropped elements and the scale for the kept ones.
 
     Args:

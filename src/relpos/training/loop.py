@@ -481,7 +481,7 @@ def train(
                     "numpy_rng": numpy_rng,
                     "torch_rng": torch_rng,
                     "best_valid_nll": best,
-        "autocast": autocast,
+                    "autocast": autocast,
                     "evals_since_best": since_best,
                     "valid_nll": valid_nll,
                     **({} if average is None else {"ema": average.state_dict()}),
