@@ -7,7 +7,10 @@ compile and gradcheck."""
 
 from __future__ import annotations
 
+import os
 import random
+import shutil
+import warnings
 
 import pytest
 import torch
@@ -245,3 +248,124 @@ def test_bench_rows_are_causal_only(tmp_path):
     assert "| fire | chunked | 32 | 1 | causal |" in table
     assert "| sandwich | sdpa | 32 | 1 | bidir |" in table
     assert "| fire | sdpa | 32 | 1 | bidir |" not in table
+
+
+# ------------------------------------------------------------------------------ the C kernel
+#: The kernel tests need the compiler that builds it (the fallback's test does not).
+needs_compiler = pytest.mark.skipif(
+    shutil.which(os.environ.get("CC") or "cc") is None, reason="no C compiler to build the kernel"
+)
+
+
+def fused_calls(monkeypatch) -> list[int]:
+    """Counts the C kernel's forward calls."""
+    seen: list[int] = []
+    real = fire_mod._FusedPairs.apply
+    monkeypatch.setattr(fire_mod._FusedPairs, "apply", lambda *a: seen.append(1) or real(*a))
+    return seen
+
+
+@needs_compiler
+@settings(max_examples=8, deadline=None)
+@given(seed=st.integers(0, 2**16))
+def test_c_kernel_matches_the_loop_and_the_torch_path(seed):
+    """float32 on the CPU runs the per-pair bias in C (``native/fire.c``): its values and every
+    parameter's gradient equal the float64 loop, and the PyTorch path (``RELPOS_NATIVE=0``), on
+    padded, packed and cached positions with queries past the threshold."""
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        rng = random.Random(seed)
+        h, b, n = rng.randint(1, 4), rng.randint(1, 2), rng.randint(2, 40)
+        spec = {**SPEC, "hidden": rng.choice([1, 8, 32]), "init_threshold": rng.uniform(0.5, 12)}
+        scheme = make(h, spec, seed=seed, dtype=torch.float32)
+        kp = random_positions(rng, b, n)
+        qp = kp[n - rng.randint(1, n) :]
+        assume_past = qp.pos.max() > scheme.threshold_scale.abs() * spec["init_threshold"]
+        seen = fused_calls(monkeypatch)
+        out = scheme.score_bias(None, qp, kp)
+        assert len(seen) == int(bool(assume_past))  # the C kernel ran where the pairs need it
+        weights = torch.randn_like(out)
+        params = list(scheme.parameters())
+        grads = torch.autograd.grad((out * weights).sum(), params, allow_unused=True)
+        monkeypatch.setenv("RELPOS_NATIVE", "0")
+        torch_out = scheme.score_bias(None, qp, kp)
+        torch_grads = torch.autograd.grad((torch_out * weights).sum(), params, allow_unused=True)
+        assert len(seen) == int(bool(assume_past))  # not called with RELPOS_NATIVE=0
+        torch.testing.assert_close(out, torch_out, rtol=1e-5, atol=1e-5)
+        exact = scheme.double()
+        ref = loop_bias(exact, qp, kp)
+        torch.testing.assert_close(out.double(), ref, rtol=1e-5, atol=1e-5)
+        ref_grads = torch.autograd.grad(
+            (ref * weights.double()).sum(), list(exact.parameters()), allow_unused=True
+        )
+        names = [name for name, _ in scheme.named_parameters()]
+        for name, a, t, r in zip(names, grads, torch_grads, ref_grads, strict=True):
+            r = torch.zeros_like(a, dtype=torch.float64) if r is None else r
+            scale = r.abs().max().item() + 1.0
+            torch.testing.assert_close(a.double() / scale, r / scale, rtol=0, atol=1e-4, msg=name)
+            t = torch.zeros_like(a) if t is None else t
+            torch.testing.assert_close(a / scale, t / scale, rtol=0, atol=1e-4, msg=name)
+
+
+@needs_compiler
+def test_c_kernel_runs_inside_the_chunked_tiles_and_matches_eager(monkeypatch):
+    """At float32 the tile engine's FIRE tiles go through the C kernel; the attention output and
+    gradients equal ``eager`` with the kernel off."""
+    torch.manual_seed(0)
+    scheme = make(2, {**SPEC, "init_threshold": 3.0}, dtype=torch.float32)
+    pos = Positions.from_segments(torch.tensor([[0] * 20 + [1] * 17 + [-1] * 3]))
+    q, k, v = (torch.randn(1, 2, 40, 4, requires_grad=True) for _ in range(3))
+    params = [q, k, v, *scheme.parameters()]
+
+    def run():
+        out = chunked_attention(
+            q, k, v, scheme, pos, pos, causal=True, path="tiles", q_block=8, k_block=16
+        )
+        return out, torch.autograd.grad(out.square().sum(), params)
+
+    seen = fused_calls(monkeypatch)
+    out, grads = run()
+    assert seen  # per tile
+    monkeypatch.setenv("RELPOS_NATIVE", "0")
+    ref = BACKENDS["eager"](q, k, v, scheme, pos, pos, causal=True)
+    ref_grads = torch.autograd.grad(ref.square().sum(), params)
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    for a, r in zip(grads, ref_grads, strict=True):
+        torch.testing.assert_close(a, r, rtol=1e-4, atol=1e-4)
+
+
+def test_without_a_compiler_the_torch_path_runs_with_one_warning(monkeypatch, tmp_path):
+    """A build that fails (here a compiler that always fails) warns once, names the kernel, and
+    leaves the PyTorch path: the same bias."""
+    from relpos import native
+
+    monkeypatch.setattr(native, "_loaded", {})
+    monkeypatch.setenv("RELPOS_CACHE", str(tmp_path))
+    monkeypatch.setenv("CC", "false")
+    scheme = make(2, {**SPEC, "init_threshold": 2.0}, dtype=torch.float32)
+    pos = Positions.from_length(9)
+    with pytest.warns(native.NativeBuildWarning, match="'fire' is not available.*false failed"):
+        out = scheme.score_bias(None, pos, pos)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no second warning
+        again = scheme.score_bias(None, pos, pos)
+    monkeypatch.setenv("RELPOS_NATIVE", "0")
+    torch.testing.assert_close(out, scheme.score_bias(None, pos, pos), rtol=0, atol=0)
+    torch.testing.assert_close(again, out, rtol=0, atol=0)
+    assert not list(tmp_path.rglob("*.so"))  # nothing half-built left behind
+
+
+@needs_compiler
+def test_the_kernel_is_built_once_into_the_cache(monkeypatch, tmp_path):
+    from relpos import native
+
+    monkeypatch.setattr(native, "_loaded", {})
+    monkeypatch.setenv("RELPOS_CACHE", str(tmp_path))
+    assert native.load("fire", fire_mod._SIGNATURES) is not None
+    built = list((tmp_path / "native").iterdir())
+    assert len(built) == 1 and built[0].name.startswith("fire-") and built[0].suffix == ".so"
+    monkeypatch.setattr(native, "_loaded", {})
+    stamp = built[0].stat().st_mtime_ns
+    assert native.load("fire", fire_mod._SIGNATURES) is not None
+    assert built[0].stat().st_mtime_ns == stamp  # found, not rebuilt
+    monkeypatch.setenv("RELPOS_NATIVE", "0")
+    assert native.load("fire", fire_mod._SIGNATURES) is None

@@ -20,13 +20,23 @@ work. The backward pass sums the output gradient per segment (``Σ g`` and ``Σ 
 those sums into every weight's gradient with ``(h, hidden + 1) × (hidden + 1, hidden)`` products;
 the input's gradient is ``Σ_h g·slope``. Which units are active on a segment comes from the kinks'
 ranks, not from evaluating the units, so no rounding near a kink flips a unit.
+
+In float32 on the CPU the per-pair work (the input, its segment, every head's value; the
+per-segment sums and the input's gradient) runs in C, one loop over the pairs each way
+(:mod:`relpos.native`, ``native/fire.c``): the PyTorch form spends most of its time in
+``searchsorted``, gathers and scatters over ``(pairs, h)`` temporaries. ``ψ`` is read from a table
+over the distances and the normaliser as one reciprocal per query, so the gradients reach ``c``
+and ``L`` through those two small tensors.
 """
 
 from __future__ import annotations
 
+import ctypes
+
 import torch
 from torch import Tensor
 
+from ..native import load
 from .skew import gather_table
 
 __all__ = ["FIRE_EPS", "fire_bias", "fire_inputs", "fire_mlp", "fire_segments"]
@@ -90,15 +100,33 @@ def fire_segments(w1: Tensor, b1: Tensor) -> tuple[Tensor, Tensor]:
     return kinks, active.to(b1.dtype)
 
 
+def _pieces(w1: Tensor, b1: Tensor, w2: Tensor, b2: Tensor) -> tuple[Tensor, ...]:
+    """``(kinks (m,), active (w, m + 1), slope (h, m + 1), intercept (h, m + 1))``: on segment
+    ``s`` head ``h`` of ``f_θ`` is ``slope[h, s]·x + intercept[h, s]``."""
+    kinks, active = fire_segments(w1, b1)
+    slope = w2 @ (active * w1.reshape(-1, 1))
+    intercept = w2 @ (active * b1.unsqueeze(1)) + b2.unsqueeze(1)
+    return kinks, active, slope, intercept
+
+
+def _weight_grads(sums: Tensor, active: Tensor, w1: Tensor, b1: Tensor, w2: Tensor) -> tuple:
+    """The MLP's weight gradients from ``sums (2, h, m + 1)``: per head and segment, ``Σ g`` and
+    ``Σ g·x`` of the output gradient ``g``."""
+    a0, a1 = sums @ active.t()  # (h, w) each: Σ over the segments where a unit is active
+    gw2 = a1 * w1.reshape(1, -1) + a0 * b1
+    gw1 = (w2 * a1).sum(0).unsqueeze(1)
+    gb1 = (w2 * a0).sum(0)
+    gb2 = sums[0].sum(1)
+    return gw1, gb1, gw2, gb2
+
+
 class _PiecewiseMLP(torch.autograd.Function):
     """``f_θ`` over every element of ``x`` in its piecewise-linear form (module docstring):
     ``(b, i, j)`` inputs to ``(b, h, i, j)`` outputs."""
 
     @staticmethod
     def forward(ctx, x, w1, b1, w2, b2):  # type: ignore[override]
-        kinks, active = fire_segments(w1, b1)
-        slope = w2 @ (active * w1.reshape(-1, 1))  # (h, m + 1)
-        intercept = w2 @ (active * b1.unsqueeze(1)) + b2.unsqueeze(1)
+        kinks, active, slope, intercept = _pieces(w1, b1, w2, b2)
         flat = x.reshape(-1)
         seg = torch.searchsorted(kinks, flat, right=True)  # (n,)
         out = slope.index_select(1, seg).mul_(flat).add_(intercept.index_select(1, seg))
@@ -114,15 +142,83 @@ class _PiecewiseMLP(torch.autograd.Function):
         sums = g.new_zeros(2, h, m1)  # per segment: Σ g and Σ g·x
         sums[0].index_add_(1, seg, g)
         sums[1].index_add_(1, seg, g * flat)
-        a0, a1 = sums @ active.t()  # (h, w) each: Σ over the segments where a unit is active
-        gw2 = a1 * w1.reshape(1, -1) + a0 * b1
-        gw1 = (w2 * a1).sum(0).unsqueeze(1)
-        gb1 = (w2 * a0).sum(0)
-        gb2 = sums[0].sum(1)
         gx = None
         if ctx.needs_input_grad[0]:
             gx = (g * slope.index_select(1, seg)).sum(0).view_as(x)
-        return gx, gw1, gb1, gw2, gb2
+        return gx, *_weight_grads(sums, active, w1, b1, w2)
+
+
+_PTR, _I64 = ctypes.c_void_p, ctypes.c_int64
+#: The C kernels' signatures (``native/fire.c``).
+_SIGNATURES = {
+    "relpos_fire_forward": [_PTR, _I64, _PTR, _I64, _PTR, *[_I64] * 4, _PTR, _PTR, _I64]
+    + [_PTR] * 4,
+    "relpos_fire_backward": [_PTR, _I64, _PTR, _I64, _PTR, *[_I64] * 4, _PTR, _PTR, _I64]
+    + [_PTR] * 5,
+}
+
+
+class _FusedPairs(torch.autograd.Function):
+    """The per-pair path in one C pass each way (``native/fire.c``), float32 on the CPU: from
+    ``psi (D,)`` (``ψ`` of every distance) and ``inv (b|1, i)`` (one over each query's
+    normaliser) to the ``(b, h, i, j)`` bias; the gradients reach ``c`` and ``L`` through
+    ``psi`` and ``inv``."""
+
+    @staticmethod
+    def forward(ctx, lib, psi, inv, q_pos, k_pos, w1, b1, w2, b2):  # type: ignore[override]
+        kinks, active, slope, intercept = (t.contiguous() for t in _pieces(w1, b1, w2, b2))
+        qp, kp, inv = q_pos.contiguous(), k_pos.contiguous(), inv.contiguous()
+        b, (i, j), h = max(qp.shape[0], kp.shape[0]), (qp.shape[1], kp.shape[1]), slope.shape[0]
+        dims = (qp.data_ptr(), i if qp.shape[0] > 1 else 0, kp.data_ptr())
+        dims += (j if kp.shape[0] > 1 else 0, inv.data_ptr(), b, i, j, h)
+        out = psi.new_empty(b, h, i, j)
+        seg = torch.empty(b, i, j, dtype=torch.uint8)
+        lib.relpos_fire_forward(
+            *dims,
+            psi.data_ptr(),
+            kinks.data_ptr(),
+            kinks.numel(),
+            slope.data_ptr(),
+            intercept.data_ptr(),
+            out.data_ptr(),
+            seg.data_ptr(),
+        )
+        ctx.dims, ctx.lib = dims, lib
+        ctx.save_for_backward(psi, inv, qp, kp, seg, active, slope, w1, b1, w2)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[override]
+        # The positions stay saved because ctx.dims points into them.
+        psi, inv, _qp, _kp, seg, active, slope, w1, b1, w2 = ctx.saved_tensors
+        b, i, h = ctx.dims[5], ctx.dims[6], slope.shape[0]
+        grad = grad.to(psi.dtype).contiguous()
+        sums = torch.zeros(2, h, slope.shape[1], dtype=torch.float64)
+        gpsi = torch.zeros(psi.shape, dtype=torch.float64)
+        ginv = torch.zeros(b, i, dtype=torch.float64)
+        ctx.lib.relpos_fire_backward(
+            *ctx.dims,
+            psi.data_ptr(),
+            slope.data_ptr(),
+            slope.shape[1] - 1,
+            seg.data_ptr(),
+            grad.data_ptr(),
+            sums.data_ptr(),
+            gpsi.data_ptr(),
+            ginv.data_ptr(),
+        )
+        ginv = ginv.sum(0, keepdim=True) if inv.shape[0] == 1 else ginv
+        weights = _weight_grads(sums.to(psi.dtype), active, w1, b1, w2)
+        return None, gpsi.to(psi.dtype), ginv.to(inv.dtype), None, None, *weights
+
+
+def _fused_pairs_kernel(dtype: torch.dtype, device: torch.device, hidden: int):
+    """The C kernel where it applies (float32 on the CPU, eager, segments fit a byte), else None."""
+    if dtype != torch.float32 or device.type != "cpu" or hidden > 255:
+        return None
+    if torch.compiler.is_compiling():
+        return None
+    return load("fire", _SIGNATURES)
 
 
 def fire_bias(
@@ -158,5 +254,14 @@ def fire_bias(
         x = fire_inputs(peak, peak - d, c, threshold)  # (1, 1, D): ψ(d) / ψ(L)
         table = _PiecewiseMLP.apply(x, *(t.to(dtype) for t in weights))  # (1, h, 1, D)
         return gather_table(table, delta)
+    lib = _fused_pairs_kernel(dtype, q_pos.device, w1.shape[0])
+    if lib is not None and q_pos.numel() and k_pos.numel():
+        c32 = c.to(dtype).abs()
+        reach = max(int(q_pos.max()) - int(k_pos.min()), 0) + 1  # distances 0 … reach - 1
+        psi = torch.log1p(c32 * torch.arange(reach, dtype=dtype))
+        norm = torch.log1p(c32 * torch.maximum(q_pos.to(dtype), threshold.to(dtype).abs()))
+        pos = (q_pos.long(), k_pos.long())
+        inv = 1.0 / (norm + FIRE_EPS)
+        return _FusedPairs.apply(lib, psi, inv, *pos, *(t.to(dtype) for t in weights))
     x = fire_inputs(q_pos, k_pos, c, threshold)  # (b, i, j)
     return _PiecewiseMLP.apply(x, *(t.to(dtype) for t in weights))

@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from ..atomic import atomic_path
+from ..cachedir import CACHE_ENV_VAR, default_cache_dir
 from .splits import NUM_VOICES, SPLITS, ChoraleSplits
 
 __all__ = [
@@ -52,8 +53,6 @@ __all__ = [
 #: Bump when the file layout or the meaning of its arrays changes.
 FORMAT_VERSION = 1
 FORMAT_NAME = "relpos-chorales"
-#: Environment variable that overrides the default cache directory.
-CACHE_ENV_VAR = "RELPOS_CACHE"
 _ARRAYS = ("steps", "offsets", "split", "names")
 
 
@@ -71,12 +70,6 @@ class CorruptCacheError(CacheError):
 
 class StaleCacheError(CacheError):
     """Readable file built by another format version or with another key (versions, params)."""
-
-
-def default_cache_dir() -> Path:
-    """``$RELPOS_CACHE`` if set (and non-empty), else ``~/.cache/relpos``."""
-    env = os.environ.get(CACHE_ENV_VAR)
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "relpos"
 
 
 def _normalise(key: Mapping[str, Any]) -> dict[str, Any]:
