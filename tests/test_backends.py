@@ -318,15 +318,17 @@ def test_attention_dropout_drops_at_rate_p_and_rescales_the_rest(backend, name):
     torch.testing.assert_close(same, probs, rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("layout", ["plain", "packed"])
 @pytest.mark.parametrize("name", ["nope", "music"])
-def test_sdpa_dropout_on_cpu_equals_eager_with_the_same_mask(name):
+def test_sdpa_dropout_on_cpu_equals_eager_with_the_same_mask(name, layout):
     """On the CPU, ``sdpa`` with dropout computes the math kernel's function itself (torch's draws
     its mask with a slow float ``bernoulli_``) and draws the same ``(b, h, i, j)`` mask as
     ``eager`` from the same seed: equal outputs and gradients, the learned bias's included."""
     torch.manual_seed(0)
     scheme = relpos.make_scheme(name, d_model=16, num_heads=2, causal=True)
     randomize_parameters(scheme)
-    pos = Positions.from_segments(torch.tensor([[0, 0, 0, 1, 1, 1, 1, -1], [0] * 8]))
+    segments = [[0, 0, 0, 1, 1, 1, 1, -1], [0] * 8] if layout == "packed" else [[0] * 8] * 2
+    pos = Positions.from_segments(torch.tensor(segments))
     qkv = [torch.randn(2, 2, 8, 8, requires_grad=True) for _ in range(3)]
     params = [*qkv, *scheme.parameters()]
     results = []
@@ -341,6 +343,14 @@ def test_sdpa_dropout_on_cpu_equals_eager_with_the_same_mask(name):
     torch.testing.assert_close(out_s, out_e, rtol=1e-5, atol=1e-6)
     for g_s, g_e in zip(grads_s, grads_e, strict=True):
         torch.testing.assert_close(g_s, g_e, rtol=1e-5, atol=1e-6)
+    # bfloat16 inputs (autocast's): the softmax still runs in float32; the same mask again.
+    half = [t.detach().bfloat16() for t in qkv]
+    outs = []
+    for backend in ("eager", "sdpa"):
+        torch.manual_seed(7)
+        outs.append(call(backend, *half, scheme, pos, pos, True, dropout_p=0.3, training=True))
+    assert outs[1].dtype == torch.bfloat16
+    torch.testing.assert_close(outs[1].float(), outs[0].float(), rtol=2e-2, atol=2e-2)
 
 
 # ------------------------------------------------------------------------------ memory structure

@@ -89,9 +89,9 @@ def _math_attention_with_dropout(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, 
     """``dropout(softmax(q·kᵀ/√d + mask))·v``: the CPU math kernel's computation, whose float
     ``bernoulli_`` dropout mask costs more than its matmuls; :func:`drop_mask`'s is cheap."""
     scores = torch.matmul(q, k.transpose(-1, -2)).mul_(1.0 / math.sqrt(q.shape[-1]))
-    probs = torch.softmax(scores + mask, dim=-1)  # the mask's float32 bias promotes bf16 scores
+    probs = torch.softmax(scores + mask, dim=-1, dtype=torch.float32)  # float32 for half inputs
     drop, scale = drop_mask(probs.shape, p, probs.device)
-    return torch.matmul(torch.where(drop, 0.0, probs), v).mul_(scale)
+    return torch.matmul(torch.where(drop, 0.0, probs).to(v.dtype), v).mul_(scale)
 
 
 def sdpa_attention(
@@ -127,7 +127,8 @@ def sdpa_attention(
         )
     p = dropout_p if training else 0.0
     has_bias = bool(scheme.hooks & LOGIT_HOOKS)
-    if not has_bias and is_plain(q_positions, k_positions, causal=causal):
+    cpu_dropout = p > 0 and q.device.type == "cpu"  # below: the math path, our mask
+    if not has_bias and not cpu_dropout and is_plain(q_positions, k_positions, causal=causal):
         # No mask tensor: the fused kernels run unmasked (or with their own causal mask; plain
         # causal positions mean self-attention, so i == j and top-left alignment is right).
         return F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=causal)
@@ -142,7 +143,7 @@ def sdpa_attention(
         # Finite fill: a fully masked row stays finite (uniform), then is zeroed below.
         mask = bias.to(dtype).masked_fill(~allowed, fill)
     qc, kc, vc = (t.to(dtype) for t in (q, k, v))
-    if p > 0 and q.device.type == "cpu":
+    if cpu_dropout:
         out = _math_attention_with_dropout(qc, kc, vc, mask, p)
     else:
         out = F.scaled_dot_product_attention(
