@@ -21,12 +21,14 @@ enum { PIECE = 2048, LANES = 8 };
 /* x[j] and s[j] of keys j0 .. j0 + n - 1 of one query. */
 static void inputs(int64_t pi, float r, const int64_t *krow, int64_t n, const float *psi,
                    const float *kinks, int64_t M, float *x, uint8_t *s) {
+    int32_t count[PIECE]; /* int32 lanes match the float compares: the loops vectorise */
     for (int64_t j = 0; j < n; j++) x[j] = psi[distance(pi, krow[j])] * r;
-    for (int64_t j = 0; j < n; j++) s[j] = 0;
+    for (int64_t j = 0; j < n; j++) count[j] = 0;
     for (int64_t k = 0; k < M; k++) {
         const float t = kinks[k];
-        for (int64_t j = 0; j < n; j++) s[j] += x[j] >= t;
+        for (int64_t j = 0; j < n; j++) count[j] += x[j] >= t;
     }
+    for (int64_t j = 0; j < n; j++) s[j] = (uint8_t)count[j];
 }
 
 /* out (B, H, I, J): slope[h, s] * x + icpt[h, s]; seg (B, I, J): s. A row is processed in
@@ -48,7 +50,19 @@ void relpos_fire_forward(const int64_t *qp, int64_t q_bs, const int64_t *kp, int
                 for (int64_t h = 0; h < H; h++) {
                     const float *sl = slope + h * S, *ic = icpt + h * S;
                     float *orow = out + ((b * H + h) * I + i) * J + j0;
-                    for (int64_t j = 0; j < n; j++) orow[j] = sl[s[j]] * x[j] + ic[s[j]];
+                    int64_t j = 0;
+                    for (; j + LANES <= n; j += LANES) { /* one segment: one slope, one FMA */
+                        int same = 1;
+                        for (int l = 1; l < LANES; l++) same &= s[j + l] == s[j];
+                        if (same) {
+                            const float a = sl[s[j]], c = ic[s[j]];
+                            for (int l = 0; l < LANES; l++) orow[j + l] = a * x[j + l] + c;
+                        } else {
+                            for (int l = 0; l < LANES; l++)
+                                orow[j + l] = sl[s[j + l]] * x[j + l] + ic[s[j + l]];
+                        }
+                    }
+                    for (; j < n; j++) orow[j] = sl[s[j]] * x[j] + ic[s[j]];
                 }
             }
         }
