@@ -31,13 +31,24 @@ static void inputs(int64_t pi, float r, const int64_t *krow, int64_t n, const fl
     for (int64_t j = 0; j < n; j++) s[j] = (uint8_t)count[j];
 }
 
+/* The runs of equal segments among n keys: run r is keys start[r] .. start[r + 1] - 1. Neighbouring
+ * keys mostly share a segment (their distances differ by one), so a row has few runs. */
+static int64_t runs(const uint8_t *s, int64_t n, int32_t *start) {
+    int64_t count = 0;
+    for (int64_t j = 0; j < n; j++)
+        if (j == 0 || s[j] != s[j - 1]) start[count++] = (int32_t)j;
+    start[count] = (int32_t)n;
+    return count;
+}
+
 /* out (B, H, I, J): slope[h, s] * x + icpt[h, s]; seg (B, I, J): s. A row is processed in
- * pieces of PIECE keys staged on the stack. */
+ * pieces of PIECE keys staged on the stack; within a run one slope and intercept apply. */
 void relpos_fire_forward(const int64_t *qp, int64_t q_bs, const int64_t *kp, int64_t k_bs,
                          const float *inv, int64_t B, int64_t I, int64_t J, int64_t H,
                          const float *psi, const float *kinks, int64_t M, const float *slope,
                          const float *icpt, float *out, uint8_t *seg) {
     float x[PIECE];
+    int32_t start[PIECE + 1];
     const int64_t S = M + 1;
     for (int64_t b = 0; b < B; b++) {
         for (int64_t i = 0; i < I; i++) {
@@ -47,22 +58,13 @@ void relpos_fire_forward(const int64_t *qp, int64_t q_bs, const int64_t *kp, int
                 const int64_t n = J - j0 < PIECE ? J - j0 : PIECE;
                 uint8_t *s = seg + (b * I + i) * J + j0;
                 inputs(pi, r, kp + b * k_bs + j0, n, psi, kinks, M, x, s);
+                const int64_t R = runs(s, n, start);
                 for (int64_t h = 0; h < H; h++) {
-                    const float *sl = slope + h * S, *ic = icpt + h * S;
                     float *orow = out + ((b * H + h) * I + i) * J + j0;
-                    int64_t j = 0;
-                    for (; j + LANES <= n; j += LANES) { /* one segment: one slope, one FMA */
-                        int same = 1;
-                        for (int l = 1; l < LANES; l++) same &= s[j + l] == s[j];
-                        if (same) {
-                            const float a = sl[s[j]], c = ic[s[j]];
-                            for (int l = 0; l < LANES; l++) orow[j + l] = a * x[j + l] + c;
-                        } else {
-                            for (int l = 0; l < LANES; l++)
-                                orow[j + l] = sl[s[j + l]] * x[j + l] + ic[s[j + l]];
-                        }
+                    for (int64_t q = 0; q < R; q++) {
+                        const float a = slope[h * S + s[start[q]]], c = icpt[h * S + s[start[q]]];
+                        for (int64_t j = start[q]; j < start[q + 1]; j++) orow[j] = a * x[j] + c;
                     }
-                    for (; j < n; j++) orow[j] = sl[s[j]] * x[j] + ic[s[j]];
                 }
             }
         }
@@ -73,8 +75,8 @@ void relpos_fire_forward(const int64_t *qp, int64_t q_bs, const int64_t *kp, int
  * (sums (2, H, M + 1)); with gx = sum_h g * slope[h, s] the gradient of x, the gradient of each
  * psi entry (gpsi (D,), += gx * inv_i) and of each inv_i (ginv (B, I), sum_j gx * psi[d]).
  * Neighbouring keys mostly share a segment, so the sums run over blocks of LANES keys of one
- * segment with one accumulator per lane (a block that straddles segments goes key by key),
- * added into the double totals when the segment changes. The outputs must be zeroed by the
+ * segment with one accumulator per lane (near a segment's end, key by key), added into the
+ * double totals when the segment changes. The outputs must be zeroed by the
  * caller. */
 void relpos_fire_backward(const int64_t *qp, int64_t q_bs, const int64_t *kp, int64_t k_bs,
                           const float *inv, int64_t B, int64_t I, int64_t J, int64_t H,
@@ -82,6 +84,7 @@ void relpos_fire_backward(const int64_t *qp, int64_t q_bs, const int64_t *kp, in
                           const float *grad, double *sums, double *gpsi, double *ginv) {
     float x[PIECE], gx[PIECE];
     uint8_t s[PIECE];
+    int32_t left[PIECE];
     const int64_t S = M + 1;
     double *sum_g = sums, *sum_gx = sums + H * S;
     for (int64_t b = 0; b < B; b++) {
@@ -94,6 +97,8 @@ void relpos_fire_backward(const int64_t *qp, int64_t q_bs, const int64_t *kp, in
                 const int64_t n = J - j0 < PIECE ? J - j0 : PIECE;
                 const uint8_t *saved = seg + (b * I + i) * J + j0;
                 for (int64_t j = 0; j < n; j++) s[j] = saved[j];
+                left[n - 1] = 1; /* keys from j on in s[j]'s segment, j included */
+                for (int64_t j = n - 2; j >= 0; j--) left[j] = s[j] == s[j + 1] ? left[j + 1] + 1 : 1;
                 for (int64_t j = 0; j < n; j++) x[j] = psi[distance(pi, krow[j0 + j])] * r;
                 for (int64_t j = 0; j < n; j++) gx[j] = 0.0f;
                 for (int64_t h = 0; h < H; h++) {
@@ -102,18 +107,6 @@ void relpos_fire_backward(const int64_t *qp, int64_t q_bs, const int64_t *kp, in
                     float acc_g[LANES] = {0}, acc_gx[LANES] = {0};
                     int64_t cur = s[0], j = 0;
                     while (j < n) {
-                        int same = j + LANES <= n;
-                        for (int l = 0; same && l < LANES; l++) same = s[j + l] == cur;
-                        if (same) {
-                            const float k = sl[cur];
-                            for (int l = 0; l < LANES; l++) {
-                                acc_g[l] += g[j + l];
-                                acc_gx[l] += g[j + l] * x[j + l];
-                                gx[j + l] += g[j + l] * k;
-                            }
-                            j += LANES;
-                            continue;
-                        }
                         if (s[j] != cur) { /* flush the finished segment */
                             for (int l = 0; l < LANES; l++) {
                                 sum_g[h * S + cur] += acc_g[l];
@@ -121,12 +114,21 @@ void relpos_fire_backward(const int64_t *qp, int64_t q_bs, const int64_t *kp, in
                                 acc_g[l] = acc_gx[l] = 0.0f;
                             }
                             cur = s[j];
-                            continue;
                         }
-                        acc_g[0] += g[j];
-                        acc_gx[0] += g[j] * x[j];
-                        gx[j] += g[j] * sl[cur];
-                        j++;
+                        const float k = sl[cur];
+                        if (left[j] >= LANES) {
+                            for (int l = 0; l < LANES; l++) {
+                                acc_g[l] += g[j + l];
+                                acc_gx[l] += g[j + l] * x[j + l];
+                                gx[j + l] += g[j + l] * k;
+                            }
+                            j += LANES;
+                        } else {
+                            acc_g[0] += g[j];
+                            acc_gx[0] += g[j] * x[j];
+                            gx[j] += g[j] * k;
+                            j++;
+                        }
                     }
                     for (int l = 0; l < LANES; l++) {
                         sum_g[h * S + cur] += acc_g[l];
