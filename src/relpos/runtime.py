@@ -33,6 +33,7 @@ __all__ = [
     "TOP_PAD",
     "TRIM_THRESHOLD",
     "bf16_instructions",
+    "cpu_flags",
     "cpu_name",
     "denormals_flushed",
     "flush_denormals",
@@ -78,16 +79,26 @@ def flush_denormals(enable: bool = True) -> bool:
     return True
 
 
-def cpu_name() -> str:
-    """The CPU's model name (from ``/proc/cpuinfo`` on Linux), for benchmark headers."""
+def _cpuinfo(field: str) -> str | None:
+    """``field``'s value in ``/proc/cpuinfo`` (its first line), or None (no such file or field)."""
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as f:
             for line in f:
-                if line.startswith("model name"):
+                if line.startswith(field):
                     return line.split(":", 1)[1].strip()
     except OSError:
         pass
-    return platform.processor() or platform.machine() or "unknown CPU"
+    return None
+
+
+def cpu_name() -> str:
+    """The CPU's model name (from ``/proc/cpuinfo`` on Linux), for benchmark headers."""
+    return _cpuinfo("model name") or platform.processor() or platform.machine() or "unknown CPU"
+
+
+def cpu_flags() -> list[str]:
+    """The CPU's instruction-set flags from ``/proc/cpuinfo`` (empty where it has none)."""
+    return (_cpuinfo("flags") or "").split()
 
 
 #: x86 instruction sets that compute in bfloat16 natively (without them it is emulated, and
@@ -97,12 +108,7 @@ BF16_FLAGS = ("avx512_bf16", "amx_bf16")
 
 def bf16_instructions() -> list[str]:
     """The bfloat16 instruction sets ``/proc/cpuinfo`` lists (empty where there is none)."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            line = next((line for line in f if line.startswith("flags")), "")
-    except OSError:
-        return []
-    flags = line.split(":", 1)[1].split() if line else []
+    flags = cpu_flags()
     return [name for name in BF16_FLAGS if name in flags]
 
 

@@ -25,6 +25,7 @@ import warnings
 from pathlib import Path
 
 from ..cachedir import default_cache_dir
+from ..runtime import cpu_flags
 
 __all__ = ["NATIVE_ENV_VAR", "NativeBuildWarning", "load"]
 
@@ -40,21 +41,13 @@ class NativeBuildWarning(UserWarning):
     """A C kernel could not be built or loaded; the PyTorch path runs instead."""
 
 
-def _cpu_flags() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            return next((line for line in f if line.startswith("flags")), "")
-    except OSError:
-        return ""
-
-
 def _build(name: str) -> ctypes.CDLL:
     source = Path(__file__).with_name(f"{name}.c")
     compiler = os.environ.get("CC") or "cc"
     if shutil.which(compiler) is None:
         raise OSError(f"no C compiler ({compiler!r} is not on PATH)")
     key = hashlib.sha256(
-        source.read_bytes() + repr((compiler, _FLAGS)).encode() + _cpu_flags().encode()
+        source.read_bytes() + repr((compiler, _FLAGS, cpu_flags())).encode()
     ).hexdigest()[:16]
     target = default_cache_dir() / "native" / f"{name}-{key}.so"
     if not target.exists():

@@ -9,7 +9,6 @@
  * is max(p_i - p_j, 0), its input x = psi[d] * inv_i, its segment s = #{k : kinks[k] <= x}.
  */
 #include <stdint.h>
-#include <stdlib.h>
 
 static inline int64_t distance(int64_t pi, int64_t pj) {
     int64_t d = pi - pj;
@@ -31,8 +30,9 @@ static void inputs(int64_t pi, float r, const int64_t *krow, int64_t n, const fl
     for (int64_t j = 0; j < n; j++) s[j] = (uint8_t)count[j];
 }
 
-/* The runs of equal segments among n keys: run r is keys start[r] .. start[r + 1] - 1. Neighbouring
- * keys mostly share a segment (their distances differ by one), so a row has few runs. */
+/* The runs of equal segments among n keys: run r is keys start[r] .. start[r + 1] - 1.
+ * Neighbouring keys mostly share a segment (their distances differ by one), so a row has few
+ * runs. */
 static int64_t runs(const uint8_t *s, int64_t n, int32_t *start) {
     int64_t count = 0;
     for (int64_t j = 0; j < n; j++)
@@ -83,7 +83,6 @@ void relpos_fire_backward(const int64_t *qp, int64_t q_bs, const int64_t *kp, in
                           const float *psi, const float *slope, int64_t M, const uint8_t *seg,
                           const float *grad, double *sums, double *gpsi, double *ginv) {
     float x[PIECE], gx[PIECE];
-    uint8_t s[PIECE];
     int32_t left[PIECE];
     const int64_t S = M + 1;
     double *sum_g = sums, *sum_gx = sums + H * S;
@@ -95,10 +94,10 @@ void relpos_fire_backward(const int64_t *qp, int64_t q_bs, const int64_t *kp, in
             double row = 0.0;
             for (int64_t j0 = 0; j0 < J; j0 += PIECE) {
                 const int64_t n = J - j0 < PIECE ? J - j0 : PIECE;
-                const uint8_t *saved = seg + (b * I + i) * J + j0;
-                for (int64_t j = 0; j < n; j++) s[j] = saved[j];
+                const uint8_t *s = seg + (b * I + i) * J + j0;
                 left[n - 1] = 1; /* keys from j on in s[j]'s segment, j included */
-                for (int64_t j = n - 2; j >= 0; j--) left[j] = s[j] == s[j + 1] ? left[j + 1] + 1 : 1;
+                for (int64_t j = n - 2; j >= 0; j--)
+                    left[j] = s[j] == s[j + 1] ? left[j + 1] + 1 : 1;
                 for (int64_t j = 0; j < n; j++) x[j] = psi[distance(pi, krow[j0 + j])] * r;
                 for (int64_t j = 0; j < n; j++) gx[j] = 0.0f;
                 for (int64_t h = 0; h < H; h++) {

@@ -481,7 +481,6 @@ def train(
                     "numpy_rng": numpy_rng,
                     "torch_rng": torch_rng,
                     "best_valid_nll": best,
-                    "autocast": autocast,
                     "evals_since_best": since_best,
                     "valid_nll": valid_nll,
                     **({} if average is None else {"ema": average.state_dict()}),
