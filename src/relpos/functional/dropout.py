@@ -1,11 +1,11 @@
 """Dropout with a cheap mask on the CPU.
 
-On the CPU, torch draws a dropout mask with ``bernoulli_`` on a float tensor: about 80 ms for the
-8.4 M probabilities of one attention layer of the JSB recipe (8 × 4 heads × 512²), more than that
-layer's matmuls. Reading the mask off uniform 16-bit integers (four per ``random_`` int64 word) is
-about 9× cheaper. The rate is then ``p`` rounded to a multiple of 1/65536, and the kept values are
-scaled by ``1 / (1 - rounded p)``, so the expectation is exact. Elsewhere (CUDA) torch's own fused
-dropout is already cheap and is used as is.
+On the CPU, torch draws a dropout mask with ``bernoulli_`` on a float tensor, which for one
+attention layer of the JSB recipe (8 × 4 heads × 512² probabilities) costs more than the layer's
+matmuls. Reading the mask off uniform 16-bit integers (four per ``random_`` int64 word) is several
+times cheaper (``benchmarks/dropout_mask.py``). The rate is then ``p`` rounded to a multiple of
+1/65536, and the kept values are scaled by ``1 / (1 - rounded p)``, so the expectation is exact.
+Elsewhere (CUDA) torch's own fused dropout is already cheap and is used as is.
 """
 
 from __future__ import annotations
