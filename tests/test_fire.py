@@ -257,6 +257,16 @@ needs_compiler = pytest.mark.skipif(
 )
 
 
+def random_float32_case(
+    rng: random.Random, seed: int, *, heads: int, shortest: int, threshold: tuple[float, float]
+) -> tuple[relpos.Fire, Positions]:
+    """A float32 FIRE of 1…``heads`` heads and a random hidden width and threshold, and padded /
+    packed positions of 1–2 rows of ``shortest``…40 tokens."""
+    h, b, n = rng.randint(1, heads), rng.randint(1, 2), rng.randint(shortest, 40)
+    spec = {**SPEC, "hidden": rng.choice([1, 8, 32]), "init_threshold": rng.uniform(*threshold)}
+    return make(h, spec, seed=seed, dtype=torch.float32), random_positions(rng, b, n)
+
+
 def fused_calls(monkeypatch) -> list[int]:
     """Counts the C kernel's forward calls."""
     seen: list[int] = []
@@ -274,12 +284,11 @@ def test_c_kernel_matches_the_loop_and_the_torch_path(seed):
     padded, packed and cached positions with queries past the threshold."""
     with pytest.MonkeyPatch.context() as monkeypatch:
         rng = random.Random(seed)
-        h, b, n = rng.randint(1, 4), rng.randint(1, 2), rng.randint(2, 40)
-        spec = {**SPEC, "hidden": rng.choice([1, 8, 32]), "init_threshold": rng.uniform(0.5, 12)}
-        scheme = make(h, spec, seed=seed, dtype=torch.float32)
-        kp = random_positions(rng, b, n)
+        torch.manual_seed(seed)
+        scheme, kp = random_float32_case(rng, seed, heads=4, shortest=2, threshold=(0.5, 12))
+        n = kp.pos.shape[1]
         qp = kp[n - rng.randint(1, n) :]
-        assume_past = qp.pos.max() > scheme.threshold_scale.abs() * spec["init_threshold"]
+        assume_past = qp.pos.max() > scheme.threshold_scale.abs() * scheme.config.init_threshold
         seen = fused_calls(monkeypatch)
         out = scheme.score_bias(None, qp, kp)
         assert len(seen) == int(bool(assume_past))  # the C kernel ran where the pairs need it
@@ -306,31 +315,95 @@ def test_c_kernel_matches_the_loop_and_the_torch_path(seed):
             torch.testing.assert_close(a / scale, t / scale, rtol=0, atol=1e-4, msg=name)
 
 
+def pair_calls(monkeypatch) -> dict[str, int]:
+    """Counts :class:`FirePairs` tile calls (forward and backward) and ``score_bias`` calls."""
+    seen = {"add_": 0, "backward": 0, "score_bias": 0}
+    for owner, name in ((fire_mod.FirePairs, "add_"), (fire_mod.FirePairs, "backward")):
+        real = getattr(owner, name)
+
+        def spy(self, *a, _real=real, _name=name):
+            seen[_name] += 1
+            return _real(self, *a)
+
+        monkeypatch.setattr(owner, name, spy)
+    real_bias = relpos.Fire.score_bias
+
+    def bias_spy(self, *a):
+        seen["score_bias"] += 1
+        return real_bias(self, *a)
+
+    monkeypatch.setattr(relpos.Fire, "score_bias", bias_spy)
+    return seen
+
+
 @needs_compiler
-def test_c_kernel_runs_inside_the_chunked_tiles_and_matches_eager(monkeypatch):
-    """At float32 the tile engine's FIRE tiles go through the C kernel; the attention output and
-    gradients equal ``eager`` with the kernel off."""
-    torch.manual_seed(0)
-    scheme = make(2, {**SPEC, "init_threshold": 3.0}, dtype=torch.float32)
-    pos = Positions.from_segments(torch.tensor([[0] * 20 + [1] * 17 + [-1] * 3]))
-    q, k, v = (torch.randn(1, 2, 40, 4, requires_grad=True) for _ in range(3))
-    params = [q, k, v, *scheme.parameters()]
+@settings(max_examples=6, deadline=None)
+@given(seed=st.integers(0, 2**16), cached=st.booleans())
+def test_chunked_tiles_run_the_kernel_and_its_gradient_sums(seed, cached):
+    """In float32 the tile engine adds FIRE's bias with the kernel and sums its gradient inside
+    it (:class:`FirePairs`: no ``score_bias`` and no per-tile ``autograd.grad``); the output and
+    the gradients of ``q``, ``k``, ``v`` and every parameter equal ``eager`` with the kernel off,
+    on padded and packed batches and a KV-cache step, queries past the threshold."""
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        rng = random.Random(seed)
+        torch.manual_seed(seed)
+        scheme, kp = random_float32_case(rng, seed, heads=3, shortest=9, threshold=(1, 9))
+        (b, n), h = kp.pos.shape, scheme.num_heads
+        qp = kp[n - rng.randint(1, 6) :] if cached else kp
+        q = torch.randn(b, h, qp.pos.shape[1], 4, requires_grad=True)
+        k, v = (torch.randn(b, h, n, 4, requires_grad=True) for _ in range(2))
+        params = [q, k, v, *scheme.parameters()]
+        blocks = {"q_block": rng.randint(1, 9), "k_block": rng.randint(1, 13)}
 
-    def run():
-        out = chunked_attention(
-            q, k, v, scheme, pos, pos, causal=True, path="tiles", q_block=8, k_block=16
-        )
-        return out, torch.autograd.grad(out.square().sum(), params)
+        seen = pair_calls(monkeypatch)
+        out = chunked_attention(q, k, v, scheme, qp, kp, causal=True, path="tiles", **blocks)
+        grads = torch.autograd.grad(out.square().sum(), params)
+        visible = bool(qp.allowed(kp, causal=True).any())  # else the plan skips every tile
+        assert (seen["add_"] > 0) == (seen["backward"] > 0) == visible
+        assert seen["score_bias"] == 0
 
-    seen = fused_calls(monkeypatch)
-    out, grads = run()
-    assert seen  # per tile
+        monkeypatch.setenv("RELPOS_NATIVE", "0")  # the reference: the PyTorch path
+        ref = BACKENDS["eager"](q, k, v, scheme, qp, kp, causal=True)
+        ref_grads = torch.autograd.grad(ref.square().sum(), params)
+        torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+        names = ["q", "k", "v", *(name for name, _ in scheme.named_parameters())]
+        for name, a, r in zip(names, grads, ref_grads, strict=True):
+            scale = r.abs().max().item() + 1.0
+            torch.testing.assert_close(a / scale, r / scale, rtol=0, atol=1e-4, msg=name)
+
+
+@needs_compiler
+def test_chunked_tiles_without_the_kernel_take_the_general_path(monkeypatch):
+    """float64, or ``RELPOS_NATIVE=0``: ``pair_bias`` declines and the tiles call ``score_bias``
+    (the same numbers as the kernel's)."""
+    scheme = make(2, {**SPEC, "init_threshold": 2.0}, dtype=torch.float32)
+    pos = Positions.from_length(12)
+    q, k, v = (torch.randn(1, 2, 12, 4) for _ in range(3))
+    assert isinstance(scheme.pair_bias(q, pos, pos), fire_mod.FirePairs)
+    assert scheme.pair_bias(q.double(), pos, pos) is None
+    seen = pair_calls(monkeypatch)
+    fast = chunked_attention(q, k, v, scheme, pos, pos, causal=True, q_block=4, k_block=4)
     monkeypatch.setenv("RELPOS_NATIVE", "0")
-    ref = BACKENDS["eager"](q, k, v, scheme, pos, pos, causal=True)
-    ref_grads = torch.autograd.grad(ref.square().sum(), params)
-    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
-    for a, r in zip(grads, ref_grads, strict=True):
-        torch.testing.assert_close(a, r, rtol=1e-4, atol=1e-4)
+    assert scheme.pair_bias(q, pos, pos) is None
+    slow = chunked_attention(q, k, v, scheme, pos, pos, causal=True, q_block=4, k_block=4)
+    assert seen["add_"] > 0 and seen["score_bias"] > 0
+    torch.testing.assert_close(fast, slow, rtol=1e-5, atol=1e-5)
+
+
+@needs_compiler
+def test_pair_bias_refuses_a_tile_it_cannot_fill():
+    scheme = make(2, {**SPEC, "init_threshold": 2.0}, dtype=torch.float32)
+    pos = Positions.from_length(6).expand(2)
+    pairs = scheme.pair_bias(torch.zeros(2, 2, 6, 4), pos, pos)
+    shape = r"shape \(2, 2, 2, 3\), got torch.float32 \(2, 2, 3, 3\)"
+    with pytest.raises(ValueError, match=shape):
+        pairs.add_(torch.zeros(2, 2, 3, 3), (0, 2), (0, 3))
+    with pytest.raises(ValueError, match=r"got torch\.float64"):
+        pairs.add_(torch.zeros(2, 2, 2, 3, dtype=torch.float64), (0, 2), (0, 3))
+    batch = r"batch 2 \(queries\) and 2 \(keys\); the tile has batch 3"
+    with pytest.raises(ValueError, match=batch):
+        pairs.backward(torch.zeros(3, 2, 2, 3), (0, 2), (0, 3))
+    assert all(not g.any() for g in pairs.grads())  # nothing summed: zeros
 
 
 def test_without_a_compiler_the_torch_path_runs_with_one_warning(monkeypatch, tmp_path):

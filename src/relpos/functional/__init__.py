@@ -4,8 +4,9 @@ from .alibi import alibi_bias, alibi_slopes
 from .cope import cope_logits, cope_positions
 from .deberta import deberta_buckets, deberta_index, deberta_span
 from .dtypes import compute_dtype
-from .fire import fire_bias, fire_inputs
+from .fire import fire_bias, fire_inputs, fire_pairs
 from .kerple import kerple_bias
+from .pair_bias import PairBias
 from .relative import clipped_relative_index, relative_distance
 from .rope import apply_rope, rope_angles, rope_frequencies
 from .rope_scaling import scaled_rope_frequencies, sequence_rope_frequencies
@@ -22,6 +23,7 @@ from .t5 import t5_buckets
 from .xpos import xpos_decay, xpos_max_position, xpos_scale
 
 __all__ = [
+    "PairBias",
     "alibi_bias",
     "alibi_slopes",
     "apply_rope",
@@ -34,6 +36,7 @@ __all__ = [
     "deberta_span",
     "fire_bias",
     "fire_inputs",
+    "fire_pairs",
     "gather_relative",
     "gather_table",
     "kerple_bias",

@@ -37,9 +37,18 @@ import torch
 from torch import Tensor
 
 from ..native import load
+from .pair_bias import PairBias
 from .skew import gather_table
 
-__all__ = ["FIRE_EPS", "fire_bias", "fire_inputs", "fire_mlp", "fire_segments"]
+__all__ = [
+    "FIRE_EPS",
+    "FirePairs",
+    "fire_bias",
+    "fire_inputs",
+    "fire_mlp",
+    "fire_pairs",
+    "fire_segments",
+]
 
 #: Added to the normaliser ``ψ(max(L, p_i))`` (the paper's code).
 FIRE_EPS = 1e-6
@@ -151,74 +160,162 @@ class _PiecewiseMLP(torch.autograd.Function):
 _PTR, _I64 = ctypes.c_void_p, ctypes.c_int64
 #: The C kernels' signatures (``native/fire.c``).
 _SIGNATURES = {
-    "relpos_fire_forward": [_PTR, _I64, _PTR, _I64, _PTR, *[_I64] * 4, _PTR, _PTR, _I64]
-    + [_PTR] * 4,
-    "relpos_fire_backward": [_PTR, _I64, _PTR, _I64, _PTR, *[_I64] * 4, _PTR, _PTR, _I64]
-    + [_PTR] * 5,
+    "relpos_fire_forward": [_PTR, _I64, _PTR, _I64, _PTR, *[_I64] * 4, *[_PTR] * 2, _I64]
+    + [_PTR] * 3
+    + [_I64],
+    "relpos_fire_backward": [_PTR, _I64, _PTR, _I64, _PTR, *[_I64] * 4, *[_PTR] * 2, _I64]
+    + [_PTR] * 6,
 }
 
 
+class FirePairs(PairBias):
+    """FIRE's bias by the C kernels (``native/fire.c``): float32 on the CPU.
+
+    :attr:`inputs` are ``psi (D,)``, ``ψ`` of every distance ``0 … D - 1`` the positions reach,
+    and ``inv (b|1, i)``, one over each query's normaliser (both float64; the kernels read float32
+    copies); ``slope`` and ``intercept (h, m + 1)``, the MLP's pieces. The pair ``(i, j)`` gets
+    ``slope[h, s]·x + intercept[h, s]`` with ``x = psi[max(p_i - p_j, 0)]·inv_i`` and ``s`` its
+    segment; the gradients reach ``c``, ``L`` and the MLP's weights through the inputs' graph.
+    Built by :func:`fire_pairs`.
+    """
+
+    def __init__(
+        self,
+        lib: ctypes.CDLL,
+        q_pos: Tensor,
+        k_pos: Tensor,
+        c: Tensor,
+        threshold: Tensor,
+        weights: tuple[Tensor, ...],
+    ) -> None:
+        self.lib, self.q_pos, self.k_pos = lib, q_pos.long().contiguous(), k_pos.long().contiguous()
+        # ψ and the normalisers in float64: c's gradient is the small difference of two large
+        # sums (through ψ and through the normalisers), which float32 would round away.
+        c = c.abs().double()
+        reach = max(int(q_pos.max()) - int(k_pos.min()), 0) + 1  # distances 0 … reach - 1
+        psi = torch.log1p(c * torch.arange(reach, dtype=c.dtype))
+        norm = torch.log1p(c * torch.maximum(self.q_pos.to(c.dtype), threshold.abs().double()))
+        inv = 1.0 / (norm + FIRE_EPS)
+        kinks, _, slope, intercept = _pieces(*weights)
+        self.kinks = kinks.contiguous()
+        self.psi, self.inv = psi.detach().float(), inv.detach().float()  # what the kernels read
+        self.inputs = (psi, inv, slope.contiguous(), intercept.contiguous())
+        self._sums: list[Tensor] | None = None
+
+    @property
+    def heads(self) -> int:
+        return self.inputs[2].shape[0]
+
+    def _tile(self, t: Tensor, rows: tuple[int, int], cols: tuple[int, int]) -> tuple:
+        """The kernels' leading arguments for the tile ``t (b, h, bi, bj)``, after checking it."""
+        (i0, i1), (j0, j1) = rows, cols
+        qp, kp = self.q_pos, self.k_pos
+        expected = (t.shape[0], self.heads, i1 - i0, j1 - j0)
+        if t.dtype != torch.float32 or not t.is_contiguous() or tuple(t.shape) != expected:
+            raise ValueError(
+                f"FIRE's kernel needs a contiguous float32 tile of shape {expected}, got "
+                f"{t.dtype} {tuple(t.shape)}"
+            )
+        if qp.shape[0] not in (1, t.shape[0]) or kp.shape[0] not in (1, t.shape[0]):
+            raise ValueError(
+                f"FIRE's positions have batch {qp.shape[0]} (queries) and {kp.shape[0]} (keys); "
+                f"the tile has batch {t.shape[0]}"
+            )
+        inv = self.inv
+        q_bs = qp.stride(0) if qp.shape[0] > 1 else 0
+        k_bs = kp.stride(0) if kp.shape[0] > 1 else 0
+        return (
+            qp.data_ptr() + i0 * qp.element_size(),
+            q_bs,
+            kp.data_ptr() + j0 * kp.element_size(),
+            k_bs,
+            inv.data_ptr() + i0 * inv.element_size(),
+            t.shape[0],  # the kernels take (B, I, J, H)
+            i1 - i0,
+            j1 - j0,
+            self.heads,
+            self.psi.data_ptr(),
+            self.kinks.data_ptr(),
+            self.kinks.numel(),
+        )
+
+    def add_(self, s: Tensor, rows: tuple[int, int], cols: tuple[int, int]) -> None:
+        _psi, _inv, slope, intercept = self.inputs
+        args = self._tile(s, rows, cols)
+        self.lib.relpos_fire_forward(*args, slope.data_ptr(), intercept.data_ptr(), s.data_ptr(), 1)
+
+    def values(self) -> Tensor:
+        """The whole bias, ``(b, h, i, j)`` float32 (no graph)."""
+        b = max(self.q_pos.shape[0], self.k_pos.shape[0])
+        out = self.psi.new_empty(b, self.heads, self.q_pos.shape[1], self.k_pos.shape[1])
+        _psi, _inv, slope, intercept = self.inputs
+        args = self._tile(out, (0, out.shape[2]), (0, out.shape[3]))
+        self.lib.relpos_fire_forward(
+            *args, slope.data_ptr(), intercept.data_ptr(), out.data_ptr(), 0
+        )
+        return out
+
+    def backward(self, grad: Tensor, rows: tuple[int, int], cols: tuple[int, int]) -> None:
+        args = self._tile(grad, rows, cols)
+        if self._sums is None:  # float64 sums: a call adds up to i·j terms into one entry
+            self._sums = [torch.zeros(t.shape, dtype=torch.float64) for t in self.inputs]
+        gpsi, ginv, gslope, gintercept = self._sums
+        slope = self.inputs[2]
+        self.lib.relpos_fire_backward(
+            *args,
+            slope.data_ptr(),
+            grad.data_ptr(),
+            gslope.data_ptr(),
+            gintercept.data_ptr(),
+            gpsi.data_ptr(),
+            ginv.data_ptr() + rows[0] * ginv.element_size(),
+        )
+
+    def grads(self) -> tuple[Tensor, ...]:
+        sums, self._sums = self._sums, None
+        if sums is None:  # no tile was visible: the bias took part, with a zero gradient
+            return tuple(torch.zeros_like(t) for t in self.inputs)
+        return tuple(g.to(t.dtype) for g, t in zip(sums, self.inputs, strict=True))
+
+
 class _FusedPairs(torch.autograd.Function):
-    """The per-pair path in one C pass each way (``native/fire.c``), float32 on the CPU: from
-    ``psi (D,)`` (``ψ`` of every distance) and ``inv (b|1, i)`` (one over each query's
-    normaliser) to the ``(b, h, i, j)`` bias; the gradients reach ``c`` and ``L`` through
-    ``psi`` and ``inv``."""
+    """:class:`FirePairs` over every pair at once, as a differentiable function of its inputs."""
 
     @staticmethod
-    def forward(ctx, lib, psi, inv, q_pos, k_pos, w1, b1, w2, b2):  # type: ignore[override]
-        kinks, active, slope, intercept = (t.contiguous() for t in _pieces(w1, b1, w2, b2))
-        qp, kp, inv = q_pos.contiguous(), k_pos.contiguous(), inv.contiguous()
-        b, (i, j), h = max(qp.shape[0], kp.shape[0]), (qp.shape[1], kp.shape[1]), slope.shape[0]
-        dims = (qp.data_ptr(), i if qp.shape[0] > 1 else 0, kp.data_ptr())
-        dims += (j if kp.shape[0] > 1 else 0, inv.data_ptr(), b, i, j, h)
-        out = psi.new_empty(b, h, i, j)
-        seg = torch.empty(b, i, j, dtype=torch.uint8)
-        lib.relpos_fire_forward(
-            *dims,
-            psi.data_ptr(),
-            kinks.data_ptr(),
-            kinks.numel(),
-            slope.data_ptr(),
-            intercept.data_ptr(),
-            out.data_ptr(),
-            seg.data_ptr(),
-        )
-        ctx.dims, ctx.lib = dims, lib
-        ctx.save_for_backward(psi, inv, qp, kp, seg, active, slope, w1, b1, w2)
-        return out
+    def forward(ctx, pairs: FirePairs, *inputs: Tensor) -> Tensor:  # type: ignore[override]
+        ctx.pairs = pairs
+        return pairs.values()
 
     @staticmethod
     def backward(ctx, grad):  # type: ignore[override]
-        # The positions stay saved because ctx.dims points into them.
-        psi, inv, _qp, _kp, seg, active, slope, w1, b1, w2 = ctx.saved_tensors
-        b, i, h = ctx.dims[5], ctx.dims[6], slope.shape[0]
-        grad = grad.to(psi.dtype).contiguous()
-        sums = torch.zeros(2, h, slope.shape[1], dtype=torch.float64)
-        gpsi = torch.zeros(psi.shape, dtype=torch.float64)
-        ginv = torch.zeros(b, i, dtype=torch.float64)
-        ctx.lib.relpos_fire_backward(
-            *ctx.dims,
-            psi.data_ptr(),
-            slope.data_ptr(),
-            slope.shape[1] - 1,
-            seg.data_ptr(),
-            grad.data_ptr(),
-            sums.data_ptr(),
-            gpsi.data_ptr(),
-            ginv.data_ptr(),
-        )
-        ginv = ginv.sum(0, keepdim=True) if inv.shape[0] == 1 else ginv
-        weights = _weight_grads(sums.to(psi.dtype), active, w1, b1, w2)
-        return None, gpsi.to(psi.dtype), ginv.to(inv.dtype), None, None, *weights
+        pairs: FirePairs = ctx.pairs
+        grad = grad.to(torch.float32).contiguous()
+        pairs.backward(grad, (0, grad.shape[2]), (0, grad.shape[3]))
+        return None, *pairs.grads()
 
 
-def _fused_pairs_kernel(dtype: torch.dtype, device: torch.device, hidden: int):
-    """The C kernel where it applies (float32 on the CPU, eager, segments fit a byte), else None."""
-    if dtype != torch.float32 or device.type != "cpu" or hidden > 255:
+def fire_pairs(
+    q_pos: Tensor,
+    k_pos: Tensor,
+    c: Tensor,
+    threshold: Tensor,
+    w1: Tensor,
+    b1: Tensor,
+    w2: Tensor,
+    b2: Tensor,
+) -> FirePairs | None:
+    """FIRE's bias as a :class:`~relpos.functional.pair_bias.PairBias` run by the C kernel
+    (arguments as :func:`fire_bias`), or None where the kernel does not apply: a dtype other than
+    float32, a device other than the CPU, a hidden width over 255 (segments fit a byte), inside
+    ``torch.compile``, empty positions, or no kernel (:func:`relpos.native.load`)."""
+    if c.dtype != torch.float32 or q_pos.device.type != "cpu" or w1.shape[0] > 255:
         return None
-    if torch.compiler.is_compiling():
+    if torch.compiler.is_compiling() or not (q_pos.numel() and k_pos.numel()):
         return None
-    return load("fire", _SIGNATURES)
+    lib = load("fire", _SIGNATURES)
+    if lib is None:
+        return None
+    return FirePairs(lib, q_pos, k_pos, c, threshold.to(c.dtype), (w1, b1, w2, b2))
 
 
 def fire_bias(
@@ -254,14 +351,8 @@ def fire_bias(
         x = fire_inputs(peak, peak - d, c, threshold)  # (1, 1, D): ψ(d) / ψ(L)
         table = _PiecewiseMLP.apply(x, *(t.to(dtype) for t in weights))  # (1, h, 1, D)
         return gather_table(table, delta)
-    lib = _fused_pairs_kernel(dtype, q_pos.device, w1.shape[0])
-    if lib is not None and q_pos.numel() and k_pos.numel():
-        c32 = c.to(dtype).abs()
-        reach = max(int(q_pos.max()) - int(k_pos.min()), 0) + 1  # distances 0 … reach - 1
-        psi = torch.log1p(c32 * torch.arange(reach, dtype=dtype))
-        norm = torch.log1p(c32 * torch.maximum(q_pos.to(dtype), threshold.to(dtype).abs()))
-        pos = (q_pos.long(), k_pos.long())
-        inv = 1.0 / (norm + FIRE_EPS)
-        return _FusedPairs.apply(lib, psi, inv, *pos, *(t.to(dtype) for t in weights))
+    pairs = fire_pairs(q_pos, k_pos, c.to(dtype), threshold, *(t.to(dtype) for t in weights))
+    if pairs is not None:
+        return _FusedPairs.apply(pairs, *pairs.inputs)
     x = fire_inputs(q_pos, k_pos, c, threshold)  # (b, i, j)
     return _PiecewiseMLP.apply(x, *(t.to(dtype) for t in weights))

@@ -40,6 +40,9 @@ Two declared refinements tell the fast backends what else a scheme offers:
   (KERPLE), evaluated once per distinct distance and gathered; the class flag ``linear`` with
   ``linear_slopes`` declares ALiBi's form with trained slopes (``chunked`` then runs ALiBi's
   fused parts and returns the slopes' gradient).
+* :class:`PairBiasScheme` — the logit term has a per-pair kernel that also reduces its own
+  gradient (:class:`~relpos.functional.pair_bias.PairBias`; FIRE): ``chunked`` adds it tile by
+  tile and differentiates it once per call instead of once per tile.
 * :class:`DecayBiasScheme` — the logit term is ``c_i,h - c_j,h``, the difference of the tokens'
   cumulative log decay (``Positions.log_decay``, set by ``contextualize`` from per-token gates):
   the Forgetting Transformer. Causal only; ``flex`` reads the per-token values in a
@@ -61,6 +64,7 @@ from torch import Tensor, nn
 
 from ..functional.alibi import alibi_bias
 from ..functional.dtypes import compute_dtype
+from ..functional.pair_bias import PairBias
 from ..functional.skew import gather_relative, scatter_relative
 from ..positions import Positions, distance_range
 from .heads import head_selection, select_heads
@@ -71,6 +75,7 @@ __all__ = [
     "DecayBiasScheme",
     "DistanceBiasScheme",
     "LinearBiasScheme",
+    "PairBiasScheme",
     "RelativeScheme",
     "Scheme",
     "SchemeConfig",
@@ -377,6 +382,24 @@ class DistanceBiasScheme(Scheme):
             return dist.new_zeros(shape, dtype=torch.float32)
         lo, table = self.distance_table(q_positions, k_positions)
         return gather_relative(table.unsqueeze(0).unsqueeze(2), dist - lo)
+
+
+class PairBiasScheme(Scheme):
+    """A scheme whose logit term is evaluated per pair by a kernel that reduces its own gradient
+    (FIRE: the bias depends on the query's position as well as the distance).
+
+    Subclasses implement ``score_bias`` (every backend's form) and :meth:`pair_bias` (the same
+    numbers as a :class:`~relpos.functional.pair_bias.PairBias`, which ``chunked``'s tiles use).
+    """
+
+    hooks: ClassVar[frozenset[str]] = frozenset({"score_bias"})
+
+    @abstractmethod
+    def pair_bias(
+        self, q: Tensor, q_positions: Positions, k_positions: Positions
+    ) -> PairBias | None:
+        """The bias of these queries and keys for logits in ``q``'s compute dtype, or None where
+        no kernel runs (another dtype or device; ``score_bias`` is used instead)."""
 
 
 class LinearBiasScheme(Scheme):

@@ -9,9 +9,10 @@ import torch
 from torch import Tensor, nn
 
 from ..functional.dtypes import compute_dtype
-from ..functional.fire import fire_bias
+from ..functional.fire import fire_bias, fire_pairs
+from ..functional.pair_bias import PairBias
 from ..positions import Positions
-from .base import Scheme, SchemeConfig, check_int, check_positive_float, register
+from .base import PairBiasScheme, SchemeConfig, check_int, check_positive_float, register
 from .heads import check_heads_field, head_selection, select_heads
 
 __all__ = ["Fire", "FireConfig"]
@@ -41,7 +42,7 @@ class FireConfig(SchemeConfig):
 
 
 @register
-class Fire(Scheme):
+class Fire(PairBiasScheme):
     """FIRE (Li et al., 2024, "Functional Interpolation for Relative Positions Improves Long
     Context Transformers"): for causal attention, head ``h`` adds to the logit of query ``i`` and
     key ``j``
@@ -56,8 +57,10 @@ class Fire(Scheme):
 
     The bias depends on the query's position, not just the distance: it is evaluated per pair by
     :func:`~relpos.functional.fire_bias`, which reads the MLP as the piecewise-linear function it
-    is (``O(pairs·h)``, no ``(pairs, hidden)`` tensor; ``chunked`` calls it per tile). ``flex``
-    does not run it.
+    is (``O(pairs·h)``, no ``(pairs, hidden)`` tensor). In float32 on the CPU a C kernel does the
+    per-pair work, and ``chunked`` runs it tile by tile through :meth:`pair_bias`, reducing its
+    gradient inside the kernel (:class:`~relpos.functional.fire.FirePairs`). ``flex`` does not run
+    it.
 
     Causal only: the paper defines the normalised distance for ``p_j <= p_i`` (it lies in
     ``[0, 1]``); building FIRE for bidirectional attention raises ``ValueError``.
@@ -83,18 +86,26 @@ class Fire(Scheme):
             "bias_heads", head_selection(c.heads, self.num_heads), persistent=False
         )
 
-    def score_bias(self, q: Tensor, q_positions: Positions, k_positions: Positions) -> Tensor:
+    def _arguments(self) -> tuple[Tensor, ...]:
+        """``(c, L, w1, b1, w2, b2)`` for :func:`~relpos.functional.fire_bias`, in the compute
+        dtype (heads left out of ``heads`` output 0)."""
         dtype = compute_dtype(self.c.dtype)
         first, last = self.mlp[0], self.mlp[2]
-        w2 = select_heads(last.weight.to(dtype), self.bias_heads)  # heads left out output 0
-        b2 = select_heads(last.bias.to(dtype), self.bias_heads)
-        return fire_bias(
-            q_positions.pos,
-            k_positions.pos,
+        return (
             self.c.to(dtype),
             self.threshold_scale.to(dtype) * self.config.init_threshold,
             first.weight.to(dtype),
             first.bias.to(dtype),
-            w2,
-            b2,
+            select_heads(last.weight.to(dtype), self.bias_heads),
+            select_heads(last.bias.to(dtype), self.bias_heads),
         )
+
+    def score_bias(self, q: Tensor, q_positions: Positions, k_positions: Positions) -> Tensor:
+        return fire_bias(q_positions.pos, k_positions.pos, *self._arguments())
+
+    def pair_bias(
+        self, q: Tensor, q_positions: Positions, k_positions: Positions
+    ) -> PairBias | None:
+        if compute_dtype(q.dtype) != torch.float32:
+            return None
+        return fire_pairs(q_positions.pos, k_positions.pos, *self._arguments())

@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 
 from ...positions import Positions
-from ...schemes.base import DistanceBiasScheme, RelativeScheme, Scheme
+from ...schemes.base import DistanceBiasScheme, PairBiasScheme, RelativeScheme, Scheme
 from .grads import GradSink
 from .plan import TilePlan
 
@@ -81,6 +81,8 @@ class Job:
         self.distance = self.has_bias and isinstance(s, DistanceBiasScheme)
         self.distance_lo = 0
         self.query_independent = (self.rel_bias and s.query_independent) or self.distance
+        #: a per-pair kernel that reduces its own gradient (``pair_bias``; it may decline a call)
+        self.pairwise = self.has_bias and isinstance(s, PairBiasScheme)
 
     def constant_logits(self, q: Tensor) -> Tensor:
         """The query-independent logit term ``(1|b, h, 1, R)``: T5's ``relative_logits``, or a

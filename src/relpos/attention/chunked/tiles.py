@@ -21,6 +21,9 @@ Scheme terms enter a tile in one of two ways:
 * a :class:`~relpos.schemes.DistanceBiasScheme` (KERPLE, learned ALiBi, DPB, Sandwich): like
   T5, one table per call over the call's distances (``distance_table``), gathered per tile by
   distance, its gradient scattered per tile and pushed through the function once;
+* a :class:`~relpos.schemes.PairBiasScheme` (FIRE) whose ``pair_bias`` has a kernel for the
+  call: the kernel adds each tile's bias into the logits and sums its inputs' gradients from each
+  tile's ``dS``; they are pushed through the scheme's parameters once per call;
 * any other scheme: its own ``score_bias``/``value_term`` on the tile's sliced positions, with
   gradients by ``torch.autograd.grad`` per tile.
 
@@ -36,6 +39,7 @@ from torch import Tensor
 
 from ...functional.dropout import drop_mask
 from ...functional.dtypes import compute_dtype
+from ...functional.pair_bias import PairBias
 from ...functional.skew import gather_relative, scatter_relative, scatter_table
 from .grads import GradSink, push_grad
 from .job import Job
@@ -112,10 +116,12 @@ def _scores(
     masked: bool,
     bias_leaf: Tensor | None = None,
     rel_k: Tensor | None = None,
+    pairs: PairBias | None = None,
 ) -> tuple[Tensor, Tensor | None, Tensor | None, Tensor | None]:
     """Scaled, biased, masked logits of one tile, ``(b, h, bi, bj)``.
 
-    ``rel_k`` is the key term ``(b, h, j, R)`` of every key (``relative_key_logits``). Returns
+    ``rel_k`` is the key term ``(b, h, j, R)`` of every key (``relative_key_logits``); ``pairs``
+    the call's ``pair_bias``, which adds the tile's bias itself. Returns
     ``(s, blocked, index, bias)``; ``bias`` is the scheme's ``score_bias`` with a graph (for its
     gradient) when ``bias_leaf`` is given and the scheme has no relative form.
     """
@@ -127,6 +133,8 @@ def _scores(
         s.add_(gather_relative(rel_k[:, :, j0:j1], index.transpose(-1, -2)).transpose(-1, -2))
     if rel is not None:
         s.add_(gather_relative(rel, index))
+    elif pairs is not None:
+        pairs.add_(s, (i0, i1), (j0, j1))
     elif job.has_bias and not job.rel_bias:
         if bias_leaf is not None:
             with torch.enable_grad():  # slice inside: a log_decay leaf's slice keeps its graph
@@ -159,6 +167,7 @@ def _tiles_forward(job: Job, q: Tensor, k: Tensor, v: Tensor) -> dict[str, Tenso
     if job.query_independent:
         rel_const = job.constant_logits(q)  # compute once
     rel_k = s_.relative_key_logits(k) if job.rel_key else None  # (b, h, j, R), once
+    pairs = s_.pair_bias(q, job.q_positions, job.k_positions) if job.pairwise else None
     for (i0, i1), tiles in zip(job.plan.q_blocks, job.plan.tiles, strict=True):
         qb = q[:, :, i0:i1]
         qp = job.q_positions[i0:i1]
@@ -172,7 +181,7 @@ def _tiles_forward(job: Job, q: Tensor, k: Tensor, v: Tensor) -> dict[str, Tenso
         first = True  # the block's first tile: assign instead of rescale-and-add
         for j0, j1, masked in tiles:
             s, blocked, index, _ = _scores(
-                job, qb, k[:, :, j0:j1], (i0, i1, j0, j1), rel, masked, rel_k=rel_k
+                job, qb, k[:, :, j0:j1], (i0, i1, j0, j1), rel, masked, rel_k=rel_k, pairs=pairs
             )
             if blocked is not None and bool(blocked.all()):
                 continue
@@ -245,6 +254,12 @@ def _tiles_backward(
             rel_k = s_.relative_key_logits(k_leaf)
         if rel_k.requires_grad:
             drel_k = torch.zeros_like(rel_k)
+    # A per-pair kernel is built once (its inputs keep a graph) and sums their gradients per tile.
+    pairs = None
+    if job.pairwise:
+        with torch.enable_grad():
+            pairs = s_.pair_bias(q, job.q_positions, job.k_positions)
+    pair_grads = pairs is not None and any(t.requires_grad for t in pairs.inputs)
     for (i0, i1), tiles in zip(job.plan.q_blocks, job.plan.tiles, strict=True):
         qb, dob = q[:, :, i0:i1], do[:, :, i0:i1]
         qp = job.q_positions[i0:i1]
@@ -260,7 +275,7 @@ def _tiles_backward(
             if rel.requires_grad:
                 drel = q.new_zeros(b, h, i1 - i0, job.num_rel)
         bias_leaf = None
-        if need_bias_grad and not (job.rel_bias or job.distance):
+        if need_bias_grad and not (job.rel_bias or job.distance or pairs is not None):
             qb_leaf = bias_leaf = qb.detach().requires_grad_(needs_q)
         dmass_b = dmass[:, :, i0:i1] if dmass is not None else None
         for j0, j1, masked in tiles:
@@ -275,6 +290,7 @@ def _tiles_backward(
                 masked,
                 bias_leaf,
                 rel_k=None if rel_k is None else rel_k.detach(),
+                pairs=pairs,
             )
             if blocked is not None and bool(blocked.all()):
                 continue
@@ -304,6 +320,8 @@ def _tiles_backward(
                 scatter_relative(drel, index, ds)
             elif drel_const is not None:
                 _scatter(drel_const, index, ds)
+            elif pair_grads:
+                pairs.backward(ds, (i0, i1), (j0, j1))
             elif bias is not None and bias.requires_grad:
                 push_grad(bias, sum_to(ds, bias.shape), qb_leaf if needs_q else None, dqb, sink)
             ds.mul_(job.scale)
@@ -315,6 +333,9 @@ def _tiles_backward(
         push_grad(rel_const, drel_const.to(rel_const.dtype), None, dq, sink)
     if drel_k is not None:
         push_grad(rel_k, drel_k, k_leaf if needs_k else None, dk, sink)
+    if pair_grads:
+        kept = [(t, g) for t, g in zip(pairs.inputs, pairs.grads(), strict=True) if t.requires_grad]
+        push_grad([t for t, _ in kept], [g for _, g in kept], None, None, sink)
     return dq, dk, dv
 
 
