@@ -236,6 +236,33 @@ def test_fully_masked_rows_give_zeros_and_finite_grads(backend, spec):
     assert torch.count_nonzero(grads[0][1]) == 0  # no query of row 1 influences anything
 
 
+@pytest.mark.parametrize("spec", BACKEND_SPECS, ids=spec_id)
+@pytest.mark.parametrize("backend", FAST_BACKENDS)
+def test_a_call_of_padding_queries_gives_parameters_eagers_gradients(backend, spec):
+    """A KV-cache step whose every query is padding sees no key: the output is 0, and the
+    scheme's parameters get what ``eager`` gives them (zeros where the term took part, None
+    where it did not), not a missing gradient where eager has zeros."""
+    if not supported(backend, spec):
+        pytest.skip("sdpa does not support a value term")
+    torch.manual_seed(0)
+    scheme = relpos.make_scheme(spec, d_model=8, num_heads=2, causal=True).double()
+    randomize_parameters(scheme)
+    kp = Positions.from_padding_mask(torch.tensor([[True] * 7 + [False] * 3]))
+    qp = kp[7:]  # the padding at the end of the row
+    q = torch.randn(1, 2, 3, 4, dtype=torch.float64, requires_grad=True)
+    k, v = (torch.randn(1, 2, 10, 4, dtype=torch.float64, requires_grad=True) for _ in range(2))
+    params = [p for p in scheme.parameters() if p.requires_grad]
+    if not params:
+        pytest.skip("no parameters")
+    results = []
+    for name in ("eager", backend):
+        out = call(name, q, k, v, scheme, qp, kp, True)
+        assert not out.any()
+        grads = torch.autograd.grad(out.square().sum() + 0.0 * q.sum(), params, allow_unused=True)
+        results.append(["none" if g is None else bool(g.any()) for g in grads])
+    assert results[1] == results[0]
+
+
 # ------------------------------------------------------------------------------ half precision
 @pytest.mark.parametrize("backend", ["sdpa", "chunked"])
 @pytest.mark.parametrize("name", ["alibi", "t5", "rope"])

@@ -260,6 +260,7 @@ def _tiles_backward(
         with torch.enable_grad():
             pairs = s_.pair_bias(q, job.q_positions, job.k_positions)
     pair_grads = pairs is not None and any(t.requires_grad for t in pairs.inputs)
+    bias_pushed = False  # whether a tile pushed a gradient through score_bias
     for (i0, i1), tiles in zip(job.plan.q_blocks, job.plan.tiles, strict=True):
         qb, dob = q[:, :, i0:i1], do[:, :, i0:i1]
         qp = job.q_positions[i0:i1]
@@ -324,6 +325,7 @@ def _tiles_backward(
                 pairs.backward(ds, (i0, i1), (j0, j1))
             elif bias is not None and bias.requires_grad:
                 push_grad(bias, sum_to(ds, bias.shape), qb_leaf if needs_q else None, dqb, sink)
+                bias_pushed = True
             ds.mul_(job.scale)
             dqb += torch.matmul(ds, kb)
             dk[:, :, j0:j1] += torch.matmul(ds.transpose(-1, -2), qb)
@@ -333,6 +335,12 @@ def _tiles_backward(
         push_grad(rel_const, drel_const.to(rel_const.dtype), None, dq, sink)
     if drel_k is not None:
         push_grad(rel_k, drel_k, k_leaf if needs_k else None, dk, sink)
+    if need_bias_grad and not (job.rel_bias or job.distance or pairs is not None or bias_pushed):
+        # No tile was visible: the bias still took part, so its parameters get zeros (as eager's).
+        with torch.enable_grad():
+            bias = s_.score_bias(q[:, :, :1], job.q_positions[0:1], job.k_positions[0:1])
+        if bias is not None and bias.requires_grad:
+            push_grad(bias, torch.zeros_like(bias), None, None, sink)
     if pair_grads:
         kept = [(t, g) for t, g in zip(pairs.inputs, pairs.grads(), strict=True) if t.requires_grad]
         push_grad([t for t, _ in kept], [g for _, g in kept], None, None, sink)
