@@ -93,6 +93,9 @@ BAND_SPECS = [
     {"name": "music", "max_distance": 20},
     # A band wider than a block: the first blocks multiply only the distances they reach.
     {"name": "music", "max_distance": 150},
+    # q·Eᵀ plus a constant per distance (relative_row_bias), narrow and wide.
+    {"name": "transformer_xl", "max_distance": 20},
+    {"name": "transformer_xl", "max_distance": 150},
 ]
 
 
@@ -216,7 +219,11 @@ def test_cached_mask_built_in_inference_mode_serves_training(spec):
 
 @pytest.mark.parametrize(
     "spec",
-    [{"name": "music", "max_distance": 150}, {"name": "shaw", "max_distance": 3}],
+    [
+        {"name": "music", "max_distance": 150},
+        {"name": "shaw", "max_distance": 3},
+        {"name": "transformer_xl", "max_distance": 150},
+    ],
     ids=spec_id,
 )
 @pytest.mark.parametrize("engine", ["tiles", "distance"])

@@ -107,6 +107,7 @@ SPECS = st.one_of(
         st.integers(0, 12),
     ),
     st.builds(lambda m: {"name": "music", "max_distance": m}, st.integers(0, 12)),
+    st.builds(lambda m: {"name": "transformer_xl", "max_distance": m}, st.integers(0, 12)),
 )
 
 

@@ -286,11 +286,19 @@ class RelativeScheme(Scheme):
         keys = self.relative_keys(q.dtype)
         if keys is None:
             return None
-        return torch.matmul(q.to(keys.dtype), keys.transpose(-1, -2))
+        logits = torch.matmul(q.to(keys.dtype), keys.transpose(-1, -2))
+        row_bias = self.relative_row_bias(keys)
+        return logits if row_bias is None else logits + row_bias.unsqueeze(-2)
 
     def relative_keys(self, dtype: torch.dtype = torch.float32) -> Tensor | None:
         """``E`` of shape ``(h|1, R, d)`` in ``dtype``'s compute dtype, already scaled, with
-        ``relative_logits(q) = q·Eᵀ``; None when the logit term is not of that form."""
+        ``relative_logits(q) = q·Eᵀ`` (plus :meth:`relative_row_bias`); None when the logit term
+        is not of that form."""
+        return None
+
+    def relative_row_bias(self, keys: Tensor) -> Tensor | None:
+        """``c (h|1, R)``, a constant per head and row added to ``q·Eᵀ`` (Transformer-XL's global
+        position bias), given ``keys = relative_keys()``; None (the default) for none."""
         return None
 
     def relative_value(self, mass: Tensor) -> Tensor | None:
@@ -304,7 +312,7 @@ class RelativeScheme(Scheme):
 
     @property
     def has_relative_keys(self) -> bool:
-        """Whether the logit term is ``q·relative_keys()ᵀ``."""
+        """Whether the logit term is ``q·relative_keys()ᵀ`` (plus ``relative_row_bias``)."""
         return self.relative_keys() is not None
 
     def score_bias(

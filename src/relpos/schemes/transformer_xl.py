@@ -40,9 +40,11 @@ class TransformerXL(RelativeScheme):
     ``d_model``) and ``W_R`` a learned projection to every head.
 
     The hooks: ``rotate`` adds ``u`` to the queries (so the kernel's ``q·k`` carries ``u·k``);
-    ``relative_logits`` is ``(q - u + v)·(W_R R)ᵀ/√d`` for those shifted queries, one row per
+    the relative logits are ``(q - u + v)·(W_R R)ᵀ/√d`` for those shifted queries, one row per
     clipped distance (``max_distance + 1`` when causal, ``2·max_distance + 1`` otherwise), gathered
-    by each pair's distance: ``O(i·R)`` relative logits, never ``(i, j, d)``.
+    by each pair's distance: ``O(i·R)`` relative logits, never ``(i, j, d)``. In the relative form
+    that is ``q·Eᵀ + c`` (``relative_keys`` ``E = W_R R/√d``, ``relative_row_bias``
+    ``c = (v - u)·Eᵀ``), which ``chunked``'s band engines take.
 
     Shapes:
         ``score_bias`` returns float32 ``(b, h, i, j)``.
@@ -89,9 +91,17 @@ class TransformerXL(RelativeScheme):
         keys = proj.view(-1, self.num_heads, self.head_dim).transpose(0, 1)
         return keys / math.sqrt(self.head_dim)
 
-    def relative_logits(self, q: Tensor) -> Tensor:
-        """``(q - u + v)·(W_R R)ᵀ/√d``, ``(b, h, i, R)`` float32, for queries that ``rotate`` has
-        shifted by ``u``."""
-        keys = self.position_keys(q.dtype)
+    def relative_keys(self, dtype: torch.dtype = torch.float32) -> Tensor:
+        """``W_R R / √d``: the logit term is ``q·Eᵀ`` for the queries ``rotate`` shifted by ``u``,
+        plus :meth:`relative_row_bias`."""
+        return self.position_keys(dtype)
+
+    def relative_row_bias(self, keys: Tensor) -> Tensor:
+        """``(v - u)·(W_R R)ᵀ/√d``, ``(h, R)``: the position term ``(q + v)·Eᵀ`` of the unshifted
+        query, less the ``u·Eᵀ`` its shifted query carries."""
         shift = (self.position_bias - self.content_bias).to(keys.dtype).unsqueeze(1)  # (h, 1, d)
-        return torch.matmul(q.to(keys.dtype) + shift, keys.transpose(-1, -2))
+        return torch.matmul(shift, keys.transpose(-1, -2)).squeeze(1)
+
+    @property
+    def has_relative_keys(self) -> bool:
+        return True

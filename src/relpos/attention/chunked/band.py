@@ -232,10 +232,17 @@ class _LogitScratch:
 
 
 def _keyed_logits(
-    band: Band, c0: int, c1: int, qg: Tensor, keys: Tensor, cols: tuple[int, int]
+    band: Band,
+    c0: int,
+    c1: int,
+    qg: Tensor,
+    keys: Tensor,
+    cols: tuple[int, int],
+    row_bias: Tensor | None = None,
 ) -> Tensor:
-    """A ``q·Eᵀ`` logit term (Shaw, Music Transformer) for one group, in :func:`diagonals`
-    layout: ``(b·g, h, B, e - a + B - 1)``, ``-inf`` in the columns outside the band.
+    """A ``q·Eᵀ`` logit term (Shaw, Music Transformer; plus ``row_bias (h|1, D)``, a constant
+    per distance: Transformer-XL) for one group, in :func:`diagonals` layout:
+    ``(b·g, h, B, e - a + B - 1)``, ``-inf`` in the columns outside the band.
 
     Only the distances the tile reaches are multiplied (the first blocks of a wide band reach
     fewer), straight into the buffer; its skewed view (offset ``B - 1``) is then the tile's float
@@ -254,6 +261,8 @@ def _keyed_logits(
         torch.matmul(qg, keys_t, out=dst)
     else:  # many small ones: a strided `out=` would run them one by one
         dst.copy_(torch.matmul(qg, keys_t))
+    if row_bias is not None:
+        dst.add_(row_bias[:, None, t_lo:t_hi])
     return buf
 
 
@@ -264,15 +273,16 @@ def _tile_mask(
     cols: tuple[int, int],
     neg: Tensor,
     qg: Tensor,
-    keys: Tensor | None,
+    term: RelativeTerm,
     const: _ConstMasks | None,
 ) -> Tensor:
     """The group's float mask ``(b·g | 1, h|1, B, e - a)``: logit term plus ``-inf`` where
     blocked."""
     a, e = cols
     b = qg.shape[0] // (c1 - c0)
-    if keys is not None:
-        mask = skew_view(_keyed_logits(band, c0, c1, qg, keys, cols), band.block - 1, e - a)
+    if term.keys is not None:
+        logits = _keyed_logits(band, c0, c1, qg, term.keys, cols, term.row_bias)
+        mask = skew_view(logits, band.block - 1, e - a)
         return mask if band.exact(c0, c1) else mask + neg
     if const is not None:
         return const.mask(c0, c1, cols, neg, b)
@@ -290,7 +300,7 @@ def forward(job: Job, q: Tensor, k: Tensor, v: Tensor) -> dict[str, Tensor]:
     out = q.new_empty(b, h, n_pad, q.shape[-1])
     mass = q.new_zeros(b, h, n_pad, job.num_rel) if job.rel_value else None
     term = RelativeTerm(job, q, grads=False)
-    keys, cols = term.keys, term.cols
+    cols = term.cols
     const = None if term.lin is None else _ConstMasks(band, term.lin, b)
     for c0, c1 in band.groups(b, h):
         r0, r1 = c0 * band.block, c1 * band.block
@@ -298,7 +308,7 @@ def forward(job: Job, q: Tensor, k: Tensor, v: Tensor) -> dict[str, Tensor]:
         a, e = band.trim(c0, c1)
         kg, vg = _windows(band, k, c0, c1, (a, e)), _windows(band, v, c0, c1, (a, e))
         blocked, neg = (x[..., a:e] for x in band.mask(c0, c1, q, b))
-        mask = _tile_mask(band, c0, c1, (a, e), neg, qg, keys, const)
+        mask = _tile_mask(band, c0, c1, (a, e), neg, qg, term, const)
         out_g, lse_g = _as_groups(out[:, :, r0:r1], g), _as_groups(lse[:, :, r0:r1], g)
         if mass is None:
             o, l_ = flash(qg, kg, vg, 0.0, False, attn_mask=mask, scale=scale)
@@ -365,7 +375,7 @@ def backward(job: Job, q: Tensor, k: Tensor, v: Tensor, grad: BandBackward) -> N
         a, e = band.trim(c0, c1)
         kg, vg = _windows(band, k, c0, c1, (a, e)), _windows(band, v, c0, c1, (a, e))
         blocked, neg = (x[..., a:e] for x in band.mask(c0, c1, q, b))
-        mask = _tile_mask(band, c0, c1, (a, e), neg, qg, keys, const)
+        mask = _tile_mask(band, c0, c1, (a, e), neg, qg, term, const)
         dp = torch.matmul(dog, vg.transpose(-1, -2))
         if dmass_p is not None:
             dlin = _queries(band, dmass_p, c0, c1).contiguous()  # (b·g, h, B, D)
@@ -380,8 +390,9 @@ def backward(job: Job, q: Tensor, k: Tensor, v: Tensor, grad: BandBackward) -> N
             scale,
         )
         _fold_windows(band, dv, torch.matmul(p.transpose(-1, -2), dog), c0, c1, (a, e))
-        if keys is not None and (needs_q or dkeys is not None):
+        if keys is not None and (needs_q or dkeys is not None or term.drow_bias is not None):
             drel, t_lo, t_hi = _distances(band, ds, (a, e))  # (b·g, h, B, t_hi - t_lo)
+            term.add_row_bias_grads(drel, 0, h, t_lo)
             if needs_q:
                 dq_rel = torch.matmul(drel, keys[..., t_lo:t_hi, :])
                 _as_groups(dqp[:, :, r0:r1], g).add_(dq_rel.unflatten(0, (b, g)))

@@ -17,14 +17,23 @@ from .job import BandBackward, Job
 __all__ = ["RelativeTerm", "finish_relative_grads"]
 
 
-def _distance_keys(scheme: RelativeScheme, band: Band, dtype: torch.dtype, far_rows: list[int]):
-    """``(keys in distance coordinates (h|1, D, d), keys of far_rows (h|1, len, d) | None)``."""
-    keys = scheme.relative_keys(dtype)
+def _near_and_far(table: Tensor, band: Band, far_rows: list[int]) -> tuple[Tensor, Tensor | None]:
+    """A table's rows (dim -2) in distance coordinates ``(.., D, ..)`` and at ``far_rows``."""
     if band.rows is not None:
-        near = keys[..., band.rows, :]
+        near = table[..., band.rows, :]
     else:
-        near = keys.index_select(-2, band.lut)
-    return near, (keys[..., far_rows, :] if far_rows else None)
+        near = table.index_select(-2, band.lut)
+    return near, (table[..., far_rows, :] if far_rows else None)
+
+
+def _distance_keys(scheme: RelativeScheme, band: Band, dtype: torch.dtype, far_rows: list[int]):
+    """``((keys (h|1, D, d), keys of far_rows (h|1, len, d) | None), (row bias (h|1, D, 1),
+    of far_rows (h|1, len, 1) | None) | None)``: the relative keys and their constant per row
+    in distance coordinates."""
+    keys = scheme.relative_keys(dtype)
+    row_bias = scheme.relative_row_bias(keys)
+    bias = None if row_bias is None else _near_and_far(row_bias.unsqueeze(-1), band, far_rows)
+    return _near_and_far(keys, band, far_rows), bias
 
 
 class RelativeTerm:
@@ -32,9 +41,11 @@ class RelativeTerm:
     :mod:`.narrow`'s).
 
     Either query-independent (T5: ``rel (1|b, h, 1, R)``, in distance coordinates ``lin (1|b, h,
-    1, D)``) or ``q·Eᵀ`` (``keys (h|1, D, d)`` in distance coordinates), or absent. With
-    ``grads``, the term keeps its graph to the scheme's parameters and accumulates their
-    gradient in distance coordinates (``drel_lin`` or ``dkeys``) for :func:`finish_relative_grads`.
+    1, D)``) or ``q·Eᵀ`` (``keys (h|1, D, d)`` in distance coordinates) plus, where the scheme has
+    one, a constant per row (``row_bias (h|1, D)``: Transformer-XL), or absent. With ``grads``,
+    the term keeps its graph to the scheme's parameters and accumulates their gradient in
+    distance coordinates (``drel_lin``, or ``dkeys`` and ``drow_bias``) for
+    :func:`finish_relative_grads`.
 
     Attributes:
         cols: the term at ``far_rows`` for every query, ``(1|b, h, i, len(far_rows))`` (forward).
@@ -44,7 +55,7 @@ class RelativeTerm:
         _, h, n, d = q.shape
         scheme, band, has_bias, far_rows = job.scheme, job.band, job.rel_bias, job.far_rows
         self.const_rel = self.lin = self.keys = self.keys_g = self.cols = None
-        self.drel_lin = self.dkeys = None
+        self.row_bias = self.row_bias_g = self.drel_lin = self.dkeys = self.drow_bias = None
         if job.query_independent:  # T5
             with torch.set_grad_enabled(grads):
                 self.const_rel = scheme.relative_logits(q[:, :, :1])  # (1|b, h, 1, R)
@@ -53,17 +64,37 @@ class RelativeTerm:
                 self.drel_lin = q.new_zeros(1, h, 1, band.width)
             if not grads and far_rows:
                 self.cols = self.const_rel[..., far_rows].expand(-1, -1, n, -1)
-        elif has_bias:  # q·Eᵀ
+        elif has_bias:  # q·Eᵀ (+ c)
             with torch.set_grad_enabled(grads):
-                self.keys_g = _distance_keys(scheme, band, q.dtype, far_rows)
+                self.keys_g, self.row_bias_g = _distance_keys(scheme, band, q.dtype, far_rows)
             self.keys = self.keys_g[0].detach()
             if grads and self.keys_g[0].requires_grad:
                 self.dkeys = q.new_zeros(h, band.width, d)
+            if self.row_bias_g is not None:
+                self.row_bias = self.row_bias_g[0].detach().squeeze(-1)  # (h|1, D)
+                if grads and self.row_bias_g[0].requires_grad:
+                    self.drow_bias = q.new_zeros(h, band.width)
             if not grads and self.keys_g[1] is not None:
                 self.cols = torch.matmul(q, self.keys_g[1].transpose(-1, -2))
+                if self.row_bias_g is not None:
+                    self.cols += self.row_bias_g[1].squeeze(-1).unsqueeze(-2)
 
     def _keys(self, h0: int, h1: int) -> Tensor:
         return self.keys if self.keys.shape[0] == 1 else self.keys[h0:h1]
+
+    def row_bias_of(self, h0: int, h1: int) -> Tensor | None:
+        """The constant per row of heads ``[h0, h1)``, ``(hc|1, 1, D)`` (it broadcasts over
+        queries), or None."""
+        if self.row_bias is None:
+            return None
+        rows = self.row_bias if self.row_bias.shape[0] == 1 else self.row_bias[h0:h1]
+        return rows.unsqueeze(-2)
+
+    def add_row_bias_grads(self, ds: Tensor, h0: int, h1: int, t0: int = 0) -> None:
+        """Accumulate the row constant's gradient from ``ds (n, hc, i, t)``, distance columns
+        ``[t0, t0 + t)``: its sum over the batch and queries."""
+        if self.drow_bias is not None:
+            self.drow_bias[h0:h1, t0 : t0 + ds.shape[-1]] += ds.sum((0, 2))
 
     def term(
         self, qc: Tensor, b0: int, b1: int, h0: int, h1: int, *, out: Tensor | None = None
@@ -72,7 +103,9 @@ class RelativeTerm:
         ``(bc, hc, i, D)`` tensor (new, or written into ``out``), T5's ``(1|bc, hc, 1, D)`` view,
         or None."""
         if self.keys is not None:
-            return torch.matmul(qc, self._keys(h0, h1).transpose(-1, -2), out=out)
+            term = torch.matmul(qc, self._keys(h0, h1).transpose(-1, -2), out=out)
+            bias = self.row_bias_of(h0, h1)
+            return term if bias is None else term.add_(bias)
         if self.lin is not None:
             lin = self.lin if self.lin.shape[0] == 1 else self.lin[b0:b1]
             return lin[:, h0:h1]
@@ -88,6 +121,7 @@ class RelativeTerm:
                 dqc += torch.matmul(ds, self._keys(h0, h1))
             if self.dkeys is not None:
                 self.dkeys[h0:h1] += torch.einsum("bhnt,bhnd->htd", ds, qc)
+            self.add_row_bias_grads(ds, h0, h1)
         elif self.drel_lin is not None:
             self.drel_lin[0, h0:h1, 0] += ds.sum((0, 2))
 
@@ -105,13 +139,24 @@ def finish_relative_grads(term: RelativeTerm, job: Job, q: Tensor, grad: BandBac
         push_grad(term.const_rel, drel, None, None, sink)
     if term.keys_g is not None:
         near, far = term.keys_g
-        outs, outs_grads = [near], [term.dkeys]
+        outs, outs_grads = [], []
+        if term.dkeys is not None:
+            outs.append(near)
+            outs_grads.append(term.dkeys)
         if far is not None and far_grads is not None:
             if needs_q:
                 dq += torch.matmul(far_grads, far.detach())
-            outs.append(far)
-            outs_grads.append(torch.einsum("bhnr,bhnd->hrd", far_grads, q))
-        if term.dkeys is not None:  # one pass through relative_keys for both
+            if term.dkeys is not None:
+                outs.append(far)
+                outs_grads.append(torch.einsum("bhnr,bhnd->hrd", far_grads, q))
+        if term.drow_bias is not None:
+            bias_near, bias_far = term.row_bias_g
+            outs.append(bias_near)
+            outs_grads.append(term.drow_bias.unsqueeze(-1))
+            if bias_far is not None and far_grads is not None:
+                outs.append(bias_far)
+                outs_grads.append(far_grads.sum((0, 2)).unsqueeze(-1))
+        if outs:  # one pass through relative_keys (and relative_row_bias) for all
             grads_ = [_sum_heads(g, t) for g, t in zip(outs_grads, outs, strict=True)]
             push_grad(outs, grads_, None, None, sink)
 
