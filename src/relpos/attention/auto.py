@@ -9,8 +9,8 @@ scheme                             plain positions              padded / packed 
 NoPE, sinusoidal, learned, RoPE    ``sdpa`` (no mask)           ``sdpa`` (boolean-as-float mask)
 ALiBi, learned ALiBi               ``chunked`` (flash parts)    ``sdpa`` (float mask); learned
                                                                 ALiBi ``chunked`` (tiles)
-T5, Shaw keys, Music Transformer   ``chunked`` (band + flash)   ``chunked`` with gradients,
-                                                                ``sdpa`` without
+T5, Shaw keys, Music Transformer,  ``chunked`` (band + flash)   ``chunked`` with gradients,
+Transformer-XL                                                  ``sdpa`` without
 Shaw with a value term             ``chunked``                  ``chunked``
 DeBERTa (a key term)               ``chunked`` (tiles) with     ``chunked`` (tiles) with
                                    gradients, ``sdpa`` without  gradients, ``sdpa`` without
