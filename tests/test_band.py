@@ -20,7 +20,7 @@ from relpos.attention.chunked import chunked_path
 from relpos.attention.chunked import geometry as geometry_mod
 from relpos.attention.chunked import narrow as narrow_mod
 from relpos.functional.skew import gather_relative
-from tests.helpers import spec_id
+from tests.helpers import randomize_parameters, spec_id
 from tests.test_backends import assert_same, run_case
 
 
@@ -243,6 +243,31 @@ def test_region_path_with_frozen_tables_and_constant_queries(spec, engine, monke
         out = BACKENDS[backend](q, k, v, scheme, pos, pos, causal=True)
         results.append((out, torch.autograd.grad(out, [k, v], grad_out)))
     assert_same(results, atol=1e-9, rtol=1e-9)
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        {"name": "music", "max_distance": 6},
+        {"name": "shaw", "max_distance": 3, "per_head": False},
+        {"name": "transformer_xl", "max_distance": 6},
+    ],
+    ids=spec_id,
+)
+def test_relative_keys_at_rows_equal_those_rows_of_relative_keys(spec):
+    """The band reads only the rows it needs (``relative_keys_at``; Transformer-XL projects just
+    those); they equal the full table's, and so does the row bias computed from them."""
+    scheme = relpos.make_scheme(spec, d_model=8, num_heads=2, causal=False).double()
+    randomize_parameters(scheme)
+    full = scheme.relative_keys(torch.float64)
+    bias = scheme.relative_row_bias(full)
+    for rows in (slice(2, 6), torch.tensor([4, 0, 6, 4]), [1, 6]):
+        picked = full.index_select(-2, rows) if isinstance(rows, torch.Tensor) else full[:, rows]
+        keys = scheme.relative_keys_at(rows, torch.float64)
+        torch.testing.assert_close(keys, picked, rtol=1e-12, atol=1e-12)
+        if bias is not None:
+            want = bias.index_select(-1, rows) if isinstance(rows, torch.Tensor) else bias[:, rows]
+            torch.testing.assert_close(scheme.relative_row_bias(keys), want)
 
 
 class LogitsWithoutKeys(relpos.MusicRelative):

@@ -296,9 +296,21 @@ class RelativeScheme(Scheme):
         is not of that form."""
         return None
 
+    def relative_keys_at(
+        self, rows: slice | Tensor | list[int], dtype: torch.dtype = torch.float32
+    ) -> Tensor | None:
+        """``relative_keys(dtype)[..., rows, :]``: the keys of some rows only (a scheme whose keys
+        cost a product per row, Transformer-XL's, computes just those)."""
+        keys = self.relative_keys(dtype)
+        if keys is None:
+            return None
+        return keys.index_select(-2, rows) if isinstance(rows, Tensor) else keys[..., rows, :]
+
     def relative_row_bias(self, keys: Tensor) -> Tensor | None:
-        """``c (h|1, R)``, a constant per head and row added to ``q·Eᵀ`` (Transformer-XL's global
-        position bias), given ``keys = relative_keys()``; None (the default) for none."""
+        """``c (h|1, r)``, a constant per head and row added to ``q·Eᵀ`` (Transformer-XL's global
+        position bias), for the rows whose keys ``(h|1, r, d)`` are given (all of
+        ``relative_keys()``, or those of ``relative_keys_at``): row by row; None (the default)
+        for none."""
         return None
 
     def relative_value(self, mass: Tensor) -> Tensor | None:

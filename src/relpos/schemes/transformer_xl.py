@@ -84,10 +84,16 @@ class TransformerXL(RelativeScheme):
         m = self.config.max_distance
         return q_positions.distance(k_positions).clamp(-m, 0 if self.causal else m) + m
 
-    def position_keys(self, dtype: torch.dtype = torch.float32) -> Tensor:
-        """``W_R R / √d`` per head and row, ``(h, R, d)`` in ``dtype``'s compute dtype."""
+    def position_keys(
+        self, dtype: torch.dtype = torch.float32, rows: slice | Tensor | list[int] | None = None
+    ) -> Tensor:
+        """``W_R R / √d`` per head and row, ``(h, R, d)`` in ``dtype``'s compute dtype (only the
+        given ``rows`` of ``R``: the projection costs a product per row)."""
         cd = compute_dtype(dtype)
-        proj = self.encodings.to(cd) @ self.position_proj.weight.to(cd).t()  # (R, h·d)
+        enc = self.encodings
+        if rows is not None:
+            enc = enc.index_select(0, rows) if isinstance(rows, Tensor) else enc[rows]
+        proj = enc.to(cd) @ self.position_proj.weight.to(cd).t()  # (rows, h·d)
         keys = proj.view(-1, self.num_heads, self.head_dim).transpose(0, 1)
         return keys / math.sqrt(self.head_dim)
 
@@ -95,6 +101,11 @@ class TransformerXL(RelativeScheme):
         """``W_R R / √d``: the logit term is ``q·Eᵀ`` for the queries ``rotate`` shifted by ``u``,
         plus :meth:`relative_row_bias`."""
         return self.position_keys(dtype)
+
+    def relative_keys_at(
+        self, rows: slice | Tensor | list[int], dtype: torch.dtype = torch.float32
+    ) -> Tensor:
+        return self.position_keys(dtype, rows)
 
     def relative_row_bias(self, keys: Tensor) -> Tensor:
         """``(v - u)·(W_R R)ᵀ/√d``, ``(h, R)``: the position term ``(q + v)·Eᵀ`` of the unshifted

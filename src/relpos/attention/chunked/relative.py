@@ -17,23 +17,17 @@ from .job import BandBackward, Job
 __all__ = ["RelativeTerm", "finish_relative_grads"]
 
 
-def _near_and_far(table: Tensor, band: Band, far_rows: list[int]) -> tuple[Tensor, Tensor | None]:
-    """A table's rows (dim -2) in distance coordinates ``(.., D, ..)`` and at ``far_rows``."""
-    if band.rows is not None:
-        near = table[..., band.rows, :]
-    else:
-        near = table.index_select(-2, band.lut)
-    return near, (table[..., far_rows, :] if far_rows else None)
-
-
 def _distance_keys(scheme: RelativeScheme, band: Band, dtype: torch.dtype, far_rows: list[int]):
     """``((keys (h|1, D, d), keys of far_rows (h|1, len, d) | None), (row bias (h|1, D, 1),
     of far_rows (h|1, len, 1) | None) | None)``: the relative keys and their constant per row
-    in distance coordinates."""
-    keys = scheme.relative_keys(dtype)
-    row_bias = scheme.relative_row_bias(keys)
-    bias = None if row_bias is None else _near_and_far(row_bias.unsqueeze(-1), band, far_rows)
-    return _near_and_far(keys, band, far_rows), bias
+    in distance coordinates; only the rows the band and the far parts read."""
+    near = scheme.relative_keys_at(band.rows if band.rows is not None else band.lut, dtype)
+    far = scheme.relative_keys_at(far_rows, dtype) if far_rows else None
+    near_bias = scheme.relative_row_bias(near)
+    if near_bias is None:
+        return (near, far), None
+    far_bias = None if far is None else scheme.relative_row_bias(far).unsqueeze(-1)
+    return (near, far), (near_bias.unsqueeze(-1), far_bias)
 
 
 class RelativeTerm:
