@@ -10,6 +10,10 @@
         --schemes music,shaw,t5,alibi,rope,learned,sinusoidal,nope --parallel 16 \
         --device cuda --out runs/study-recipe
 
+    # where the config's data path does not exist (a GPU machine without ../shared): a copy
+    python benchmarks/chorale_study.py --config configs/jsb-music.json \
+        --data .devdata/Jsb16thSeparated.json ...
+
 Each run is `relpos train` (the scheme, and with --config every other field from the file), then
 `relpos eval` of its best checkpoint; the first seed of each scheme also samples a chorale with
 `relpos generate`. A run folder that finished is skipped and one that stopped is resumed, so the
@@ -70,6 +74,7 @@ def run_one(out: Path, name: str, seed: int, args: argparse.Namespace, env: dict
         train = [*train, "--resume"] if done < steps else []
     elif args.config:
         train += ["--config", args.config, "--seed", str(seed), *SCHEMES[name]]
+        train += ["--data", args.data] if args.data else []
     else:
         every = str(max(args.steps // 6, 1))
         train += ["--data", args.data, "--steps", str(args.steps), "--eval-every", every]
@@ -155,9 +160,12 @@ def plot_valid_curves(out: Path, runs: list[str]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    source = p.add_mutually_exclusive_group(required=True)
-    source.add_argument("--data", help="a JSB JSON file: the demo's model for --steps")
-    source.add_argument("--config", help="a TrainConfig JSON file (e.g. configs/jsb-music.json)")
+    p.add_argument(
+        "--data",
+        help="a JSB JSON file: the demo's model for --steps; with --config, it replaces the "
+        "file's data path (a copy of the data elsewhere, e.g. on a machine without ../shared)",
+    )
+    p.add_argument("--config", help="a TrainConfig JSON file (e.g. configs/jsb-music.json)")
     p.add_argument("--out", default="runs/study")
     p.add_argument("--steps", type=int, default=600, help="with --data")
     p.add_argument("--schemes", default=DEFAULT, help=f"comma-separated, from {list(SCHEMES)}")
@@ -165,6 +173,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--parallel", type=int, default=1, help="runs at a time")
     p.add_argument("--device", default=None, help="cpu or cuda (default: relpos train's)")
     args = p.parse_args(argv)
+    if not (args.data or args.config):
+        p.error("give --data (the demo's model) or --config (a recipe)")
     names = [n for n in args.schemes.split(",") if n]
     unknown = [n for n in names if n not in SCHEMES]
     if unknown or not names:

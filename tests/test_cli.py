@@ -531,9 +531,11 @@ def test_the_study_script_runs_seeds_side_by_side_and_skips_finished_runs(tiny_d
     cfg = tmp_path / "tiny.json"
     model = {"vocab_size": 77, "d_model": 16, "num_heads": 2, "num_layers": 1}
     budget = {"context": 32, "batch_size": 2, "steps": 2, "eval_every": 1, "warmup": 1}
-    cfg.write_text(json.dumps({"model": model, "data": str(tiny_data), **budget}))
+    # The file's data path does not exist here; --data names the copy to use instead.
+    cfg.write_text(json.dumps({"model": model, "data": str(tmp_path / "gone.json"), **budget}))
     out = tmp_path / "study"
-    argv = ["--config", str(cfg), "--schemes", "alibi,nope", "--seeds", "0,1"]
+    argv = ["--config", str(cfg), "--data", str(tiny_data), "--schemes", "alibi,nope"]
+    argv += ["--seeds", "0,1"]
     argv += ["--parallel", "2", "--device", "cpu", "--out", str(out)]
     assert study.main(argv) == 0
     rows = json.loads((out / "results.json").read_text())
@@ -554,6 +556,9 @@ def test_the_study_script_runs_seeds_side_by_side_and_skips_finished_runs(tiny_d
         with pytest.raises(SystemExit) as stop:
             study.main([*argv, *bad])
         assert stop.value.code == 2
+    with pytest.raises(SystemExit) as stop:
+        study.main(["--schemes", "nope", "--out", str(out)])  # neither --data nor --config
+    assert stop.value.code == 2
     stamp = (out / "nope-seed0" / "eval.json").stat().st_mtime_ns
     assert study.main(argv) == 0  # everything finished: nothing runs again
     assert (out / "nope-seed0" / "eval.json").stat().st_mtime_ns == stamp
