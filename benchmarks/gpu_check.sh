@@ -12,7 +12,8 @@
 # "first call s" is the cold compile, measured under that load; Inductor's on-disk caches then
 # serve phase 2), and `relpos train` of configs/jsb-music-paper.json for TRAIN_S seconds, then
 # `relpos eval`. Phase 2: `relpos bench --device cuda` with nothing else on the GPU.
-# Budgets (seconds): TEST_S, TRAIN_S, BENCH_S.
+# Budgets (seconds): TEST_S, TRAIN_S, BENCH_S. DATA: the JSB JSON where the config's
+# ../shared path does not exist (a GPU machine gets only the checkout: carry a copy in it).
 set -u
 OUT=${1:?usage: benchmarks/gpu_check.sh OUT}
 WORK=${WORK:-$(mktemp -d)}
@@ -36,7 +37,7 @@ DEVICE=${DEVICE:-cuda}
 # one thread and one compile worker each)
 export OMP_NUM_THREADS=1 TORCHINDUCTOR_COMPILE_THREADS=1
 ( timeout "$TRAIN_S" $PY -m relpos.cli train --config configs/jsb-music-paper.json \
-    --run-dir "$WORK/jsb" --device "$DEVICE" --no-progress
+    ${DATA:+--data "$DATA"} --run-dir "$WORK/jsb" --device "$DEVICE" --no-progress
   $PY -m relpos.cli eval --run-dir "$WORK/jsb" --device "$DEVICE" --no-progress ||
     $PY -m relpos.cli eval --run-dir "$WORK/jsb" --device "$DEVICE" --no-progress --checkpoint last
 ) > "$OUT/train.log" 2>&1 &
