@@ -81,6 +81,8 @@ class Job:
         self.distance = self.has_bias and isinstance(s, DistanceBiasScheme)
         self.distance_lo = 0
         self.query_independent = (self.rel_bias and s.query_independent) or self.distance
+        #: a query-dependent logit term of the form q·Eᵀ (+ c): keys read once per call
+        self.keyed = self.rel_bias and not self.query_independent and s.has_relative_keys
         #: a per-pair kernel that reduces its own gradient (``pair_bias``; it may decline a call)
         self.pairwise = self.has_bias and isinstance(s, PairBiasScheme)
 

@@ -14,7 +14,7 @@ from .geometry import Band
 from .grads import push_grad
 from .job import BandBackward, Job
 
-__all__ = ["RelativeTerm", "finish_relative_grads"]
+__all__ = ["KeyedTerm", "RelativeTerm", "finish_relative_grads"]
 
 
 def _distance_keys(scheme: RelativeScheme, band: Band, dtype: torch.dtype, far_rows: list[int]):
@@ -153,6 +153,54 @@ def finish_relative_grads(term: RelativeTerm, job: Job, q: Tensor, grad: BandBac
         if outs:  # one pass through relative_keys (and relative_row_bias) for all
             grads_ = [_sum_heads(g, t) for g, t in zip(outs_grads, outs, strict=True)]
             push_grad(outs, grads_, None, None, sink)
+
+
+class KeyedTerm:
+    """A ``q·Eᵀ`` logit term (plus ``relative_row_bias``) for the general tiles: the keys are
+    computed once per call, the term per query block; backward, the gradients of the keys and
+    the row constant are summed over the blocks and pushed through the scheme once (instead of
+    ``relative_logits``' graph once per block).
+
+    Shapes: keys ``(h|1, R, d)``, row bias ``(h|1, R)``; a block's term ``(b, h, bi, R)``.
+    """
+
+    def __init__(self, scheme: RelativeScheme, dtype: torch.dtype, *, grads: bool) -> None:
+        with torch.set_grad_enabled(grads):
+            self.keys_g = scheme.relative_keys(dtype)
+            self.bias_g = scheme.relative_row_bias(self.keys_g)
+        self.keys = self.keys_g.detach()
+        self.bias = None if self.bias_g is None else self.bias_g.detach().unsqueeze(-2)
+        h, r, d = self.keys.shape
+        self.dkeys = self.dbias = None
+        if grads and self.keys_g.requires_grad:
+            self.dkeys = self.keys.new_zeros(h, r, d)
+        if grads and self.bias_g is not None and self.bias_g.requires_grad:
+            self.dbias = self.keys.new_zeros(self.bias_g.shape)
+
+    def logits(self, qb: Tensor) -> Tensor:
+        """The term of the queries ``qb (b, h, bi, d)``: ``(b, h, bi, R)``."""
+        rel = torch.matmul(qb, self.keys.transpose(-1, -2))
+        return rel if self.bias is None else rel.add_(self.bias)
+
+    def needs_grads(self, needs_q: bool) -> bool:
+        return needs_q or self.dkeys is not None or self.dbias is not None
+
+    def add_grads(self, drel: Tensor, qb: Tensor, dqb: Tensor, needs_q: bool) -> None:
+        """Accumulate from ``drel (b, h, bi, R)``, the term's gradient for queries ``qb``:
+        ``drel·E`` into ``dqb``, ``drelᵀ·q`` into the keys', its sum into the row constant's."""
+        if needs_q:
+            dqb += torch.matmul(drel, self.keys)
+        if self.dkeys is not None:
+            self.dkeys += _sum_heads(torch.einsum("bhir,bhid->hrd", drel, qb), self.dkeys)
+        if self.dbias is not None:
+            self.dbias += _sum_heads(drel.sum((0, 2)), self.dbias)
+
+    def push(self, sink) -> None:
+        """Push the summed gradients through ``relative_keys`` and ``relative_row_bias``."""
+        pairs = [(self.keys_g, self.dkeys), (self.bias_g, self.dbias)]
+        kept = [(t, g) for t, g in pairs if g is not None]
+        if kept:
+            push_grad([t for t, _ in kept], [g for _, g in kept], None, None, sink)
 
 
 def _sum_heads(grad: Tensor, like: Tensor) -> Tensor:

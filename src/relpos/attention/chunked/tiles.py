@@ -9,15 +9,18 @@ softmax of Milakov & Gimelshein, 2018; FlashAttention, Dao et al., 2022), so not
 held. The backward pass recomputes each tile from the saved row log-sum-exp (FlashAttention-2):
 ``dS = P ⊙ (dP - rowsum(dO ⊙ O))``. Tiles the mask rules out are skipped (:mod:`.plan`).
 
-Scheme terms enter a tile in one of two ways:
+Scheme terms enter a tile in one of these ways:
 
-* a :class:`~relpos.schemes.RelativeScheme` (T5, Shaw, Music Transformer): the logit term is
-  ``relative_logits`` ``(b, h, bi, R)`` per query block, gathered per tile by ``relative_index``;
-  its gradient is scattered back into ``(b, h, bi, R)`` and pushed through ``relative_logits``
-  once per block (once per call for a ``query_independent`` term). A key term (DeBERTa's p2c) is
-  ``relative_key_logits`` ``(b, h, j, R)``, computed once per call and gathered per tile by the
-  transposed index; its gradient is scattered back per tile and pushed through once. A value
-  term accumulates the attention mass per row with the same rescaling as ``p·v``;
+* a :class:`~relpos.schemes.RelativeScheme` (T5, Shaw, Music Transformer, Transformer-XL): the
+  logit term is ``relative_logits`` ``(b, h, bi, R)`` per query block, gathered per tile by
+  ``relative_index``; its gradient is scattered back into ``(b, h, bi, R)`` and pushed through
+  ``relative_logits`` once per block (once per call for a ``query_independent`` term). A
+  ``q·Eᵀ`` term (``relative_keys``, plus ``relative_row_bias``) reads its keys once per call,
+  and their gradients are summed over the blocks and pushed once (:class:`.relative.KeyedTerm`).
+  A key term (DeBERTa's p2c) is ``relative_key_logits`` ``(b, h, j, R)``, computed once per call
+  and gathered per tile by the transposed index; its gradient is scattered back per tile and
+  pushed through once. A value term accumulates the attention mass per row with the same
+  rescaling as ``p·v``;
 * a :class:`~relpos.schemes.DistanceBiasScheme` (KERPLE, learned ALiBi, DPB, Sandwich): like
   T5, one table per call over the call's distances (``distance_table``), gathered per tile by
   distance, its gradient scattered per tile and pushed through the function once;
@@ -44,6 +47,7 @@ from ...functional.skew import gather_relative, scatter_relative, scatter_table
 from .grads import GradSink, push_grad
 from .job import Job
 from .kernels import flush_exp_, sum_to
+from .relative import KeyedTerm
 
 __all__ = ["DEFAULT_BLOCK", "TiledAttention"]
 
@@ -163,19 +167,22 @@ def _tiles_forward(job: Job, q: Tensor, k: Tensor, v: Tensor) -> dict[str, Tenso
     acc = q.new_zeros(b, h, n, v.shape[-1])
     mass = q.new_zeros(b, h, n, job.num_rel) if job.rel_value else None
     s_ = job.scheme
-    rel_const = None
+    rel_const = keyed = None
     if job.query_independent:
         rel_const = job.constant_logits(q)  # compute once
+    elif job.keyed:
+        keyed = KeyedTerm(s_, q.dtype, grads=False)
     rel_k = s_.relative_key_logits(k) if job.rel_key else None  # (b, h, j, R), once
     pairs = s_.pair_bias(q, job.q_positions, job.k_positions) if job.pairwise else None
     for (i0, i1), tiles in zip(job.plan.q_blocks, job.plan.tiles, strict=True):
         qb = q[:, :, i0:i1]
         qp = job.q_positions[i0:i1]
-        rel = (
-            rel_const
-            if rel_const is not None
-            else (s_.relative_logits(qb) if job.rel_bias else None)
-        )
+        if rel_const is not None:
+            rel = rel_const
+        elif keyed is not None:
+            rel = keyed.logits(qb)
+        else:
+            rel = s_.relative_logits(qb) if job.rel_bias else None
         mb, nb, ab = m[:, :, i0:i1], norm[:, :, i0:i1], acc[:, :, i0:i1]
         massb = mass[:, :, i0:i1] if mass is not None else None
         first = True  # the block's first tile: assign instead of rescale-and-add
@@ -246,6 +253,8 @@ def _tiles_backward(
         rel_const = probe
         if probe.requires_grad:
             drel_const = q.new_zeros(probe.shape[0], h, 1, job.num_rel)
+    # A q·Eᵀ term: the keys once per call, their gradient summed over the blocks, pushed once.
+    keyed = KeyedTerm(s_, q.dtype, grads=True) if job.keyed else None
     # A key term is computed once for every key; its gradient is scattered per tile.
     rel_k = drel_k = k_leaf = None
     if job.rel_key:
@@ -269,6 +278,10 @@ def _tiles_backward(
         rel = drel = qb_leaf = None
         if rel_const is not None:
             rel = rel_const.detach()
+        elif keyed is not None:
+            rel = keyed.logits(qb)
+            if keyed.needs_grads(needs_q):
+                drel = q.new_zeros(b, h, i1 - i0, job.num_rel)
         elif job.rel_bias:
             with torch.enable_grad():
                 qb_leaf = qb.detach().requires_grad_(needs_q)
@@ -329,8 +342,12 @@ def _tiles_backward(
             ds.mul_(job.scale)
             dqb += torch.matmul(ds, kb)
             dk[:, :, j0:j1] += torch.matmul(ds.transpose(-1, -2), qb)
-        if drel is not None:
+        if drel is not None and keyed is not None:
+            keyed.add_grads(drel, qb, dqb, needs_q)
+        elif drel is not None:
             push_grad(rel, sum_to(drel, rel.shape), qb_leaf if needs_q else None, dqb, sink)
+    if keyed is not None:
+        keyed.push(sink)
     if drel_const is not None:
         push_grad(rel_const, drel_const.to(rel_const.dtype), None, dq, sink)
     if drel_k is not None:
