@@ -191,7 +191,9 @@ class KeyedTerm:
         if needs_q:
             dqb += torch.matmul(drel, self.keys)
         if self.dkeys is not None:
-            self.dkeys += _sum_heads(torch.einsum("bhir,bhid->hrd", drel, qb), self.dkeys)
+            # Batched drelᵀ·q reads both transposed in place (an einsum would copy drel).
+            dkeys = torch.matmul(drel.transpose(-1, -2), qb).sum(0)  # (h, R, d)
+            self.dkeys += _sum_heads(dkeys, self.dkeys)
         if self.dbias is not None:
             self.dbias += _sum_heads(drel.sum((0, 2)), self.dbias)
 
