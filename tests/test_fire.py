@@ -400,6 +400,8 @@ def test_pair_bias_refuses_a_tile_it_cannot_fill():
         pairs.add_(torch.zeros(2, 2, 3, 3), (0, 2), (0, 3))
     with pytest.raises(ValueError, match=r"got torch\.float64"):
         pairs.add_(torch.zeros(2, 2, 2, 3, dtype=torch.float64), (0, 2), (0, 3))
+    with pytest.raises(ValueError, match=r"cols \(4, 7\) must lie inside the 6 queries and 6"):
+        pairs.add_(torch.zeros(2, 2, 2, 3), (0, 2), (4, 7))  # past the keys: never read
     batch = r"batch 2 \(queries\) and 2 \(keys\); the tile has batch 3"
     with pytest.raises(ValueError, match=batch):
         pairs.backward(torch.zeros(3, 2, 2, 3), (0, 2), (0, 3))

@@ -216,6 +216,11 @@ class FirePairs(PairBias):
                 f"FIRE's kernel needs a contiguous float32 tile of shape {expected}, got "
                 f"{t.dtype} {tuple(t.shape)}"
             )
+        if not (0 <= i0 <= i1 <= qp.shape[1] and 0 <= j0 <= j1 <= kp.shape[1]):
+            raise ValueError(
+                f"FIRE's tile rows {rows} and cols {cols} must lie inside the {qp.shape[1]} "
+                f"queries and {kp.shape[1]} keys it was built for"
+            )
         if qp.shape[0] not in (1, t.shape[0]) or kp.shape[0] not in (1, t.shape[0]):
             raise ValueError(
                 f"FIRE's positions have batch {qp.shape[0]} (queries) and {kp.shape[0]} (keys); "
