@@ -28,6 +28,7 @@ from relpos.attention.chunked import alibi as alibi_parts
 from relpos.attention.chunked import chunked_attention, chunked_path, plan_tiles
 from relpos.attention.chunked import geometry as geometry_mod
 from relpos.attention.chunked import narrow as narrow_mod
+from relpos.attention.chunked import tiles as tiles_mod
 from relpos.attention.chunked.region import far_field
 from relpos.attention.contract import rows_with_keys
 from relpos.attention.flex import flex_attention_backend, flex_available, flex_supports
@@ -135,6 +136,35 @@ def test_backend_matches_eager(backend, spec, causal, layout):
         pytest.skip("a KV cache is for causal decoding")
     results, _ = run_case(backend, spec, causal, layout)
     assert_same(results, atol=1e-9, rtol=1e-9)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
+@pytest.mark.parametrize(
+    "spec",
+    [
+        {"name": "transformer_xl", "max_distance": 40},
+        {"name": "music", "max_distance": 40},
+        {"name": "shaw", "max_distance": 3, "per_head": False},
+        {"name": "deberta", "position_buckets": 8, "max_relative_positions": 24},
+    ],
+    ids=spec_id,
+)
+def test_tiles_compute_a_keyed_term_for_the_rows_a_block_reaches(spec, causal, layout, monkeypatch):
+    """With ``FEW_ROWS = 0`` every ``q·Eᵀ`` term is computed per query block for the rows its
+    tiles reach (an offset into the table; the gradients land in those rows): equal to eager on
+    every layout, outputs and the gradients of q, k, v and every parameter."""
+    if layout.startswith("cached") and not causal:
+        pytest.skip("a KV cache is for causal decoding")
+    monkeypatch.setattr(tiles_mod, "FEW_ROWS", 0)
+    seen = []
+    real = tiles_mod._block_rows
+    monkeypatch.setattr(tiles_mod, "_block_rows", lambda *a: seen.append(real(*a)) or seen[-1])
+    results, _ = run_case("chunked-tiles", spec, causal, layout)
+    assert_same(results, atol=1e-9, rtol=1e-9)
+    assert seen
+    if layout == "plain" and spec.get("max_distance", 0) > 32:
+        assert all(lo > 0 for lo, _ in seen)  # distances < 32 < M: no block reaches row 0
 
 
 @pytest.mark.slow

@@ -177,25 +177,28 @@ class KeyedTerm:
         if grads and self.bias_g is not None and self.bias_g.requires_grad:
             self.dbias = self.keys.new_zeros(self.bias_g.shape)
 
-    def logits(self, qb: Tensor) -> Tensor:
-        """The term of the queries ``qb (b, h, bi, d)``: ``(b, h, bi, R)``."""
-        rel = torch.matmul(qb, self.keys.transpose(-1, -2))
-        return rel if self.bias is None else rel.add_(self.bias)
+    def logits(self, qb: Tensor, lo: int = 0, hi: int | None = None) -> Tensor:
+        """The term of the queries ``qb (b, h, bi, d)`` at rows ``[lo, hi)``:
+        ``(b, h, bi, hi - lo)``."""
+        rel = torch.matmul(qb, self.keys[:, lo:hi].transpose(-1, -2))
+        return rel if self.bias is None else rel.add_(self.bias[..., lo:hi])
 
     def needs_grads(self, needs_q: bool) -> bool:
         return needs_q or self.dkeys is not None or self.dbias is not None
 
-    def add_grads(self, drel: Tensor, qb: Tensor, dqb: Tensor, needs_q: bool) -> None:
-        """Accumulate from ``drel (b, h, bi, R)``, the term's gradient for queries ``qb``:
-        ``drel·E`` into ``dqb``, ``drelᵀ·q`` into the keys', its sum into the row constant's."""
+    def add_grads(self, drel: Tensor, qb: Tensor, dqb: Tensor, needs_q: bool, lo: int = 0) -> None:
+        """Accumulate from ``drel (b, h, bi, r)``, the term's gradient at rows ``[lo, lo + r)``
+        for queries ``qb``: ``drel·E`` into ``dqb``, ``drelᵀ·q`` into the keys', its sum into the
+        row constant's."""
+        hi = lo + drel.shape[-1]
         if needs_q:
-            dqb += torch.matmul(drel, self.keys)
+            dqb += torch.matmul(drel, self.keys[:, lo:hi])
         if self.dkeys is not None:
             # Batched drelᵀ·q reads both transposed in place (an einsum would copy drel).
-            dkeys = torch.matmul(drel.transpose(-1, -2), qb).sum(0)  # (h, R, d)
-            self.dkeys += _sum_heads(dkeys, self.dkeys)
+            dkeys = torch.matmul(drel.transpose(-1, -2), qb).sum(0)  # (h, r, d)
+            self.dkeys[:, lo:hi] += _sum_heads(dkeys, self.dkeys)
         if self.dbias is not None:
-            self.dbias += _sum_heads(drel.sum((0, 2)), self.dbias)
+            self.dbias[:, lo:hi] += _sum_heads(drel.sum((0, 2)), self.dbias)
 
     def push(self, sink) -> None:
         """Push the summed gradients through ``relative_keys`` and ``relative_row_bias``."""

@@ -54,6 +54,11 @@ __all__ = ["DEFAULT_BLOCK", "TiledAttention"]
 #: Default (query, key) tile sizes (tuned on a 2-core CPU, fp32, h=8, d=64).
 DEFAULT_BLOCK = (256, 512)
 
+#: A ``q·Eᵀ`` term with more rows than this is computed per query block for the rows its tiles
+#: reach only (Transformer-XL, a Music Transformer with a large ``M``). Below it the term is
+#: small next to the tiles' ``q·kᵀ``, and finding the rows (an index pass per tile) costs more.
+FEW_ROWS = 256
+
 
 def _keep_mask(p: Tensor, dropout_p: float) -> Tensor:
     drop, scale = drop_mask(p.shape, dropout_p, p.device)
@@ -111,6 +116,20 @@ def _tile_terms(
     return blocked, index
 
 
+def _block_rows(job: Job, i0: int, i1: int, tiles: list) -> tuple[int, int]:
+    """The relative rows ``[lo, hi)`` that a query block's tiles reach (one host sync): a
+    ``q·Eᵀ`` term is computed for those rows only. The indices are recomputed per tile later
+    rather than held for the whole block."""
+    if not tiles:
+        return 0, 0
+    bounds = []
+    for j0, j1, _ in tiles:
+        index = job.tile_index(job.q_positions[i0:i1], job.k_positions[j0:j1])
+        bounds.append(torch.stack(torch.aminmax(index)))
+    lo, hi = torch.stack(bounds).amin(0)[0].item(), torch.stack(bounds).amax(0)[1].item()
+    return int(lo), int(hi) + 1
+
+
 def _scores(
     job: Job,
     qb: Tensor,
@@ -121,11 +140,13 @@ def _scores(
     bias_leaf: Tensor | None = None,
     rel_k: Tensor | None = None,
     pairs: PairBias | None = None,
+    rel_lo: int = 0,
 ) -> tuple[Tensor, Tensor | None, Tensor | None, Tensor | None]:
     """Scaled, biased, masked logits of one tile, ``(b, h, bi, bj)``.
 
-    ``rel_k`` is the key term ``(b, h, j, R)`` of every key (``relative_key_logits``); ``pairs``
-    the call's ``pair_bias``, which adds the tile's bias itself. Returns
+    ``rel`` holds the relative rows from ``rel_lo`` on; ``rel_k`` is the key term
+    ``(b, h, j, R)`` of every key (``relative_key_logits``); ``pairs`` the call's ``pair_bias``,
+    which adds the tile's bias itself. Returns
     ``(s, blocked, index, bias)``; ``bias`` is the scheme's ``score_bias`` with a graph (for its
     gradient) when ``bias_leaf`` is given and the scheme has no relative form.
     """
@@ -136,7 +157,7 @@ def _scores(
     if rel_k is not None:
         s.add_(gather_relative(rel_k[:, :, j0:j1], index.transpose(-1, -2)).transpose(-1, -2))
     if rel is not None:
-        s.add_(gather_relative(rel, index))
+        s.add_(gather_relative(rel, index - rel_lo if rel_lo else index))
     elif pairs is not None:
         pairs.add_(s, (i0, i1), (j0, j1))
     elif job.has_bias and not job.rel_bias:
@@ -177,10 +198,12 @@ def _tiles_forward(job: Job, q: Tensor, k: Tensor, v: Tensor) -> dict[str, Tenso
     for (i0, i1), tiles in zip(job.plan.q_blocks, job.plan.tiles, strict=True):
         qb = q[:, :, i0:i1]
         qp = job.q_positions[i0:i1]
+        lo = 0
         if rel_const is not None:
             rel = rel_const
         elif keyed is not None:
-            rel = keyed.logits(qb)
+            lo, hi = _block_rows(job, i0, i1, tiles) if job.num_rel > FEW_ROWS else (0, None)
+            rel = keyed.logits(qb, lo, hi)
         else:
             rel = s_.relative_logits(qb) if job.rel_bias else None
         mb, nb, ab = m[:, :, i0:i1], norm[:, :, i0:i1], acc[:, :, i0:i1]
@@ -188,7 +211,15 @@ def _tiles_forward(job: Job, q: Tensor, k: Tensor, v: Tensor) -> dict[str, Tenso
         first = True  # the block's first tile: assign instead of rescale-and-add
         for j0, j1, masked in tiles:
             s, blocked, index, _ = _scores(
-                job, qb, k[:, :, j0:j1], (i0, i1, j0, j1), rel, masked, rel_k=rel_k, pairs=pairs
+                job,
+                qb,
+                k[:, :, j0:j1],
+                (i0, i1, j0, j1),
+                rel,
+                masked,
+                rel_k=rel_k,
+                pairs=pairs,
+                rel_lo=lo,
             )
             if blocked is not None and bool(blocked.all()):
                 continue
@@ -276,12 +307,14 @@ def _tiles_backward(
         lse_b, delta_b = lse[:, :, i0:i1].unsqueeze(-1), delta[:, :, i0:i1].unsqueeze(-1)
         dqb = dq[:, :, i0:i1]
         rel = drel = qb_leaf = None
+        lo = 0
         if rel_const is not None:
             rel = rel_const.detach()
         elif keyed is not None:
-            rel = keyed.logits(qb)
+            lo, hi = _block_rows(job, i0, i1, tiles) if job.num_rel > FEW_ROWS else (0, None)
+            rel = keyed.logits(qb, lo, hi)
             if keyed.needs_grads(needs_q):
-                drel = q.new_zeros(b, h, i1 - i0, job.num_rel)
+                drel = q.new_zeros(rel.shape)
         elif job.rel_bias:
             with torch.enable_grad():
                 qb_leaf = qb.detach().requires_grad_(needs_q)
@@ -305,6 +338,7 @@ def _tiles_backward(
                 bias_leaf,
                 rel_k=None if rel_k is None else rel_k.detach(),
                 pairs=pairs,
+                rel_lo=lo,
             )
             if blocked is not None and bool(blocked.all()):
                 continue
@@ -331,7 +365,7 @@ def _tiles_backward(
             if drel_k is not None:
                 scatter_relative(drel_k[:, :, j0:j1], index.transpose(-1, -2), ds.transpose(-1, -2))
             if drel is not None:
-                scatter_relative(drel, index, ds)
+                scatter_relative(drel, index - lo if lo else index, ds)
             elif drel_const is not None:
                 _scatter(drel_const, index, ds)
             elif pair_grads:
@@ -343,7 +377,7 @@ def _tiles_backward(
             dqb += torch.matmul(ds, kb)
             dk[:, :, j0:j1] += torch.matmul(ds.transpose(-1, -2), qb)
         if drel is not None and keyed is not None:
-            keyed.add_grads(drel, qb, dqb, needs_q)
+            keyed.add_grads(drel, qb, dqb, needs_q, lo)
         elif drel is not None:
             push_grad(rel, sum_to(drel, rel.shape), qb_leaf if needs_q else None, dqb, sink)
     if keyed is not None:
