@@ -120,14 +120,16 @@ def _block_rows(job: Job, i0: int, i1: int, tiles: list) -> tuple[int, int]:
     """The relative rows ``[lo, hi)`` that a query block's tiles reach (one host sync): a
     ``q·Eᵀ`` term is computed for those rows only. The indices are recomputed per tile later
     rather than held for the whole block."""
-    if not tiles:
-        return 0, 0
     bounds = []
     for j0, j1, _ in tiles:
         index = job.tile_index(job.q_positions[i0:i1], job.k_positions[j0:j1])
-        bounds.append(torch.stack(torch.aminmax(index)))
-    lo, hi = torch.stack(bounds).amin(0)[0].item(), torch.stack(bounds).amax(0)[1].item()
-    return int(lo), int(hi) + 1
+        if index.numel():
+            bounds.append(torch.stack(torch.aminmax(index)))
+    if not bounds:
+        return 0, 0
+    ranges = torch.stack(bounds)
+    lo, hi = torch.stack((ranges[:, 0].min(), ranges[:, 1].max())).tolist()
+    return lo, hi + 1
 
 
 def _scores(
