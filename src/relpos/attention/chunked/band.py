@@ -49,7 +49,7 @@ from torch import Tensor
 from .geometry import Band, diagonal_view, diagonals, skew_view, unskew
 from .job import BandBackward, Job
 from .kernels import flash, flush_exp_
-from .relative import RelativeTerm, finish_relative_grads
+from .relative import RelativeTerm, finish_relative_grads, keys_grad
 
 __all__ = ["backward", "forward", "probs_and_dscores"]
 
@@ -397,7 +397,7 @@ def backward(job: Job, q: Tensor, k: Tensor, v: Tensor, grad: BandBackward) -> N
                 dq_rel = torch.matmul(drel, keys[..., t_lo:t_hi, :])
                 _as_groups(dqp[:, :, r0:r1], g).add_(dq_rel.unflatten(0, (b, g)))
             if dkeys is not None:
-                dkeys[:, t_lo:t_hi] += torch.einsum("nhbt,nhbd->htd", drel, qg)
+                dkeys[:, t_lo:t_hi] += keys_grad(drel, qg)
         elif term.drel_lin is not None:
             part = torch.nn.functional.pad(ds.sum(0), (a, band.keys - e))
             ds_total = part if ds_total is None else ds_total.add_(part)

@@ -14,7 +14,7 @@ from .geometry import Band
 from .grads import push_grad
 from .job import BandBackward, Job
 
-__all__ = ["KeyedTerm", "RelativeTerm", "finish_relative_grads"]
+__all__ = ["KeyedTerm", "RelativeTerm", "finish_relative_grads", "keys_grad"]
 
 
 def _distance_keys(scheme: RelativeScheme, band: Band, dtype: torch.dtype, far_rows: list[int]):
@@ -28,6 +28,13 @@ def _distance_keys(scheme: RelativeScheme, band: Band, dtype: torch.dtype, far_r
         return (near, far), None
     far_bias = None if far is None else scheme.relative_row_bias(far).unsqueeze(-1)
     return (near, far), (near_bias.unsqueeze(-1), far_bias)
+
+
+def keys_grad(drel: Tensor, q: Tensor) -> Tensor:
+    """``Σ_batch drelᵀ·q``: the gradient ``(h, r, d)`` of relative keys from a term's gradient
+    ``drel (n, h, i, r)`` for queries ``q (n, h, i, d)``. A batched product reads both transposed
+    in place; an einsum over ``n`` and ``i`` copies ``drel`` first."""
+    return torch.matmul(drel.transpose(-1, -2), q).sum(0)
 
 
 class RelativeTerm:
@@ -114,7 +121,7 @@ class RelativeTerm:
             if needs_q:
                 dqc += torch.matmul(ds, self._keys(h0, h1))
             if self.dkeys is not None:
-                self.dkeys[h0:h1] += torch.einsum("bhnt,bhnd->htd", ds, qc)
+                self.dkeys[h0:h1] += keys_grad(ds, qc)
             self.add_row_bias_grads(ds, h0, h1)
         elif self.drel_lin is not None:
             self.drel_lin[0, h0:h1, 0] += ds.sum((0, 2))
@@ -142,7 +149,7 @@ def finish_relative_grads(term: RelativeTerm, job: Job, q: Tensor, grad: BandBac
                 dq += torch.matmul(far_grads, far.detach())
             if term.dkeys is not None:
                 outs.append(far)
-                outs_grads.append(torch.einsum("bhnr,bhnd->hrd", far_grads, q))
+                outs_grads.append(keys_grad(far_grads, q))
         if term.drow_bias is not None:
             bias_near, bias_far = term.row_bias_g
             outs.append(bias_near)
@@ -170,12 +177,11 @@ class KeyedTerm:
             self.bias_g = scheme.relative_row_bias(self.keys_g)
         self.keys = self.keys_g.detach()
         self.bias = None if self.bias_g is None else self.bias_g.detach().unsqueeze(-2)
-        h, r, d = self.keys.shape
         self.dkeys = self.dbias = None
         if grads and self.keys_g.requires_grad:
-            self.dkeys = self.keys.new_zeros(h, r, d)
+            self.dkeys = torch.zeros_like(self.keys)
         if grads and self.bias_g is not None and self.bias_g.requires_grad:
-            self.dbias = self.keys.new_zeros(self.bias_g.shape)
+            self.dbias = torch.zeros_like(self.bias_g.detach())
 
     def logits(self, qb: Tensor, lo: int = 0, hi: int | None = None) -> Tensor:
         """The term of the queries ``qb (b, h, bi, d)`` at rows ``[lo, hi)``:
@@ -194,9 +200,7 @@ class KeyedTerm:
         if needs_q:
             dqb += torch.matmul(drel, self.keys[:, lo:hi])
         if self.dkeys is not None:
-            # Batched drelᵀ·q reads both transposed in place (an einsum would copy drel).
-            dkeys = torch.matmul(drel.transpose(-1, -2), qb).sum(0)  # (h, r, d)
-            self.dkeys[:, lo:hi] += _sum_heads(dkeys, self.dkeys)
+            self.dkeys[:, lo:hi] += _sum_heads(keys_grad(drel, qb), self.dkeys)
         if self.dbias is not None:
             self.dbias[:, lo:hi] += _sum_heads(drel.sum((0, 2)), self.dbias)
 
