@@ -244,20 +244,21 @@ class FirePairs(PairBias):
             self.kinks.numel(),
         )
 
+    def _forward(self, out: Tensor, rows: tuple[int, int], cols: tuple[int, int], add: int):
+        """The tile's bias written into ``out`` (``add=0``) or added to it (``add=1``)."""
+        args = self._tile(out, rows, cols)
+        slope, intercept = self.inputs[2:]
+        tail = (slope.data_ptr(), intercept.data_ptr(), out.data_ptr(), add)
+        self.lib.relpos_fire_forward(*args, *tail)
+
     def add_(self, s: Tensor, rows: tuple[int, int], cols: tuple[int, int]) -> None:
-        _psi, _inv, slope, intercept = self.inputs
-        args = self._tile(s, rows, cols)
-        self.lib.relpos_fire_forward(*args, slope.data_ptr(), intercept.data_ptr(), s.data_ptr(), 1)
+        self._forward(s, rows, cols, 1)
 
     def values(self) -> Tensor:
         """The whole bias, ``(b, h, i, j)`` float32 (no graph)."""
         b = max(self.q_pos.shape[0], self.k_pos.shape[0])
         out = self.psi.new_empty(b, self.heads, self.q_pos.shape[1], self.k_pos.shape[1])
-        _psi, _inv, slope, intercept = self.inputs
-        args = self._tile(out, (0, out.shape[2]), (0, out.shape[3]))
-        self.lib.relpos_fire_forward(
-            *args, slope.data_ptr(), intercept.data_ptr(), out.data_ptr(), 0
-        )
+        self._forward(out, (0, out.shape[2]), (0, out.shape[3]), 0)
         return out
 
     def backward(self, grad: Tensor, rows: tuple[int, int], cols: tuple[int, int]) -> None:

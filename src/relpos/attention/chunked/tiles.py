@@ -116,10 +116,18 @@ def _tile_terms(
     return blocked, index
 
 
+def _keyed_logits(
+    job: Job, keyed: KeyedTerm, qb: Tensor, i0: int, i1: int, tiles: list
+) -> tuple[Tensor, int]:
+    """``(rel, lo)``: a query block's ``q·Eᵀ`` term from row ``lo`` on; past :data:`FEW_ROWS`
+    rows, only the rows its tiles reach."""
+    lo, hi = _block_rows(job, i0, i1, tiles) if job.num_rel > FEW_ROWS else (0, None)
+    return keyed.logits(qb, lo, hi), lo
+
+
 def _block_rows(job: Job, i0: int, i1: int, tiles: list) -> tuple[int, int]:
-    """The relative rows ``[lo, hi)`` that a query block's tiles reach (one host sync): a
-    ``q·Eᵀ`` term is computed for those rows only. The indices are recomputed per tile later
-    rather than held for the whole block."""
+    """The relative rows ``[lo, hi)`` that a query block's tiles reach (one host sync). The
+    indices are recomputed per tile later rather than held for the whole block."""
     bounds = []
     for j0, j1, _ in tiles:
         index = job.tile_index(job.q_positions[i0:i1], job.k_positions[j0:j1])
@@ -204,8 +212,7 @@ def _tiles_forward(job: Job, q: Tensor, k: Tensor, v: Tensor) -> dict[str, Tenso
         if rel_const is not None:
             rel = rel_const
         elif keyed is not None:
-            lo, hi = _block_rows(job, i0, i1, tiles) if job.num_rel > FEW_ROWS else (0, None)
-            rel = keyed.logits(qb, lo, hi)
+            rel, lo = _keyed_logits(job, keyed, qb, i0, i1, tiles)
         else:
             rel = s_.relative_logits(qb) if job.rel_bias else None
         mb, nb, ab = m[:, :, i0:i1], norm[:, :, i0:i1], acc[:, :, i0:i1]
@@ -302,6 +309,8 @@ def _tiles_backward(
         with torch.enable_grad():
             pairs = s_.pair_bias(q, job.q_positions, job.k_positions)
     pair_grads = pairs is not None and any(t.requires_grad for t in pairs.inputs)
+    # score_bias per tile, differentiated by autograd (no relative, distance or pair form)
+    tile_bias_grad = need_bias_grad and not (job.rel_bias or job.distance or pairs is not None)
     bias_pushed = False  # whether a tile pushed a gradient through score_bias
     for (i0, i1), tiles in zip(job.plan.q_blocks, job.plan.tiles, strict=True):
         qb, dob = q[:, :, i0:i1], do[:, :, i0:i1]
@@ -313,8 +322,7 @@ def _tiles_backward(
         if rel_const is not None:
             rel = rel_const.detach()
         elif keyed is not None:
-            lo, hi = _block_rows(job, i0, i1, tiles) if job.num_rel > FEW_ROWS else (0, None)
-            rel = keyed.logits(qb, lo, hi)
+            rel, lo = _keyed_logits(job, keyed, qb, i0, i1, tiles)
             if keyed.needs_grads(needs_q):
                 drel = q.new_zeros(rel.shape)
         elif job.rel_bias:
@@ -324,7 +332,7 @@ def _tiles_backward(
             if rel.requires_grad:
                 drel = q.new_zeros(b, h, i1 - i0, job.num_rel)
         bias_leaf = None
-        if need_bias_grad and not (job.rel_bias or job.distance or pairs is not None):
+        if tile_bias_grad:
             qb_leaf = bias_leaf = qb.detach().requires_grad_(needs_q)
         dmass_b = dmass[:, :, i0:i1] if dmass is not None else None
         for j0, j1, masked in tiles:
@@ -388,7 +396,7 @@ def _tiles_backward(
         push_grad(rel_const, drel_const.to(rel_const.dtype), None, dq, sink)
     if drel_k is not None:
         push_grad(rel_k, drel_k, k_leaf if needs_k else None, dk, sink)
-    if need_bias_grad and not (job.rel_bias or job.distance or pairs is not None or bias_pushed):
+    if tile_bias_grad and not bias_pushed:
         # No tile was visible: the bias still took part, so its parameters get zeros (as eager's).
         with torch.enable_grad():
             bias = s_.score_bias(q[:, :, :1], job.q_positions[0:1], job.k_positions[0:1])
