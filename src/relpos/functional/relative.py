@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from torch import Tensor
 
-__all__ = ["clipped_relative_index", "relative_distance"]
+__all__ = ["clipped_relative_index", "relative_distance", "table_rows"]
 
 
 def relative_distance(q_pos: Tensor, k_pos: Tensor) -> Tensor:
@@ -28,3 +28,11 @@ def clipped_relative_index(distance: Tensor, k: int) -> Tensor:
     if k < 0:
         raise ValueError(f"k (maximum relative distance) must be >= 0, got {k}")
     return distance.clamp(-k, k) + k
+
+
+def table_rows(table: Tensor, rows: slice | Tensor | list[int], dim: int) -> Tensor:
+    """Some rows of a relative table along ``dim``: a slice or list of rows, or an int64 index
+    tensor (``index_select``)."""
+    if isinstance(rows, Tensor):
+        return table.index_select(dim, rows)
+    return table[(slice(None),) * (dim % table.ndim) + (rows,)]

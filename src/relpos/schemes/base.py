@@ -65,6 +65,7 @@ from torch import Tensor, nn
 from ..functional.alibi import alibi_bias
 from ..functional.dtypes import compute_dtype
 from ..functional.pair_bias import PairBias
+from ..functional.relative import table_rows
 from ..functional.skew import gather_relative, scatter_relative
 from ..positions import Positions, distance_range
 from .heads import head_selection, select_heads
@@ -302,9 +303,7 @@ class RelativeScheme(Scheme):
         """``relative_keys(dtype)[..., rows, :]``: the keys of some rows only (a scheme whose keys
         cost a product per row, Transformer-XL's, computes just those)."""
         keys = self.relative_keys(dtype)
-        if keys is None:
-            return None
-        return keys.index_select(-2, rows) if isinstance(rows, Tensor) else keys[..., rows, :]
+        return None if keys is None else table_rows(keys, rows, -2)
 
     def relative_row_bias(self, keys: Tensor) -> Tensor | None:
         """``c (h|1, r)``, a constant per head and row added to ``q·Eᵀ`` (Transformer-XL's global

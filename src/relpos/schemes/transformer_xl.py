@@ -10,6 +10,7 @@ import torch
 from torch import Tensor, nn
 
 from ..functional.dtypes import compute_dtype
+from ..functional.relative import table_rows
 from ..functional.sinusoidal import sinusoidal_table
 from ..positions import Positions
 from .base import RelativeScheme, SchemeConfig, check_int, register
@@ -90,9 +91,7 @@ class TransformerXL(RelativeScheme):
         """``W_R R / √d`` per head and row, ``(h, R, d)`` in ``dtype``'s compute dtype (only the
         given ``rows`` of ``R``: the projection costs a product per row)."""
         cd = compute_dtype(dtype)
-        enc = self.encodings
-        if rows is not None:
-            enc = enc.index_select(0, rows) if isinstance(rows, Tensor) else enc[rows]
+        enc = self.encodings if rows is None else table_rows(self.encodings, rows, 0)
         proj = enc.to(cd) @ self.position_proj.weight.to(cd).t()  # (rows, h·d)
         keys = proj.view(-1, self.num_heads, self.head_dim).transpose(0, 1)
         return keys / math.sqrt(self.head_dim)
