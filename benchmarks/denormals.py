@@ -17,10 +17,10 @@ import math
 import statistics
 import subprocess
 import sys
-import time
 
 import torch
 
+from relpos.cli.bench import wall_times
 from relpos.runtime import cpu_name, flush_denormals
 
 GAPS = [-50.0, -90.0, -95.0, -100.0, -110.0, -1000.0, -math.inf]
@@ -29,13 +29,7 @@ _flash_bwd = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
 
 
 def _median_ms(fn, repeats: int) -> float:
-    fn()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times) * 1e3
+    return statistics.median(wall_times(fn, repeats=repeats, warmup=1)) * 1e3
 
 
 def measure(flush: bool, repeats: int, threads: int) -> dict[str, object]:

@@ -9,23 +9,17 @@ Best of 7 after a warm-up, on the threads ``OMP_NUM_THREADS`` allows.
 from __future__ import annotations
 
 import argparse
-import time
 
 import torch
 import torch.nn.functional as F
 
+from relpos.cli.bench import wall_times
 from relpos.functional.dropout import drop_mask, dropout
 from relpos.runtime import cpu_name
 
 
 def best_ms(fn, repeats: int = 7) -> float:
-    fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return 1e3 * min(times)
+    return 1e3 * min(wall_times(fn, repeats=repeats, warmup=1))
 
 
 def main() -> None:

@@ -36,6 +36,7 @@ Shape legend: ``B`` batch, ``H`` heads, ``L`` tokens, ``d`` head dim.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import resource
@@ -68,6 +69,7 @@ __all__ = [
     "render_markdown",
     "run",
     "sdpa_plain",
+    "wall_times",
 ]
 
 SCHEMES = [
@@ -312,6 +314,23 @@ def _step(fn: Callable[[Setup], Tensor], s: Setup, backward: bool) -> None:
             fn(s)
 
 
+def wall_times(
+    fn: Callable[[], object], *, repeats: int, warmup: int, device: str = "cpu"
+) -> list[float]:
+    """Wall-clock seconds of ``repeats`` calls of ``fn`` after ``warmup`` calls (each waits for
+    the device); the benchmark scripts time their cases with it too."""
+    for _ in range(warmup):
+        fn()
+    _sync(device)
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        _sync(device)
+        times.append(time.perf_counter() - start)
+    return times
+
+
 def measure_time(
     fn: Callable[[Setup], Tensor],
     s: Setup,
@@ -322,16 +341,8 @@ def measure_time(
     device: str,
 ) -> list[float]:
     """Wall-clock seconds of ``repeats`` runs after ``warmup`` runs."""
-    for _ in range(warmup):
-        _step(fn, s, backward)
-    _sync(device)
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        _step(fn, s, backward)
-        _sync(device)
-        times.append(time.perf_counter() - start)
-    return times
+    step = functools.partial(_step, fn, s, backward)
+    return wall_times(step, repeats=repeats, warmup=warmup, device=device)
 
 
 def measure_paired(
