@@ -73,7 +73,10 @@ def run_one(out: Path, name: str, seed: int, args: argparse.Namespace, env: dict
         steps = json.loads((run / "config.json").read_text())["steps"]
         train = [*train, "--resume"] if done < steps else []
     elif args.config:
-        train += ["--config", args.config, "--seed", str(seed), *SCHEMES[name]]
+        # The file's own scheme keeps the file's arguments (the recipe's music table is 513 rows).
+        own = json.loads(Path(args.config).read_text())["model"].get("scheme", {}).get("name")
+        flags = [] if SCHEMES[name] == ["--scheme", name] and own == name else SCHEMES[name]
+        train += ["--config", args.config, "--seed", str(seed), *flags]
         train += ["--data", args.data] if args.data else []
     else:
         every = str(max(args.steps // 6, 1))
@@ -172,6 +175,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seeds", default="0", help="comma-separated seeds, one run each")
     p.add_argument("--parallel", type=int, default=1, help="runs at a time")
     p.add_argument("--device", default=None, help="cpu or cuda (default: relpos train's)")
+    p.add_argument(
+        "--threads", type=int, help="torch threads per run (default: the cores / --parallel)"
+    )
     args = p.parse_args(argv)
     if not (args.data or args.config):
         p.error("give --data (the demo's model) or --config (a recipe)")
@@ -183,11 +189,11 @@ def main(argv: list[str] | None = None) -> int:
         args.seed_list = [int(s) for s in args.seeds.split(",") if s]
     except ValueError:
         p.error(f"--seeds: expected comma-separated integers, got {args.seeds!r}")
-    if not args.seed_list or args.parallel < 1:
-        p.error("--seeds needs at least one seed and --parallel at least 1")
+    if not args.seed_list or args.parallel < 1 or (args.threads is not None and args.threads < 1):
+        p.error("--seeds needs at least one seed, --parallel and --threads at least 1")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    threads = max(1, (os.cpu_count() or 1) // args.parallel)
+    threads = args.threads or max(1, (os.cpu_count() or 1) // args.parallel)
     env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
     jobs = [(name, seed) for seed in args.seed_list for name in names]
     failed = []

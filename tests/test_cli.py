@@ -530,6 +530,7 @@ def test_the_study_script_runs_seeds_side_by_side_and_skips_finished_runs(tiny_d
     spec.loader.exec_module(study)
     cfg = tmp_path / "tiny.json"
     model = {"vocab_size": 77, "d_model": 16, "num_heads": 2, "num_layers": 1}
+    model["scheme"] = {"name": "alibi", "heads": [1]}  # the file's own scheme: kept whole
     budget = {"context": 32, "batch_size": 2, "steps": 2, "eval_every": 1, "warmup": 1}
     # The file's data path does not exist here; --data names the copy to use instead.
     cfg.write_text(json.dumps({"model": model, "data": str(tmp_path / "gone.json"), **budget}))
@@ -548,11 +549,13 @@ def test_the_study_script_runs_seeds_side_by_side_and_skips_finished_runs(tiny_d
         assert r["valid_nll"] == pytest.approx(sum(valid) / 2)
         assert r["valid_spread"] == pytest.approx(max(valid) - min(valid))
     saved = json.loads((out / "alibi-seed1" / "config.json").read_text())
-    assert saved["seed"] == 1 and saved["model"]["scheme"]["name"] == "alibi"
+    assert saved["seed"] == 1 and saved["model"]["scheme"]["heads"] == [1]
+    saved = json.loads((out / "nope-seed1" / "config.json").read_text())
+    assert saved["model"]["scheme"] == {"name": "nope"}
     assert (out / "alibi-seed0" / "samples").is_dir()  # the first seed samples a chorale
     assert not (out / "alibi-seed1" / "samples").exists()
     assert "| alibi | 2 |" in (out / "results.md").read_text()
-    for bad in (["--schemes", "bogus"], ["--seeds", "x"], ["--parallel", "0"]):
+    for bad in (["--schemes", "bogus"], ["--seeds", "x"], ["--parallel", "0"], ["--threads", "0"]):
         with pytest.raises(SystemExit) as stop:
             study.main([*argv, *bad])
         assert stop.value.code == 2
