@@ -8,6 +8,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from .functional.dtypes import autocast_off
 from .positions import Positions
 from .schemes.base import Scheme, SchemeConfig, make_scheme
 
@@ -62,7 +63,8 @@ class TokenPositionEmbedding(nn.Module):
             if lo < 0 or hi >= vocab:
                 raise ValueError(f"token ids must lie in [0, {vocab}), got values in [{lo}, {hi}]")
         x = self.tokens(tokens) * self.scale
-        pe = self.scheme.embed(positions)
+        with autocast_off(x.device.type):  # positions in float32 under autocast too
+            pe = self.scheme.embed(positions)
         if pe is not None:
             x = x + pe.to(x.dtype)
         return x

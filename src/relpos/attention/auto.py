@@ -60,6 +60,7 @@ import torch
 from torch import Tensor
 from torch.torch_version import TorchVersion
 
+from ..functional.dtypes import outside_autocast
 from ..positions import Positions
 from ..schemes.base import (
     LOGIT_HOOKS,
@@ -248,6 +249,7 @@ def choose_backend(
     return "sdpa"
 
 
+@outside_autocast
 def auto_attention(
     q: Tensor,
     k: Tensor,

@@ -8,7 +8,7 @@ import torch
 from torch import Tensor
 
 from ..functional.dropout import dropout
-from ..functional.dtypes import compute_dtype
+from ..functional.dtypes import compute_dtype, outside_autocast
 from ..positions import Positions
 from ..schemes.base import Scheme
 from .contract import validate_attention_inputs, zero_padding_keys
@@ -16,6 +16,7 @@ from .contract import validate_attention_inputs, zero_padding_keys
 __all__ = ["eager_attention"]
 
 
+@outside_autocast
 def eager_attention(
     q: Tensor,
     k: Tensor,

@@ -53,6 +53,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
+from ..functional.dtypes import outside_autocast
 from ..positions import PAD_SEGMENT, Positions, distance_range
 from ..schemes.base import (
     LOGIT_HOOKS,
@@ -277,6 +278,7 @@ def _score_mod(
     return both_mod
 
 
+@outside_autocast
 def flex_attention_backend(
     q: Tensor,
     k: Tensor,

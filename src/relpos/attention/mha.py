@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..functional.dtypes import autocast_off
 from ..positions import Positions, resolve_positions
 from ..schemes.base import Scheme, SchemeConfig, check_heads, check_int, make_scheme
 from .backends import get_backend
@@ -139,9 +140,11 @@ class MultiheadAttention(nn.Module):
             cached=None if cache is None else cache.positions,
             device=x.device,
         )
+        # Autocast reaches the projections only: positions, angles and attention stay float32.
         if "contextualize" in self.scheme.hooks:  # per-token values from x (FoX's gates)
             cached = None if cache is None else cache.positions
-            positions = self.scheme.contextualize(x, positions, cached)
+            with autocast_off(x.device.type):
+                positions = self.scheme.contextualize(x, positions, cached)
         h, kvh, d = self.num_heads, self.num_kv_heads, self.head_dim
         if context is None:
             q, k, v = self.qkv(x).split([h * d, kvh * d, kvh * d], dim=-1)
@@ -165,27 +168,28 @@ class MultiheadAttention(nn.Module):
         q = q.view(b, n, h, d).transpose(1, 2)
         k = k.view(b, m, kvh, d).transpose(1, 2)
         v = v.view(b, m, kvh, d).transpose(1, 2)
-        if self.scheme.rotates_cached_keys:  # the cache holds raw keys; rotate all of them
-            if cache is not None:
-                k, v, k_positions = cache.update(k, v, positions)
-            q, k = self.scheme.rotate(q, k, positions, k_positions)
-        else:  # rotate the new keys once, before they enter the cache
-            q, k = self.scheme.rotate(q, k, positions, k_positions)
-            if cache is not None:
-                k, v, k_positions = cache.update(k, v, positions)
-        if kvh != h:  # every query head of a group reads its group's key/value head
-            k, v = k.repeat_interleave(h // kvh, dim=1), v.repeat_interleave(h // kvh, dim=1)
-        y = get_backend(self.backend)(
-            q,
-            k,
-            v,
-            self.scheme,
-            positions,
-            k_positions,
-            causal=self.causal,
-            dropout_p=self.dropout,
-            training=self.training,
-        )
+        with autocast_off(x.device.type):
+            if self.scheme.rotates_cached_keys:  # the cache holds raw keys; rotate all of them
+                if cache is not None:
+                    k, v, k_positions = cache.update(k, v, positions)
+                q, k = self.scheme.rotate(q, k, positions, k_positions)
+            else:  # rotate the new keys once, before they enter the cache
+                q, k = self.scheme.rotate(q, k, positions, k_positions)
+                if cache is not None:
+                    k, v, k_positions = cache.update(k, v, positions)
+            if kvh != h:  # every query head of a group reads its group's key/value head
+                k, v = k.repeat_interleave(h // kvh, dim=1), v.repeat_interleave(h // kvh, dim=1)
+            y = get_backend(self.backend)(
+                q,
+                k,
+                v,
+                self.scheme,
+                positions,
+                k_positions,
+                causal=self.causal,
+                dropout_p=self.dropout,
+                training=self.training,
+            )
         y = self.out(y.transpose(1, 2).reshape(b, n, self.d_model))
         # A query that attends nowhere outputs exactly zero (not the projection's bias). In
         # self-attention that is padding; a cross-attention query may also find no context token.

@@ -38,6 +38,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..functional.dropout import drop_mask
+from ..functional.dtypes import outside_autocast
 from ..positions import Positions
 from ..schemes.base import LOGIT_HOOKS, Scheme
 from .contract import validate_attention_inputs, zero_padding_keys
@@ -94,6 +95,7 @@ def _math_attention_with_dropout(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, 
     return torch.matmul(torch.where(drop, 0.0, probs).to(v.dtype), v).mul_(scale)
 
 
+@outside_autocast
 def sdpa_attention(
     q: Tensor,
     k: Tensor,

@@ -37,6 +37,7 @@ import torch
 from torch import Tensor
 
 from ..native import load
+from .dtypes import outside_autocast
 from .pair_bias import PairBias
 from .skew import gather_table
 
@@ -134,6 +135,7 @@ class _PiecewiseMLP(torch.autograd.Function):
     ``(b, i, j)`` inputs to ``(b, h, i, j)`` outputs."""
 
     @staticmethod
+    @outside_autocast
     def forward(ctx, x, w1, b1, w2, b2):  # type: ignore[override]
         kinks, active, slope, intercept = _pieces(w1, b1, w2, b2)
         flat = x.reshape(-1)
@@ -143,6 +145,7 @@ class _PiecewiseMLP(torch.autograd.Function):
         return out.view(slope.shape[0], *x.shape).transpose(0, 1)  # (h, b, i, j) -> (b, h, i, j)
 
     @staticmethod
+    @outside_autocast
     def backward(ctx, grad):  # type: ignore[override]
         x, seg, active, slope, w1, b1, w2 = ctx.saved_tensors
         h, m1 = slope.shape
@@ -288,11 +291,13 @@ class _FusedPairs(torch.autograd.Function):
     """:class:`FirePairs` over every pair at once, as a differentiable function of its inputs."""
 
     @staticmethod
+    @outside_autocast
     def forward(ctx, pairs: FirePairs, *inputs: Tensor) -> Tensor:  # type: ignore[override]
         ctx.pairs = pairs
         return pairs.values()
 
     @staticmethod
+    @outside_autocast
     def backward(ctx, grad):  # type: ignore[override]
         pairs: FirePairs = ctx.pairs
         grad = grad.to(torch.float32).contiguous()

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .dtypes import compute_dtype
+from .dtypes import compute_dtype, outside_autocast
 
 __all__ = ["apply_rope", "rope_angles", "rope_frequencies"]
 
@@ -79,12 +79,14 @@ class _Rope(torch.autograd.Function):
     backward pass calls this same function, so it is differentiable in turn."""
 
     @staticmethod
+    @outside_autocast
     def forward(ctx, x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool) -> Tensor:
         ctx.save_for_backward(cos, sin)
         ctx.interleaved = interleaved
         return _rotate(x, cos, sin, interleaved)
 
     @staticmethod
+    @outside_autocast
     def backward(ctx, grad: Tensor):
         cos, sin = ctx.saved_tensors
         return _Rope.apply(grad, cos, -sin, ctx.interleaved), None, None, None

@@ -42,7 +42,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ...functional.dtypes import compute_dtype
+from ...functional.dtypes import compute_dtype, outside_autocast
 from .grads import GradSink, push_grad
 from .job import Job
 from .kernels import block_bounds
@@ -168,6 +168,7 @@ class AlibiAttention(torch.autograd.Function):
     that need one; see the module docstring)."""
 
     @staticmethod
+    @outside_autocast
     def forward(ctx, q: Tensor, k: Tensor, v: Tensor, job: Job, *params: Tensor) -> Tensor:
         del params  # reached through job.scheme; listed so that autograd tracks them
         dtype = compute_dtype(q.dtype)
@@ -186,6 +187,7 @@ class AlibiAttention(torch.autograd.Function):
 
     @staticmethod
     @torch.autograd.function.once_differentiable
+    @outside_autocast
     def backward(ctx, grad_out: Tensor):
         job: Job = ctx.job
         qf, kf, vf, out, lse = ctx.saved_tensors

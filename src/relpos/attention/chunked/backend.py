@@ -34,6 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from ...functional.dtypes import outside_autocast
 from ...positions import Positions
 from ...schemes.base import (
     DecayBiasScheme,
@@ -90,6 +91,7 @@ def chunked_path(
     return "tiles"
 
 
+@outside_autocast
 def chunked_attention(
     q: Tensor,
     k: Tensor,

@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ...functional.dtypes import compute_dtype
+from ...functional.dtypes import compute_dtype, outside_autocast
 from .job import Job
 from .kernels import block_bounds
 from .parts import Part, Span, attend_blocks, backward_part
@@ -58,6 +58,7 @@ class DecayAttention(torch.autograd.Function):
     tensor when queries and keys share their positions)."""
 
     @staticmethod
+    @outside_autocast
     def forward(ctx, q: Tensor, k: Tensor, v: Tensor, job: Job, *decays: Tensor) -> Tensor:
         # ``decays`` are reached through the job's positions; listed so that autograd tracks them
         ctx.decay_dtypes = [t.dtype for t in decays]
@@ -74,6 +75,7 @@ class DecayAttention(torch.autograd.Function):
 
     @staticmethod
     @torch.autograd.function.once_differentiable
+    @outside_autocast
     def backward(ctx, grad_out: Tensor):
         job: Job = ctx.job
         qf, kf, vf, out, lse = ctx.saved_tensors

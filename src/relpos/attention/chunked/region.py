@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ...functional.dtypes import compute_dtype
+from ...functional.dtypes import compute_dtype, outside_autocast
 from ...positions import Positions
 from ...schemes.base import RelativeScheme
 from ..memo import BoundedCache
@@ -111,6 +111,7 @@ class RegionAttention(torch.autograd.Function):
     """Band tiles + far parts by the fused CPU kernel (relative schemes, contiguous positions)."""
 
     @staticmethod
+    @outside_autocast
     def forward(ctx, q: Tensor, k: Tensor, v: Tensor, job: Job, *params: Tensor) -> Tensor:
         del params
         dtype = compute_dtype(q.dtype)
@@ -149,6 +150,7 @@ class RegionAttention(torch.autograd.Function):
 
     @staticmethod
     @torch.autograd.function.once_differentiable
+    @outside_autocast
     def backward(ctx, grad_out: Tensor):
         job: Job = ctx.job
         qf, kf, vf, out, lse, *rest = ctx.saved_tensors

@@ -41,7 +41,7 @@ import torch
 from torch import Tensor
 
 from ...functional.dropout import drop_mask
-from ...functional.dtypes import compute_dtype
+from ...functional.dtypes import compute_dtype, outside_autocast
 from ...functional.pair_bias import PairBias
 from ...functional.skew import gather_relative, scatter_relative, scatter_table
 from .grads import GradSink, push_grad
@@ -428,6 +428,7 @@ class TiledAttention(torch.autograd.Function):
     """The general path (see the module docstring)."""
 
     @staticmethod
+    @outside_autocast
     def forward(ctx, q: Tensor, k: Tensor, v: Tensor, job: Job, *params: Tensor) -> Tensor:
         del params  # reached through job.scheme; listed so that autograd tracks them
         dtype = compute_dtype(q.dtype)
@@ -442,6 +443,7 @@ class TiledAttention(torch.autograd.Function):
 
     @staticmethod
     @torch.autograd.function.once_differentiable
+    @outside_autocast
     def backward(ctx, grad_out: Tensor):
         job: Job = ctx.job
         qf, kf, vf, out, lse, *rest = ctx.saved_tensors
