@@ -18,6 +18,7 @@ from relpos import Positions
 from relpos.attention.backends import BACKENDS
 from relpos.models import Transformer, TransformerConfig
 from tests.helpers import (
+    DEVICES,
     SCHEME_SPECS,
     contextual,
     has_value_term,
@@ -38,10 +39,11 @@ def _runs(backend: str, spec: dict) -> bool:
     return not (refuses and refuses(spec)) and not (backend == "flex" and has_value_term(spec))
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("layout", ["left-pad", "packed", "cached"])
 @pytest.mark.parametrize("spec", DIRECT, ids=spec_id)
 @pytest.mark.parametrize("backend", sorted(b for b in BACKENDS if b != "flex"))
-def test_a_backend_computes_the_same_under_autocast(backend, spec, layout):
+def test_a_backend_computes_the_same_under_autocast(backend, spec, layout, device):
     """Outputs and every gradient bit for bit. A ``backward`` inside the autocast block runs too
     (torch advises against it: its own backward matmuls then run in bfloat16, so only finite)."""
     if not _runs(backend, spec):
@@ -51,15 +53,17 @@ def test_a_backend_computes_the_same_under_autocast(backend, spec, layout):
     b, h, d, n = 2, 2, 8, 40
     scheme = relpos.make_scheme(spec, d_model=h * d, num_heads=h, causal=True)
     randomize_parameters(scheme)
-    qp, kp = make_layout(layout, rng, b, n)
-    q = torch.randn(b, h, len(qp), d, dtype=torch.bfloat16, requires_grad=True)
-    k = torch.randn(b, h, n, d, dtype=torch.bfloat16, requires_grad=True)
-    v = torch.randn(b, h, n, d, dtype=torch.bfloat16, requires_grad=True)
+    scheme.to(device)
+    qp, kp = (p.to(device) for p in make_layout(layout, rng, b, n))
+    half = {"dtype": torch.bfloat16, "device": device}
+    q = torch.randn(b, h, len(qp), d, **half, requires_grad=True)
+    k = torch.randn(b, h, n, d, **half, requires_grad=True)
+    v = torch.randn(b, h, n, d, **half, requires_grad=True)
     inputs = [q, k, v, *scheme.parameters()]
-    grad_out = torch.randn(b, h, len(qp), d, dtype=torch.bfloat16)
+    grad_out = torch.randn(b, h, len(qp), d, **half)
     results = []
     for on, backward_inside in ((False, False), (True, False), (True, True)):
-        with torch.autocast("cpu", torch.bfloat16, enabled=on):
+        with torch.autocast(device, torch.bfloat16, enabled=on):
             qr, kr = scheme.rotate(q, k, qp, kp)
             out = BACKENDS[backend](qr, kr, v, scheme, qp, kp, causal=True)
             if backward_inside:
