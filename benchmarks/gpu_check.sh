@@ -53,7 +53,8 @@ done
 
 XDIST=(); [ "$WORKERS" -gt 0 ] && XDIST=(-n "$WORKERS")
 timeout "$TEST_S" $PY -m pytest -v -rfE "${XDIST[@]}" -p no:cacheprovider -k cuda \
-  tests/test_cuda.py tests/test_conformance.py tests/test_forgetting.py > "$OUT/tests.log" 2>&1
+  tests/test_cuda.py tests/test_conformance.py tests/test_forgetting.py tests/test_autocast.py \
+  > "$OUT/tests.log" 2>&1
 echo "tests: exit $?" | tee -a "$OUT/tests.log"
 grep -E "FAILED|ERROR" "$OUT/tests.log" | head -n 30
 tail -n 3 "$OUT/tests.log"
