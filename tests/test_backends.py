@@ -22,6 +22,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import relpos
 from relpos import Positions
 from relpos.attention import auto as auto_mod
+from relpos.attention import sdpa as sdpa_mod
 from relpos.attention.auto import choose_backend
 from relpos.attention.backends import BACKENDS
 from relpos.attention.chunked import alibi as alibi_parts
@@ -408,6 +409,42 @@ def test_sdpa_dropout_on_cpu_equals_eager_with_the_same_mask(name, layout):
         outs.append(call(backend, *half, scheme, pos, pos, True, dropout_p=0.3, training=True))
     assert outs[1].dtype == torch.bfloat16
     torch.testing.assert_close(outs[1].float(), outs[0].float(), rtol=2e-2, atol=2e-2)
+
+
+class MatmulDtypes(TorchDispatchMode):
+    """Records the input dtypes of every matrix product."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.dtypes: set[torch.dtype] = set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.overloadpacket in (torch.ops.aten.bmm, torch.ops.aten.mm):
+            self.dtypes |= {a.dtype for a in args if isinstance(a, torch.Tensor)}
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("native", [True, False], ids=["native-bf16", "emulated-bf16"])
+def test_sdpa_dropout_keeps_bf16_products_where_the_cpu_computes_them(native, monkeypatch):
+    """With a bias and bfloat16 inputs, the math path's products (forward and backward) run in
+    bfloat16 on a CPU with bfloat16 instructions, in float32 on one without; the bias and the
+    softmax are float32 either way, so both stay near float32 ``eager``."""
+    monkeypatch.setattr(sdpa_mod, "native_bf16", lambda device: native)
+    torch.manual_seed(0)
+    scheme = relpos.make_scheme("music", d_model=16, num_heads=2, causal=True)
+    randomize_parameters(scheme)
+    pos = Positions.from_length(12)
+    qkv = [torch.randn(2, 2, 12, 8) for _ in range(3)]
+    torch.manual_seed(7)
+    ref = call("eager", *qkv, scheme, pos, pos, True, dropout_p=0.3, training=True)
+    half = [t.bfloat16().requires_grad_() for t in qkv]
+    torch.manual_seed(7)
+    with MatmulDtypes() as seen:
+        out = call("sdpa", *half, scheme, pos, pos, True, dropout_p=0.3, training=True)
+        out.float().square().sum().backward()
+    products = seen.dtypes - {torch.float32} if native else seen.dtypes
+    assert products == ({torch.bfloat16} if native else {torch.float32})
+    torch.testing.assert_close(out.float(), ref, rtol=2e-2, atol=2e-2)
 
 
 # ------------------------------------------------------------------------------ memory structure

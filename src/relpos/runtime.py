@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import platform
 
 import torch
@@ -79,6 +80,7 @@ def flush_denormals(enable: bool = True) -> bool:
     return True
 
 
+@functools.cache
 def _cpuinfo(field: str) -> str | None:
     """``field``'s value in ``/proc/cpuinfo`` (its first line), or None (no such file or field)."""
     try:

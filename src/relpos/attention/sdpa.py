@@ -40,6 +40,7 @@ from torch import Tensor
 from ..functional.dropout import drop_mask
 from ..functional.dtypes import outside_autocast
 from ..positions import Positions
+from ..runtime import native_bf16
 from ..schemes.base import LOGIT_HOOKS, Scheme
 from .contract import validate_attention_inputs, zero_padding_keys
 
@@ -88,8 +89,13 @@ def _logit_terms(
 
 def _math_attention_with_dropout(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, p: float) -> Tensor:
     """``dropout(softmax(q·kᵀ/√d + mask))·v``: the CPU math kernel's computation, whose float
-    ``bernoulli_`` dropout mask costs more than its matmuls; :func:`drop_mask`'s is cheap."""
-    scores = torch.matmul(q, k.transpose(-1, -2)).mul_(1.0 / math.sqrt(q.shape[-1]))
+    ``bernoulli_`` dropout mask costs more than its matmuls; :func:`drop_mask`'s is cheap.
+
+    The two products run in ``q``'s and ``v``'s dtype; the scores join the mask's dtype before
+    the scale, and the softmax is float32 (a float32 bias keeps its precision)."""
+    scores = torch.matmul(q, k.transpose(-1, -2))
+    scores = scores.to(torch.promote_types(scores.dtype, mask.dtype))
+    scores.mul_(1.0 / math.sqrt(q.shape[-1]))
     probs = torch.softmax(scores + mask, dim=-1, dtype=torch.float32)  # float32 for half inputs
     drop, scale = drop_mask(probs.shape, p, probs.device)
     return torch.matmul(torch.where(drop, 0.0, probs).to(v.dtype), v).mul_(scale)
@@ -146,7 +152,11 @@ def sdpa_attention(
         mask = bias.to(dtype).masked_fill(~allowed, fill)
     qc, kc, vc = (t.to(dtype) for t in (q, k, v))
     if cpu_dropout:
-        out = _math_attention_with_dropout(qc, kc, vc, mask, p)
+        # A CPU that computes bfloat16 natively keeps the products in it with a bias too, as
+        # without one (and as autocast does with torch's math kernel): 0.85x a float32 step of
+        # the JSB recipe's training (docs/training.md). The bias and softmax stay float32.
+        half = q.dtype == torch.bfloat16 and native_bf16(q.device)
+        out = _math_attention_with_dropout(*((q, k, v) if half else (qc, kc, vc)), mask, p)
     else:
         out = F.scaled_dot_product_attention(
             qc, kc, vc, attn_mask=mask, dropout_p=p, scale=1.0 / math.sqrt(q.shape[-1])
