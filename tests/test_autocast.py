@@ -115,3 +115,9 @@ def test_a_model_under_autocast_stays_near_float32(spec, where):
     scale = ref.abs().max()
     assert (out - ref).abs().max() <= 0.05 * scale, "logits"
     assert (g - g_ref).abs().max() <= 0.1 * g_ref.abs().max(), "gradient"
+
+
+def test_a_device_without_autocast_runs_as_before():
+    """``meta`` has no autocast: shape inference through a layer still works."""
+    attn = relpos.MultiheadAttention(16, 2, "alibi", causal=True).to("meta")
+    assert attn(torch.randn(2, 5, 16, device="meta")).shape == (2, 5, 16)

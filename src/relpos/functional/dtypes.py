@@ -28,7 +28,9 @@ def compute_dtype(dtype: torch.dtype) -> torch.dtype:
 @contextmanager
 def autocast_off(device_type: str) -> Iterator[None]:
     """A block that ``torch.autocast`` does not reach on ``device_type`` (no-op where it is off)."""
-    if not torch.is_autocast_enabled(device_type):
+    if not (
+        torch.amp.is_autocast_available(device_type) and torch.is_autocast_enabled(device_type)
+    ):
         yield
         return
     with torch.autocast(device_type, enabled=False):
