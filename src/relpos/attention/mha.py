@@ -140,7 +140,7 @@ class MultiheadAttention(nn.Module):
             cached=None if cache is None else cache.positions,
             device=x.device,
         )
-        # Autocast reaches the projections only: positions, angles and attention stay float32.
+        # Autocast reaches the projections only (functional.dtypes): not positions or attention.
         if "contextualize" in self.scheme.hooks:  # per-token values from x (FoX's gates)
             cached = None if cache is None else cache.positions
             with autocast_off(x.device.type):
@@ -169,27 +169,7 @@ class MultiheadAttention(nn.Module):
         k = k.view(b, m, kvh, d).transpose(1, 2)
         v = v.view(b, m, kvh, d).transpose(1, 2)
         with autocast_off(x.device.type):
-            if self.scheme.rotates_cached_keys:  # the cache holds raw keys; rotate all of them
-                if cache is not None:
-                    k, v, k_positions = cache.update(k, v, positions)
-                q, k = self.scheme.rotate(q, k, positions, k_positions)
-            else:  # rotate the new keys once, before they enter the cache
-                q, k = self.scheme.rotate(q, k, positions, k_positions)
-                if cache is not None:
-                    k, v, k_positions = cache.update(k, v, positions)
-            if kvh != h:  # every query head of a group reads its group's key/value head
-                k, v = k.repeat_interleave(h // kvh, dim=1), v.repeat_interleave(h // kvh, dim=1)
-            y = get_backend(self.backend)(
-                q,
-                k,
-                v,
-                self.scheme,
-                positions,
-                k_positions,
-                causal=self.causal,
-                dropout_p=self.dropout,
-                training=self.training,
-            )
+            y = self._attend(q, k, v, positions, k_positions, cache)
         y = self.out(y.transpose(1, 2).reshape(b, n, self.d_model))
         # A query that attends nowhere outputs exactly zero (not the projection's bias). In
         # self-attention that is padding; a cross-attention query may also find no context token.
@@ -199,6 +179,39 @@ class MultiheadAttention(nn.Module):
             else rows_with_keys(positions, k_positions, self.causal)
         )
         return torch.where(attends.unsqueeze(-1), y, 0.0)
+
+    def _attend(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        positions: Positions,
+        k_positions: Positions,
+        cache: KVCache | None,
+    ) -> Tensor:
+        """Rotate, read and extend the cache, and run the backend: ``(b, h, i, d)``."""
+        if self.scheme.rotates_cached_keys:  # the cache holds raw keys; rotate all of them
+            if cache is not None:
+                k, v, k_positions = cache.update(k, v, positions)
+            q, k = self.scheme.rotate(q, k, positions, k_positions)
+        else:  # rotate the new keys once, before they enter the cache
+            q, k = self.scheme.rotate(q, k, positions, k_positions)
+            if cache is not None:
+                k, v, k_positions = cache.update(k, v, positions)
+        group = self.num_heads // self.num_kv_heads
+        if group > 1:  # every query head of a group reads its group's key/value head
+            k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+        return get_backend(self.backend)(
+            q,
+            k,
+            v,
+            self.scheme,
+            positions,
+            k_positions,
+            causal=self.causal,
+            dropout_p=self.dropout,
+            training=self.training,
+        )
 
     def _check_context(self, x: Tensor, context: Tensor, cache: KVCache | None) -> None:
         """Raise a clear error unless ``context`` fits ``x`` (``(b, m, d_model)``, ``x``'s dtype)
