@@ -22,7 +22,6 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import relpos
 from relpos import Positions
 from relpos.attention import auto as auto_mod
-from relpos.attention import sdpa as sdpa_mod
 from relpos.attention.auto import choose_backend
 from relpos.attention.backends import BACKENDS
 from relpos.attention.chunked import alibi as alibi_parts
@@ -34,6 +33,7 @@ from relpos.attention.chunked.region import far_field
 from relpos.attention.contract import rows_with_keys
 from relpos.attention.flex import flex_attention_backend, flex_available, flex_supports
 from relpos.attention.sdpa import sdpa_attention, sdpa_supports
+from relpos.functional import dtypes as dtypes_mod
 from tests.helpers import (
     BACKEND_SPECS,
     causal_only,
@@ -425,26 +425,33 @@ class MatmulDtypes(TorchDispatchMode):
 
 
 @pytest.mark.parametrize("native", [True, False], ids=["native-bf16", "emulated-bf16"])
-def test_sdpa_dropout_keeps_bf16_products_where_the_cpu_computes_them(native, monkeypatch):
-    """With a bias and bfloat16 inputs, the math path's products (forward and backward) run in
-    bfloat16 on a CPU with bfloat16 instructions, in float32 on one without; the bias and the
-    softmax are float32 either way, so both stay near float32 ``eager``."""
-    monkeypatch.setattr(sdpa_mod, "native_bf16", lambda device: native)
+@pytest.mark.parametrize("layout", ["plain", "left-pad"])
+def test_sdpa_dropout_keeps_bf16_products_where_the_cpu_computes_them(layout, native, monkeypatch):
+    """With a bias and bfloat16 inputs, sdpa's math path (dropout) runs its products, forward and
+    backward, in bfloat16 on a CPU with bfloat16 instructions and in float32 on one without; the
+    bias and the softmax are float32 either way, so both stay near float32 ``eager`` (the same
+    dropout mask), outputs and gradients."""
+    backend, spec, p = "sdpa", "music", 0.3
+    monkeypatch.setattr(dtypes_mod, "native_bf16", lambda device: native)
     torch.manual_seed(0)
-    scheme = relpos.make_scheme("music", d_model=16, num_heads=2, causal=True)
+    scheme = relpos.make_scheme(spec, d_model=16, num_heads=2, causal=True)
     randomize_parameters(scheme)
-    pos = Positions.from_length(12)
-    qkv = [torch.randn(2, 2, 12, 8) for _ in range(3)]
-    torch.manual_seed(7)
-    ref = call("eager", *qkv, scheme, pos, pos, True, dropout_p=0.3, training=True)
+    qp, kp = make_layout(layout, random.Random(0), 2, 24)
+    qkv = [torch.randn(2, 2, 24, 8) for _ in range(3)]
     half = [t.bfloat16().requires_grad_() for t in qkv]
     torch.manual_seed(7)
     with MatmulDtypes() as seen:
-        out = call("sdpa", *half, scheme, pos, pos, True, dropout_p=0.3, training=True)
+        out = call(backend, *half, scheme, qp, kp, True, dropout_p=p, training=True)
         out.float().square().sum().backward()
     products = seen.dtypes - {torch.float32} if native else seen.dtypes
     assert products == ({torch.bfloat16} if native else {torch.float32})
+    exact = [t.detach().requires_grad_() for t in qkv]
+    torch.manual_seed(7)
+    ref = call("eager", *exact, scheme, qp, kp, True, dropout_p=p, training=True)
+    ref.square().sum().backward()
     torch.testing.assert_close(out.float(), ref, rtol=2e-2, atol=2e-2)
+    for t, r in zip(half, exact, strict=True):
+        assert (t.grad.float() - r.grad).norm() <= 2e-2 * r.grad.norm()
 
 
 # ------------------------------------------------------------------------------ memory structure

@@ -38,9 +38,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..functional.dropout import drop_mask
-from ..functional.dtypes import outside_autocast
+from ..functional.dtypes import half_products, outside_autocast
 from ..positions import Positions
-from ..runtime import native_bf16
 from ..schemes.base import LOGIT_HOOKS, Scheme
 from .contract import validate_attention_inputs, zero_padding_keys
 
@@ -153,9 +152,9 @@ def sdpa_attention(
     qc, kc, vc = (t.to(dtype) for t in (q, k, v))
     if cpu_dropout:
         # A CPU that computes bfloat16 natively keeps the products in it with a bias too, as
-        # without one (and as autocast does with torch's math kernel): 0.85x a float32 step of
-        # the JSB recipe's training (docs/training.md). The bias and softmax stay float32.
-        half = q.dtype == torch.bfloat16 and native_bf16(q.device)
+        # without one (and as autocast does with torch's math kernel; the speed is in
+        # docs/training.md). The bias and the softmax stay float32.
+        half = half_products(q) is not None
         out = _math_attention_with_dropout(*((q, k, v) if half else (qc, kc, vc)), mask, p)
     else:
         out = F.scaled_dot_product_attention(

@@ -17,12 +17,23 @@ from typing import TypeVar
 import torch
 from torch import Tensor
 
-__all__ = ["autocast_off", "compute_dtype", "outside_autocast"]
+from ..runtime import native_bf16
+
+__all__ = ["autocast_off", "compute_dtype", "half_products", "outside_autocast"]
 
 
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:
     """float32 for half types (fp16/bf16) and float32; float64 stays float64."""
     return torch.promote_types(dtype, torch.float32)
+
+
+def half_products(x: Tensor) -> torch.dtype | None:
+    """bfloat16 where ``x`` is bfloat16 on a CPU that computes it natively: ``sdpa``'s training
+    path then keeps its products (``q·kᵀ``, ``p·v`` and their gradients) in it, as torch's math
+    kernel does under autocast. None otherwise: products in :func:`compute_dtype`."""
+    if x.dtype == torch.bfloat16 and x.device.type == "cpu" and native_bf16(x.device):
+        return torch.bfloat16
+    return None
 
 
 @contextmanager
