@@ -149,13 +149,13 @@ def sdpa_attention(
     else:
         # Finite fill: a fully masked row stays finite (uniform), then is zeroed below.
         mask = bias.to(dtype).masked_fill(~allowed, fill)
+    # A CPU that computes bfloat16 natively keeps the products in it with a bias too, as
+    # without one (and as autocast does with torch's math kernel; the speed is in
+    # docs/training.md). The bias and the softmax stay float32.
     qc, kc, vc = q, k, v
     if not (cpu_dropout and half_products(q) is not None):
         qc, kc, vc = (t.to(dtype) for t in (q, k, v))
     if cpu_dropout:
-        # A CPU that computes bfloat16 natively keeps the products in it with a bias too, as
-        # without one (and as autocast does with torch's math kernel; the speed is in
-        # docs/training.md). The bias and the softmax stay float32.
         out = _math_attention_with_dropout(qc, kc, vc, mask, p)
     else:
         out = F.scaled_dot_product_attention(
