@@ -4,6 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 KERAS_STAMP := $(VENV)/.installed-keras
+TRITON_STAMP := $(VENV)/.installed-triton
 
 .PHONY: run recipe test test-all lint bench clean
 
@@ -18,6 +19,11 @@ $(KERAS_STAMP): $(STAMP)
 	$(BIN)/python -m pip install -q -c constraints-cpu.txt -e '.[keras-dev]'
 	touch $(KERAS_STAMP)
 
+# Triton, for the kernels' suite in its interpreter (tests/fused; a CPU needs no other use of it).
+$(TRITON_STAMP): $(STAMP)
+	$(BIN)/python -m pip install -q -c constraints-cpu.txt -e '.[kernels-dev]'
+	touch $(TRITON_STAMP)
+
 run: $(STAMP)
 	$(BIN)/relpos demo --run-dir runs/demo
 
@@ -30,13 +36,13 @@ recipe: $(STAMP)
 	$(BIN)/relpos eval --run-dir $(RECIPE)
 	$(BIN)/relpos generate --run-dir $(RECIPE) --samples 20 --length 128 --stats test --no-progress
 
-# The PyTorch suite and the Keras suite once per backend (jax, tensorflow, torch), side by side,
-# each in its own process (tests/run_suites.py).
-test: $(KERAS_STAMP)
+# The PyTorch suite, the Keras suite once per backend (jax, tensorflow, torch) and the Triton
+# kernels' suite, side by side, each in its own process (tests/run_suites.py).
+test: $(KERAS_STAMP) $(TRITON_STAMP)
 	$(BIN)/ruff check src tests benchmarks examples
 	$(BIN)/python tests/run_suites.py -- -m "not slow"
 
-test-all: $(KERAS_STAMP)
+test-all: $(KERAS_STAMP) $(TRITON_STAMP)
 	$(BIN)/python tests/run_suites.py
 
 lint: $(KERAS_STAMP)

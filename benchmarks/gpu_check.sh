@@ -8,7 +8,7 @@
 # the folders themselves are written under WORK (default: a temporary folder).
 #
 # Phase 1 (in parallel): the CUDA tests (pytest-xdist workers: FlexAttention compiles are CPU
-# work), one bench process per scheme × mask that compiles every FlexAttention shape once (its
+# work; the fused Triton kernel's suite, tests/fused, first), one bench process per scheme × mask that compiles every FlexAttention shape once (its
 # "first call s" is the cold compile, measured under that load; Inductor's on-disk caches then
 # serve phase 2), and `relpos train` of configs/jsb-music-paper.json for TRAIN_S seconds, then
 # `relpos eval`. Phase 2: `relpos bench --device cuda` with nothing else on the GPU.
@@ -52,10 +52,15 @@ for scheme in $FLEX_SCHEMES; do
 done
 
 XDIST=(); [ "$WORKERS" -gt 0 ] && XDIST=(-n "$WORKERS")
+# The fused kernel's own suite first (compiled on the GPU: no TRITON_INTERPRET), then the rest.
+timeout "$TEST_S" env -u TRITON_INTERPRET $PY -m pytest -v -rfE "${XDIST[@]}" -p no:cacheprovider \
+  tests/fused > "$OUT/tests-fused.log" 2>&1
+echo "fused tests: exit $?" | tee -a "$OUT/tests-fused.log"
 timeout "$TEST_S" $PY -m pytest -v -rfE "${XDIST[@]}" -p no:cacheprovider -k cuda \
   tests/test_cuda.py tests/test_conformance.py tests/test_forgetting.py tests/test_autocast.py \
   > "$OUT/tests.log" 2>&1
 echo "tests: exit $?" | tee -a "$OUT/tests.log"
+grep -E "FAILED|ERROR" "$OUT/tests-fused.log" | head -n 30
 grep -E "FAILED|ERROR" "$OUT/tests.log" | head -n 30
 tail -n 3 "$OUT/tests.log"
 wait
@@ -66,7 +71,7 @@ cat "$WORK"/cold-*.log > "$OUT/cold.log"
 unset OMP_NUM_THREADS TORCHINDUCTOR_COMPILE_THREADS
 timeout "$BENCH_S" $PY -m relpos.cli.bench --device "$DEVICE" --dtype bfloat16 \
   --lengths "$LENGTHS" --tokens "$TOKENS" --mask both --schemes "$BENCH_SCHEMES" \
-  --impls sdpa,chunked,flex,sdpa-bias --repeats 10 --warmup 3 --max-config-seconds 10 \
+  --impls sdpa,chunked,flex,fused,sdpa-bias --repeats 10 --warmup 3 --max-config-seconds 10 \
   --out "$WORK/bench" 2>&1 | tee "$OUT/bench.log"
 echo "bench: exit ${PIPESTATUS[0]}"
 

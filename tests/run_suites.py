@@ -1,10 +1,13 @@
-"""``make test``: the PyTorch suite and the Keras suite once per backend, side by side.
+"""``make test``: the PyTorch suite, the Keras suite once per backend and the Triton kernels'
+suite, side by side.
 
 The Keras suites start first, one process per backend (``KERAS_BACKEND=jax|tensorflow|torch``),
-one thread each, their output kept and printed whole when they end; the PyTorch suite runs in
-the foreground meanwhile, printing as it goes. The exit status is non-zero if any suite failed.
+and the kernels' suite (``tests/fused``, in Triton's interpreter: ``TRITON_INTERPRET=1``), one
+thread each, their output kept and printed whole when they end; the PyTorch suite runs in the
+foreground meanwhile, printing as it goes. The exit status is non-zero if any suite failed.
 
-    python tests/run_suites.py [--only torch|jax|tensorflow|keras-torch ...] [-- pytest args]
+    python tests/run_suites.py [--only torch|keras-jax|keras-tensorflow|keras-torch|fused ...]
+                               [-- pytest args]
 """
 
 from __future__ import annotations
@@ -25,7 +28,12 @@ ONE_THREAD = {
     "TF_NUM_INTRAOP_THREADS": "1",
     "TF_CPP_MIN_LOG_LEVEL": "2",
 }
-SUITES = ("torch", *(f"keras-{b}" for b in KERAS_BACKENDS))
+SUITES = ("torch", *(f"keras-{b}" for b in KERAS_BACKENDS), "fused")
+#: The background suites: what each runs and the environment it adds to ONE_THREAD.
+BACKGROUND = {
+    **{f"keras-{b}": ("tests/keras", {"KERAS_BACKEND": b}) for b in KERAS_BACKENDS},
+    "fused": ("tests/fused", {"TRITON_INTERPRET": "1"}),
+}
 
 
 def main(argv: list[str]) -> int:
@@ -47,21 +55,27 @@ def main(argv: list[str]) -> int:
         for suite in args.only:
             if suite == "torch":
                 continue
-            backend = suite.removeprefix("keras-")
+            folder, extra_env = BACKGROUND[suite]
             log = open(Path(tmp) / f"{suite}.log", "w+")  # closed once printed, below
-            env = {**os.environ, **ONE_THREAD, "KERAS_BACKEND": backend}
+            env = {**os.environ, **ONE_THREAD, **extra_env}
             proc = subprocess.Popen(
-                [*pytest, "tests/keras"], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT
+                [*pytest, folder], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT
             )
             runs.append((suite, proc, log))
         if "torch" in args.only:
             print("===== PyTorch suite", flush=True)
-            if subprocess.call([*pytest, "--ignore=tests/keras"], cwd=ROOT):
+            ignore = [f"--ignore={folder}" for folder, _ in BACKGROUND.values()]
+            if subprocess.call([*pytest, *sorted(set(ignore))], cwd=ROOT):
                 failed.append("torch")
         for suite, proc, log in runs:
             code = proc.wait()
             log.seek(0)
-            print(f"===== Keras suite, KERAS_BACKEND={suite.removeprefix('keras-')}: exit {code}")
+            name = (
+                "Triton kernels, TRITON_INTERPRET=1"
+                if suite == "fused"
+                else f"Keras suite, KERAS_BACKEND={suite.removeprefix('keras-')}"
+            )
+            print(f"===== {name}: exit {code}")
             print(log.read(), end="", flush=True)
             log.close()
             if code:

@@ -47,7 +47,7 @@ ATTENTION_SPECS = [s for s in BACKEND_SPECS if relpos.SCHEMES[s["name"]].hooks !
 LAYOUTS = ["plain", "offsets", "aligned", "padded", "packed", "shared"]
 #: Every backend that differentiates on CPU, and ``chunked``'s general path with tiny tiles (so
 #: that tiles cut through documents, padding and the causal boundary).
-GRAD_BACKENDS = [name for name in BACKENDS if name not in ("eager", "flex")] + ["chunked-tiles"]
+GRAD_BACKENDS = [n for n in BACKENDS if n not in ("eager", "flex", "fused")] + ["chunked-tiles"]
 TINY_TILES = functools.partial(chunked_attention, path="tiles", q_block=3, k_block=2)
 
 

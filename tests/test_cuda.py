@@ -12,9 +12,11 @@ gradients of ``q``, ``k``, ``v`` and of every parameter) is measured against the
 the matmul flag is left off), ``5e-2`` for bfloat16 (8-bit mantissa inputs; a softmax and a few
 matmuls in between). A NaN never passes.
 
-``flex`` (FlexAttention with a backward pass: CUDA only) runs every scheme it supports, its
-masks as ``BlockMask``; each case compiles once, so Dynamo's recompile limit is raised for the
-file and a hit of it fails the test instead of running unfused.
+``fused`` (the Triton kernel; ``tests/fused`` checks it on CPU through Triton's interpreter)
+runs every relative scheme it supports. ``flex`` (FlexAttention with a backward pass: CUDA
+only) runs every scheme it supports, its masks as ``BlockMask``; each case compiles once, so
+Dynamo's recompile limit is raised for the file and a hit of it fails the test instead of running
+unfused.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import torch
 import relpos
 from relpos.attention.backends import BACKENDS
 from relpos.attention.flex import flex_available, flex_supports
+from relpos.attention.fused import fused_supports
 from tests.helpers import (
     BACKEND_SPECS,
     has_value_term,
@@ -157,6 +160,21 @@ def test_flex_on_device_matches_eager(dtype, spec, causal, layout):
     check("flex", spec, causal, layout, dtype)
 
 
+def _fused_runs(spec: dict, causal: bool) -> bool:
+    scheme = relpos.make_scheme(spec, d_model=8, num_heads=1, causal=causal)
+    return "fused" in BACKENDS and fused_supports(scheme, device=DEVICE)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
+@pytest.mark.parametrize("spec", BACKEND_SPECS, ids=spec_id)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_fused_on_device_matches_eager(dtype, spec, causal, layout):
+    if not _fused_runs(spec, causal):
+        pytest.skip(f"fused does not run {spec_id(spec)} on {DEVICE}")
+    check("fused", spec, causal, layout, dtype)
+
+
 def peak_bytes(backend: str, scheme, n: int, b: int = 1, h: int = 2, d: int = 32) -> int:
     """Peak bytes the CUDA allocator hands out during one forward+backward pass at length ``n``,
     above the inputs; measured on a second call (the first compiles and caches a BlockMask)."""
@@ -181,12 +199,13 @@ def peak_bytes(backend: str, scheme, n: int, b: int = 1, h: int = 2, d: int = 32
         {"name": "alibi"},
         {"name": "t5", "num_buckets": 32, "max_distance": 128},
         {"name": "shaw", "max_distance": 16, "values": False},
+        {"name": "shaw", "max_distance": 16},
         {"name": "music", "max_distance": 256},
         {"name": "kerple"},
     ],
     ids=spec_id,
 )
-@pytest.mark.parametrize("backend", ["flex", "chunked"])
+@pytest.mark.parametrize("backend", ["flex", "chunked", "fused"])
 def test_no_square_tensor_on_device(backend, spec):
     """Memory grows linearly with ``L``: doubling 2048 -> 4096 less than triples the peak of a
     forward+backward pass (an ``(i, j)`` tensor would quadruple it), and at 4096 the peak stays
@@ -195,6 +214,8 @@ def test_no_square_tensor_on_device(backend, spec):
         pytest.skip("peak allocator memory is measured on CUDA")
     if backend == "flex" and not _flex_runs(spec, True):
         pytest.skip("flex does not run this scheme")
+    if backend == "fused" and not _fused_runs(spec, True):
+        pytest.skip("fused does not run this scheme")
     scheme = relpos.make_scheme(spec, d_model=64, num_heads=2, causal=True).to(DEVICE)
     short, long = peak_bytes(backend, scheme, 2048), peak_bytes(backend, scheme, 4096)
     square = 2 * 4096 * 4096 * 4

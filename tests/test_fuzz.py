@@ -54,8 +54,9 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 def unsupported(spec: dict, backend: str) -> bool:
     """``sdpa`` documents Shaw's value term as unsupported, ``chunked`` a key bias with no
-    relative form (CoPE's): a clear ValueError."""
-    if backend == "chunked" and tiles_refuse(spec):
+    relative form (CoPE's): a clear ValueError. ``fused`` runs CUDA tensors (``tests/fused`` has
+    its own cases)."""
+    if backend == "fused" or (backend == "chunked" and tiles_refuse(spec)):
         return True
     return backend == "sdpa" and spec["name"] == "shaw" and spec.get("values", True)
 

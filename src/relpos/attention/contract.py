@@ -27,6 +27,7 @@ from ..schemes.base import Scheme
 __all__ = [
     "AttentionBackend",
     "empty_attention",
+    "is_contiguous_self",
     "is_empty",
     "needs_grad",
     "rows_with_keys",
@@ -74,6 +75,13 @@ def zero_padding_keys(k: Tensor, v: Tensor, k_positions: Positions) -> tuple[Ten
         return k, v
     keep = k_positions.valid[:, None, :, None]
     return torch.where(keep, k, 0.0), torch.where(keep, v, 0.0)
+
+
+def is_contiguous_self(q_positions: Positions, k_positions: Positions) -> bool:
+    """Self-attention over one contiguous sequence per row: ``p_j - p_i = j - i``, every pair
+    allowed but the causal future, every query with a key (kernels then read distances from
+    indices)."""
+    return q_positions is k_positions and q_positions.contiguous
 
 
 def is_empty(q: Tensor, k: Tensor) -> bool:

@@ -65,6 +65,7 @@ from ..schemes.base import (
 )
 from .contract import (
     empty_attention,
+    is_contiguous_self,
     is_empty,
     needs_grad,
     rows_with_keys,
@@ -160,12 +161,6 @@ def _mask_mod(q_positions: Positions, k_positions: Positions, causal: bool):
     return mask_mod
 
 
-def _is_plain(q_positions: Positions, k_positions: Positions) -> bool:
-    """Self-attention over one contiguous sequence per row: ``p_j - p_i = j - i``, every pair
-    allowed but the causal future, every query with a key."""
-    return q_positions is k_positions and q_positions.contiguous
-
-
 def _causal_mod(b, h, q_idx, kv_idx):
     return kv_idx <= q_idx
 
@@ -175,7 +170,7 @@ def _block_mask(q_positions: Positions, k_positions: Positions, causal: bool, de
     pair). Plain causal positions take an index-only ``mask_mod``, cached per shape."""
     b = max(q_positions.batch, k_positions.batch)
     i, j = len(q_positions), len(k_positions)
-    if not _is_plain(q_positions, k_positions):
+    if not is_contiguous_self(q_positions, k_positions):
         mask_mod = _mask_mod(q_positions, k_positions, causal)
         return create_block_mask(mask_mod, b, None, i, j, device=device)
     if not causal:
@@ -183,20 +178,6 @@ def _block_mask(q_positions: Positions, k_positions: Positions, causal: bool, de
     return _BLOCK_MASKS.get_or_build(
         (i, j, str(device)), lambda: create_block_mask(_causal_mod, 1, None, i, j, device=device)
     )
-
-
-def _distance_lut(
-    scheme: Scheme, q_positions: Positions, k_positions: Positions, device
-) -> tuple[Tensor, int]:
-    """``(lut, offset)``: the relative row of each distance ``δ`` is ``lut[δ + offset]``."""
-    lo, hi = distance_range(q_positions, k_positions)
-    zero = Positions(
-        torch.zeros(1, 1, dtype=torch.long, device=device),
-        torch.zeros(1, 1, dtype=torch.long, device=device),
-    )
-    dist = torch.arange(lo, hi + 1, device=device).view(1, -1)
-    keys = Positions(dist, torch.zeros_like(dist))
-    return scheme.relative_index(zero, keys).reshape(-1), -lo
 
 
 def _score_mod(
@@ -207,7 +188,7 @@ def _score_mod(
     qb, kb = q_positions.batch, k_positions.batch
     qpos, kpos = q_positions.pos, k_positions.pos
 
-    if _is_plain(q_positions, k_positions):
+    if is_contiguous_self(q_positions, k_positions):
 
         def distance(b, q_idx, kv_idx):  # p_j - p_i, no position loads
             return kv_idx - q_idx
@@ -243,7 +224,8 @@ def _score_mod(
             return score + table[h, distance(b, q_idx, kv_idx) - lo]
 
         return distance_mod
-    lut, offset = _distance_lut(scheme, q_positions, k_positions, q.device)
+    lo, hi = distance_range(q_positions, k_positions)
+    lut, offset = scheme.rows_by_distance(lo, hi, q.device), -lo  # row of δ: lut[δ + offset]
     rel_k = None
     if "key_bias" in scheme.hooks:
         rel_k = scheme.relative_key_logits(k).float()  # (b, h, j, R)
@@ -340,7 +322,7 @@ def flex_attention_backend(
             _NEEDS_SMALL_BLOCKS.add(_options_key(scheme, q.device, grad))
             options = dict(SMALL_BLOCKS)
     out = out[..., : v.shape[-1]]
-    if not _is_plain(q_positions, k_positions):  # plain: every query has a key
+    if not is_contiguous_self(q_positions, k_positions):  # plain: every query has a key
         out = torch.where(
             rows_with_keys(q_positions, k_positions, causal)[:, None, :, None], out, 0.0
         )

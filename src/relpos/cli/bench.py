@@ -206,12 +206,16 @@ IMPLEMENTATIONS: dict[str, Impl] = {
     ),
     # FlexAttention: O(L·R) relative logits and O(L) statistics; never (B, H, L, L).
     "flex": Impl("flex", backend_call("flex"), lambda s, b, h, n, d: 40.0 * b * h * n * d * 4),
+    # The fused Triton kernel (relative schemes, CUDA): O(L·R) logits and mass, O(L) statistics.
+    "fused": Impl("fused", backend_call("fused"), lambda s, b, h, n, d: 40.0 * b * h * n * d * 4),
 }
 
 
 def _supported(impl: str, scheme: str, causal: bool = True, device: str = "cpu") -> bool:
     if impl == "flex":
         return _flex_runs(scheme, causal, device)
+    if impl == "fused":
+        return _fused_runs(scheme, causal, device)
     if impl == "sdpa" and scheme == "shaw":
         return False  # Shaw's value term: sdpa declines it (auto picks chunked)
     if not causal and _causal(scheme):
@@ -231,6 +235,16 @@ def _flex_runs(scheme: str, causal: bool, device: str) -> bool:
         return False
     built = relpos.make_scheme(scheme, d_model=64, num_heads=1, causal=causal)
     return flex_supports(built, device=torch.device(device), needs_grad=True)
+
+
+def _fused_runs(scheme: str, causal: bool, device: str) -> bool:
+    """Whether the Triton kernel runs ``scheme`` on ``device`` (CUDA; Triton installed)."""
+    import relpos
+
+    from ..attention.fused import fused_supports
+
+    built = relpos.make_scheme(scheme, d_model=64, num_heads=1, causal=causal)
+    return fused_supports(built, device=torch.device(device))
 
 
 def _causal(scheme: str) -> bool:

@@ -281,6 +281,16 @@ class RelativeScheme(Scheme):
     def relative_index(self, q_positions: Positions, k_positions: Positions) -> Tensor:
         """Relative row of every pair, ``(b|1, i, j)`` int64 in ``[0, R)``."""
 
+    def rows_by_distance(
+        self, lo: int, hi: int, device: torch.device | str | None = None
+    ) -> Tensor:
+        """The relative row of each distance ``lo..hi``: ``(hi - lo + 1,)`` int64, the row of
+        ``p_j - p_i = δ`` at ``δ - lo`` (the kernels' lookup table from distance to row)."""
+        zero = torch.zeros(1, 1, dtype=torch.long, device=device)
+        dist = torch.arange(lo, hi + 1, device=device).view(1, -1)
+        keys = Positions(dist, torch.zeros_like(dist))
+        return self.relative_index(Positions(zero, zero), keys)[0, 0]
+
     def relative_logits(self, q: Tensor) -> Tensor | None:
         """Logit term per query and row, float32 ``(b, h, i, R)`` (``(1|b, h, 1, R)`` when
         :attr:`query_independent`), or None without a logit term."""

@@ -1,0 +1,135 @@
+"""The ``fused`` backend: every relative scheme in one Triton kernel (FlashAttention-2 with the
+scheme's relative table read per pair), on CUDA.
+
+Shape legend: ``b`` batch, ``h`` heads, ``i`` queries, ``j`` keys, ``d`` head dim, ``R`` relative
+rows.
+
+For a :class:`~relpos.schemes.RelativeScheme` the logit term is ``rel[b, h, i, row(p_j - p_i)]``
+with ``rel = relative_logits(q)`` (``(b, h, i, R)``: ``q·Eᵀ`` for Shaw's keys, the Music
+Transformer and Transformer-XL; ``(1, h, 1, R)``: T5's buckets) and the value term
+``relative_value(mass)`` from the attention mass per row. The kernel
+(:mod:`relpos.kernels.relative_attention`) reads ``rel`` per pair, accumulates ``mass`` per row
+and returns both gradients, so nothing ``(b, h, i, j)`` is built, Shaw's value term included
+(which ``flex`` cannot express). Padding, packed documents and a KV cache come from the
+positions and segments, read per tile. The products ``q·Eᵀ`` and ``mass·E^V`` stay in PyTorch.
+
+What it runs: a relative scheme with a logit term, a value term or both, without a key term
+(DeBERTa's p2c); a value term, or a table shared by every query (T5), with at most
+:data:`~relpos.kernels.relative_attention.MAX_LOOP_ROWS` rows; float32, bfloat16 or float16; no
+attention dropout in training. ``auto`` does not pick it yet: it has not been timed on a GPU.
+
+On CPU it runs only where Triton's interpreter is on (``TRITON_INTERPRET=1``): the test suite
+checks the kernel that way on machines without a GPU.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from ..functional.dtypes import outside_autocast
+from ..kernels import triton_available
+from ..positions import Positions, distance_range
+from ..schemes.base import RelativeScheme, Scheme
+from .contract import (
+    empty_attention,
+    is_contiguous_self,
+    is_empty,
+    validate_attention_inputs,
+    zero_padding_keys,
+)
+
+__all__ = ["fused_attention", "fused_available", "fused_supports"]
+
+_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def fused_available() -> bool:
+    """Whether the ``fused`` backend can run anywhere: ``triton`` is importable."""
+    return triton_available()
+
+
+def _kernels():
+    from ..kernels import relative_attention  # imports triton: only when used
+
+    return relative_attention
+
+
+def fused_supports(scheme: Scheme, *, device: torch.device | str | None = None) -> bool:
+    """Whether :func:`fused_attention` runs ``scheme`` on ``device`` (see the module docstring)."""
+    if not fused_available() or not isinstance(scheme, RelativeScheme):
+        return False
+    device = torch.device("cpu") if device is None else torch.device(device)
+    kernels = _kernels()
+    if device.type != "cuda" and not (device.type == "cpu" and kernels.INTERPRETED):
+        return False
+    if "key_bias" in scheme.hooks or not scheme.hooks & {"score_bias", "value_term"}:
+        return False
+    small = scheme.num_relative <= kernels.MAX_LOOP_ROWS
+    if "value_term" in scheme.hooks and not small:
+        return False
+    return small or not (scheme.query_independent and "score_bias" in scheme.hooks)
+
+
+@outside_autocast
+def fused_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    scheme: Scheme,
+    q_positions: Positions,
+    k_positions: Positions,
+    *,
+    causal: bool,
+    dropout_p: float = 0.0,
+    training: bool = False,
+) -> Tensor:
+    """Attention for a relative scheme through the fused Triton kernel.
+
+    Shapes:
+        q: ``(b, h, i, d)``; k, v: ``(b, h, j, d)`` (already rotated); returns ``(b, h, i, d)`` in
+        ``q``'s dtype. Queries that may attend to no key get 0.
+
+    Raises:
+        ValueError: an unsupported scheme, device or dtype (:func:`fused_supports`), or dropout
+            in training.
+    """
+    validate_attention_inputs(q, k, v, q_positions, k_positions)
+    if not fused_available():
+        raise ValueError("the fused backend needs triton (it ships with CUDA builds of PyTorch)")
+    if not fused_supports(scheme, device=q.device):
+        raise ValueError(
+            f"the fused backend does not support scheme {type(scheme).__name__} on "
+            f"{q.device.type} (a relative scheme without a key term, on CUDA)"
+        )
+    if q.dtype not in _DTYPES:
+        raise ValueError(f"the fused backend takes float32, bfloat16 or float16, got {q.dtype}")
+    if dropout_p > 0 and training:
+        raise ValueError("the fused backend does not support attention dropout")
+    k, v = zero_padding_keys(k, v, k_positions)
+    if is_empty(q, k):
+        return empty_attention(q, k, v)
+    lo, hi = distance_range(q_positions, k_positions)
+    lut = scheme.rows_by_distance(lo, hi, q.device).to(torch.int32)
+    rel = scheme.relative_logits(q) if "score_bias" in scheme.hooks else None
+    value = "value_term" in scheme.hooks
+    int32 = torch.int32
+    out, mass = _kernels().relative_flash_attention(
+        q,
+        k.to(q.dtype),
+        v.to(q.dtype),
+        None if rel is None else rel.float(),
+        lut,
+        -lo,
+        q_positions.pos.to(int32),
+        q_positions.seg.to(int32),
+        k_positions.pos.to(int32),
+        k_positions.seg.to(int32),
+        rows=scheme.num_relative,
+        causal=causal,
+        plain=is_contiguous_self(q_positions, k_positions),
+        mass=value,
+    )
+    if value:
+        out = out + scheme.relative_value(mass).float()
+    return out.to(q.dtype)

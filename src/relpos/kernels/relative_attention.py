@@ -1,0 +1,485 @@
+"""Fused relative attention in Triton: FlashAttention-2 with a relative table read per pair.
+
+For the queries ``i`` and keys ``j`` of one batch row and head, with positions ``p`` and segments
+``s`` (:class:`~relpos.Positions`):
+
+.. code-block:: text
+
+    row[i, j]  = lut[p_j - p_i + offset]                 the pair's relative row, in [0, R)
+    S[i, j]    = q_i·k_j · scale + rel[i, row[i, j]]     rel: (b|1, h, i|1, R), float32
+    P          = softmax of S over the allowed keys      same segment, real tokens, p_j <= p_i
+                                                         when causal; no key: P = 0
+    out[i]     = Σ_j P[i, j] v_j
+    mass[i, r] = Σ_j P[i, j] [row[i, j] = r]             (optional) attention mass per row
+
+and the gradients of ``q``, ``k``, ``v`` and ``rel`` from those of ``out`` and ``mass``. Nothing
+``(i, j)`` is stored: each tile's logits are rebuilt in the backward pass from ``lse``.
+
+This is the form of every :class:`~relpos.schemes.RelativeScheme`: ``rel`` is the scheme's
+``relative_logits(q)`` (``q·Eᵀ`` for Shaw's keys and the Music Transformer, a bucket table for
+T5) and ``mass`` what Shaw's value term reads (``relative_value(mass)``). The backend around it
+is :mod:`relpos.attention.fused`.
+
+How each row-indexed reduction runs (``mass`` forward, ``d rel`` backward):
+
+* ``R`` up to :data:`MAX_LOOP_ROWS` (Shaw's ``2k + 1``, T5's buckets): an ``(i, R)`` register
+  accumulator, updated once per row present among the tile's allowed pairs (one row for a tile
+  past the clipping distance, at most ``BM + BN - 1`` near the diagonal); no atomics.
+* More rows (the Music Transformer's ``M``; ``rel`` per query only): ``d rel`` by atomic adds at
+  each pair's ``(i, row)`` from the program that owns row block ``i`` (no contention between
+  programs), one add per query where the whole tile reads one row.
+
+Plain positions (one contiguous sequence per batch row, queries = keys) read ``p_j - p_i`` as
+``j - i`` and skip the causal future's tiles.
+
+With ``TRITON_INTERPRET=1`` the kernels run in Triton's interpreter on CPU tensors (slowly: the
+test suite checks them so on machines without a GPU).
+
+Reference: Dao (2023), "FlashAttention-2: Faster Attention with Better Parallelism and Work
+Partitioning" (the forward and backward loops); Shaw et al. (2018), Huang et al. (2018), Raffel et
+al. (2020) for the relative terms.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from . import interpreted
+
+__all__ = ["INTERPRETED", "MAX_LOOP_ROWS", "relative_flash_attention"]
+
+#: Whether the kernels run in Triton's interpreter (``TRITON_INTERPRET=1`` when ``triton`` was
+#: first imported): on CPU tensors, slowly; the test suite sets it where there is no GPU.
+INTERPRETED = interpreted()
+_jit = triton.jit
+
+#: The most relative rows a register accumulator holds (padded to a power of two); a ``mass``
+#: output or a query-independent ``rel`` needs ``R`` within it.
+MAX_LOOP_ROWS = 128
+_BM, _BN = 64, 64
+_INTERPRETED_BLOCK = 16  # the interpreter's cost grows with the tile; tests use small shapes
+
+
+@_jit
+def _pairs(
+    offs_m, offs_n, m_ok, n_ok, qp, qs, KPOS, KSEG, PLAIN: tl.constexpr, CAUSAL: tl.constexpr
+):
+    """``(delta, allowed)`` of a tile: ``p_j - p_i`` and which pairs may attend."""
+    if PLAIN:
+        delta = offs_n[None, :] - offs_m[:, None]
+        allowed = m_ok[:, None] & n_ok[None, :]
+    else:
+        kp = tl.load(KPOS + offs_n, mask=n_ok, other=0)
+        ks = tl.load(KSEG + offs_n, mask=n_ok, other=-1)
+        delta = kp[None, :] - qp[:, None]
+        allowed = (ks[None, :] == qs[:, None]) & (qs[:, None] != -1) & n_ok[None, :]
+    if CAUSAL:
+        allowed = allowed & (delta <= 0)
+    return delta, allowed
+
+
+@_jit
+def _rows(delta, LUT, offset, nlut):
+    """The relative row of each pair (distances outside the table clamp to its ends)."""
+    at = tl.minimum(tl.maximum(delta + offset, 0), nlut - 1)
+    return tl.load(LUT + at)
+
+
+@_jit
+def _row_range(row, allowed, RP: tl.constexpr):
+    """The smallest and largest row among the allowed pairs (``RP, -1`` for none)."""
+    lo = tl.min(tl.min(tl.where(allowed, row, RP), axis=1), axis=0)
+    hi = tl.max(tl.max(tl.where(allowed, row, -1), axis=1), axis=0)
+    return lo, hi
+
+
+@_jit
+def _add_by_row(acc, x, row, lo, hi, RP: tl.constexpr):
+    """``acc[i, r] += Σ_j x[i, j]·[row[i, j] = r]`` for the rows ``lo..hi`` (``x`` is 0 on the
+    pairs that may not attend)."""
+    cols = tl.arange(0, RP)
+    for r in range(RP):
+        if (r >= lo) & (r <= hi):
+            part = tl.sum(tl.where(row == r, x, 0.0), axis=1)
+            acc += tl.where(cols[None, :] == r, part[:, None], 0.0)
+    return acc
+
+
+@_jit
+def _load_queries(Q, QPOS, QSEG, b, h, offs_m, offs_d, m_ok, d_ok, sqb, sqh, sqi, spq):
+    """A block's queries ``(BM, DP)`` (zero past the ends), positions and segments (-1 past)."""
+    at = Q + b * sqb + h * sqh + offs_m[:, None] * sqi + offs_d[None, :]
+    q = tl.load(at, mask=m_ok[:, None] & d_ok[None, :], other=0.0)
+    qp = tl.load(QPOS + b * spq + offs_m, mask=m_ok, other=0)
+    qs = tl.load(QSEG + b * spq + offs_m, mask=m_ok, other=-1)
+    return q, qp, qs
+
+
+@_jit
+def _load_keys(K, V, b, h, offs_n, offs_d, n_ok, d_ok, skb, skh, skj):
+    """A block's keys and values ``(BN, DP)``, zero past the ends."""
+    at = b * skb + h * skh + offs_n[:, None] * skj + offs_d[None, :]
+    ok = n_ok[:, None] & d_ok[None, :]
+    return tl.load(K + at, mask=ok, other=0.0), tl.load(V + at, mask=ok, other=0.0)
+
+
+@_jit
+def _load_output_grads(DO, LSE, DLT, row_at, offs_d, m_ok, d_ok, D, dtype):
+    """A query block's ``d out`` (in ``dtype``), log-sum-exp and ``Σ_j P·dP``."""
+    ok = m_ok[:, None] & d_ok[None, :]
+    do = tl.load(DO + row_at[:, None] * D + offs_d[None, :], mask=ok, other=0.0).to(dtype)
+    lse = tl.load(LSE + row_at, mask=m_ok, other=float("inf"))
+    dlt = tl.load(DLT + row_at, mask=m_ok, other=0.0)
+    return do, lse, dlt
+
+
+@_jit
+def _forward_kernel(
+    Q, K, V, QPOS, QSEG, KPOS, KSEG, REL, LUT, OUT, LSE, MASS,
+    sqb, sqh, sqi, skb, skh, skj, spq, spk, srb, srh, sri,
+    H, NI, NJ, D, R, nlut, offset, scale,
+    BM: tl.constexpr, BN: tl.constexpr, DP: tl.constexpr, RP: tl.constexpr,
+    PLAIN: tl.constexpr, CAUSAL: tl.constexpr, HAS_REL: tl.constexpr, HAS_MASS: tl.constexpr,
+    PRECISION: tl.constexpr,
+):  # fmt: skip
+    start_m = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // H
+    h = bh % H
+    offs_m = start_m * BM + tl.arange(0, BM)
+    offs_d = tl.arange(0, DP)
+    m_ok = offs_m < NI
+    d_ok = offs_d < D
+    q, qp, qs = _load_queries(Q, QPOS, QSEG, b, h, offs_m, offs_d, m_ok, d_ok, sqb, sqh, sqi, spq)
+    rel_base = REL + b * srb + h * srh + offs_m[:, None] * sri
+    m_i = tl.full([BM], float("-inf"), tl.float32)
+    l_i = tl.zeros([BM], tl.float32)
+    acc = tl.zeros([BM, DP], tl.float32)
+    macc = tl.zeros([BM, RP], tl.float32)
+    end = NJ
+    if PLAIN and CAUSAL:  # skip the causal future (a tile past NJ is all masked)
+        end = (start_m + 1) * BM
+    for start_n in range(0, end, BN):
+        offs_n = start_n + tl.arange(0, BN)
+        n_ok = offs_n < NJ
+        k, v = _load_keys(K, V, b, h, offs_n, offs_d, n_ok, d_ok, skb, skh, skj)
+        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale
+        delta, allowed = _pairs(
+            offs_m, offs_n, m_ok, n_ok, qp, qs, KPOS + b * spk, KSEG + b * spk, PLAIN, CAUSAL
+        )
+        if HAS_REL or HAS_MASS:
+            row = _rows(delta, LUT, offset, nlut)
+        if HAS_REL:
+            s += tl.load(rel_base + row, mask=allowed, other=0.0)
+        s = tl.where(allowed, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.exp(s - m_use[:, None])
+        alpha = tl.exp(m_i - m_use)
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+        if HAS_MASS:
+            lo, hi = _row_range(row, allowed, RP)
+            macc = _add_by_row(macc * alpha[:, None], p, row, lo, hi, RP)
+        m_i = m_new
+    has_keys = l_i > 0
+    l_use = tl.where(has_keys, l_i, 1.0)
+    row_at = bh * NI + offs_m
+    out_at = row_at[:, None] * D + offs_d[None, :]
+    tl.store(OUT + out_at, acc / l_use[:, None], mask=m_ok[:, None] & d_ok[None, :])
+    tl.store(LSE + row_at, tl.where(has_keys, m_i + tl.log(l_use), float("inf")), mask=m_ok)
+    if HAS_MASS:
+        cols = tl.arange(0, RP)
+        tl.store(
+            MASS + row_at[:, None] * R + cols[None, :],
+            macc / l_use[:, None],
+            mask=m_ok[:, None] & (cols[None, :] < R),
+        )
+
+
+@_jit
+def _probs_and_dp(
+    q, k, v, do, lse, dlt, offs_m, offs_n, m_ok, n_ok, qp, qs, KPOS, KSEG, rel_base, dmass_base,
+    LUT, offset, nlut, scale,
+    PLAIN: tl.constexpr, CAUSAL: tl.constexpr, HAS_REL: tl.constexpr, HAS_MASS: tl.constexpr,
+    PRECISION: tl.constexpr,
+):  # fmt: skip
+    """A tile's probabilities ``p`` (rebuilt from ``lse``), ``dS = p·(dP - dlt)``, the pairs'
+    rows and which may attend."""
+    s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale
+    delta, allowed = _pairs(offs_m, offs_n, m_ok, n_ok, qp, qs, KPOS, KSEG, PLAIN, CAUSAL)
+    row = delta  # unused without a relative term
+    if HAS_REL or HAS_MASS:
+        row = _rows(delta, LUT, offset, nlut)
+    if HAS_REL:
+        s += tl.load(rel_base + row, mask=allowed, other=0.0)
+    p = tl.where(allowed, tl.exp(s - lse[:, None]), 0.0)
+    dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
+    if HAS_MASS:
+        dp += tl.load(dmass_base + row, mask=allowed, other=0.0)
+    ds = p * (dp - dlt[:, None])
+    return p, ds, row, allowed
+
+
+@_jit
+def _backward_kv_kernel(
+    Q, K, V, DO, LSE, DLT, QPOS, QSEG, KPOS, KSEG, REL, LUT, DMASS, DK, DV,
+    sqb, sqh, sqi, skb, skh, skj, spq, spk, srb, srh, sri,
+    H, NI, NJ, D, R, nlut, offset, scale,
+    BM: tl.constexpr, BN: tl.constexpr, DP: tl.constexpr,
+    PLAIN: tl.constexpr, CAUSAL: tl.constexpr, HAS_REL: tl.constexpr, HAS_MASS: tl.constexpr,
+    PRECISION: tl.constexpr,
+):  # fmt: skip
+    start_n = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // H
+    h = bh % H
+    offs_n = start_n * BN + tl.arange(0, BN)
+    offs_d = tl.arange(0, DP)
+    n_ok = offs_n < NJ
+    d_ok = offs_d < D
+    k, v = _load_keys(K, V, b, h, offs_n, offs_d, n_ok, d_ok, skb, skh, skj)
+    dk = tl.zeros([BN, DP], tl.float32)
+    dv = tl.zeros([BN, DP], tl.float32)
+    begin = 0
+    if PLAIN and CAUSAL:  # skip the queries before the block
+        begin = (start_n * BN // BM) * BM
+    for start_m in range(begin, NI, BM):
+        offs_m = start_m + tl.arange(0, BM)
+        m_ok = offs_m < NI
+        q, qp, qs = _load_queries(
+            Q, QPOS, QSEG, b, h, offs_m, offs_d, m_ok, d_ok, sqb, sqh, sqi, spq
+        )
+        row_at = bh * NI + offs_m
+        do, lse, dlt = _load_output_grads(DO, LSE, DLT, row_at, offs_d, m_ok, d_ok, D, q.dtype)
+        p, ds, _, _ = _probs_and_dp(
+            q, k, v, do, lse, dlt, offs_m, offs_n, m_ok, n_ok, qp, qs, KPOS + b * spk,
+            KSEG + b * spk, REL + b * srb + h * srh + offs_m[:, None] * sri,
+            DMASS + row_at[:, None] * R, LUT, offset, nlut, scale,
+            PLAIN, CAUSAL, HAS_REL, HAS_MASS, PRECISION,
+        )  # fmt: skip
+        dv += tl.dot(tl.trans(p.to(q.dtype)), do, input_precision=PRECISION)
+        dk += tl.dot(tl.trans(ds.to(q.dtype)), q, input_precision=PRECISION)
+    out_at = (bh * NJ + offs_n[:, None]) * D + offs_d[None, :]
+    kv_ok = n_ok[:, None] & d_ok[None, :]
+    tl.store(DK + out_at, dk * scale, mask=kv_ok)
+    tl.store(DV + out_at, dv, mask=kv_ok)
+
+
+@_jit
+def _backward_q_kernel(
+    Q, K, V, DO, LSE, DLT, QPOS, QSEG, KPOS, KSEG, REL, LUT, DMASS, DQ, DREL,
+    sqb, sqh, sqi, skb, skh, skj, spq, spk, srb, srh, sri,
+    H, NI, NJ, D, R, nlut, offset, scale,
+    BM: tl.constexpr, BN: tl.constexpr, DP: tl.constexpr, RP: tl.constexpr,
+    PLAIN: tl.constexpr, CAUSAL: tl.constexpr, HAS_REL: tl.constexpr, HAS_MASS: tl.constexpr,
+    REL_GRAD: tl.constexpr, LOOP_ROWS: tl.constexpr, PRECISION: tl.constexpr,
+):  # fmt: skip
+    start_m = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // H
+    h = bh % H
+    offs_m = start_m * BM + tl.arange(0, BM)
+    offs_d = tl.arange(0, DP)
+    m_ok = offs_m < NI
+    d_ok = offs_d < D
+    q, qp, qs = _load_queries(Q, QPOS, QSEG, b, h, offs_m, offs_d, m_ok, d_ok, sqb, sqh, sqi, spq)
+    row_at = bh * NI + offs_m
+    do, lse, dlt = _load_output_grads(DO, LSE, DLT, row_at, offs_d, m_ok, d_ok, D, q.dtype)
+    dq = tl.zeros([BM, DP], tl.float32)
+    dracc = tl.zeros([BM, RP], tl.float32)
+    drel_base = DREL + row_at[:, None] * R
+    end = NJ
+    if PLAIN and CAUSAL:  # skip the causal future (a tile past NJ is all masked)
+        end = (start_m + 1) * BM
+    for start_n in range(0, end, BN):
+        offs_n = start_n + tl.arange(0, BN)
+        n_ok = offs_n < NJ
+        k, v = _load_keys(K, V, b, h, offs_n, offs_d, n_ok, d_ok, skb, skh, skj)
+        _, ds, row, allowed = _probs_and_dp(
+            q, k, v, do, lse, dlt, offs_m, offs_n, m_ok, n_ok, qp, qs, KPOS + b * spk,
+            KSEG + b * spk, REL + b * srb + h * srh + offs_m[:, None] * sri,
+            DMASS + row_at[:, None] * R, LUT, offset, nlut, scale,
+            PLAIN, CAUSAL, HAS_REL, HAS_MASS, PRECISION,
+        )  # fmt: skip
+        dq += tl.dot(ds.to(q.dtype), k, input_precision=PRECISION)
+        if REL_GRAD:
+            lo, hi = _row_range(row, allowed, RP)
+            if LOOP_ROWS:
+                dracc = _add_by_row(dracc, ds, row, lo, hi, RP)
+            elif lo == hi:  # the whole tile reads one row: one add per query
+                tl.atomic_add(drel_base + lo, tl.sum(ds, axis=1)[:, None], mask=m_ok[:, None])
+            elif lo < hi:
+                tl.atomic_add(drel_base + row, ds, mask=allowed)
+    q_ok = m_ok[:, None] & d_ok[None, :]
+    tl.store(DQ + row_at[:, None] * D + offs_d[None, :], dq * scale, mask=q_ok)
+    if REL_GRAD and LOOP_ROWS:
+        cols = tl.arange(0, RP)
+        tl.store(drel_base + cols[None, :], dracc, mask=m_ok[:, None] & (cols[None, :] < R))
+
+
+def _blocks(device: torch.device) -> tuple[int, int]:
+    return (_INTERPRETED_BLOCK,) * 2 if device.type == "cpu" else (_BM, _BN)
+
+
+def _row_pad(r: int) -> int:
+    return max(16, triton.next_power_of_2(max(r, 1)))
+
+
+class _RelativeFlash(torch.autograd.Function):
+    """``(out, mass)`` float32 from ``q, k, v`` and ``rel``; see the module docstring."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, rel, geometry, want_mass):
+        qpos, qseg, kpos, kseg, lut, offset, causal, plain, r = geometry
+        b, h, i, d = q.shape
+        j = k.shape[2]
+        bm, bn = _blocks(q.device)
+        dp, rp = max(16, triton.next_power_of_2(d)), _row_pad(r)
+        out = q.new_empty(b, h, i, d, dtype=torch.float32)
+        lse = q.new_empty(b, h, i, dtype=torch.float32)
+        mass = q.new_zeros(b, h, i, r if want_mass else 0, dtype=torch.float32)
+        relt = rel if rel is not None else out  # any pointer: never read without a relative term
+        _forward_kernel[(triton.cdiv(i, bm), b * h)](
+            q, k, v, qpos, qseg, kpos, kseg, relt, lut, out, lse, mass,
+            *_strides(q, k, qpos, kpos, rel),
+            h, i, j, d, r, lut.numel(), offset, 1.0 / math.sqrt(d),
+            BM=bm, BN=bn, DP=dp, RP=rp, PLAIN=plain, CAUSAL=causal, HAS_REL=rel is not None,
+            HAS_MASS=want_mass, PRECISION=_precision(q),
+        )  # fmt: skip
+        ctx.save_for_backward(q, k, v, rel, out, lse, mass)
+        ctx.geometry, ctx.want_mass = geometry, want_mass
+        if not want_mass:
+            ctx.mark_non_differentiable(mass)
+        return out, mass
+
+    @staticmethod
+    def backward(ctx, dout, dmass):
+        q, k, v, rel, out, lse, mass = ctx.saved_tensors
+        qpos, qseg, kpos, kseg, lut, offset, causal, plain, r = ctx.geometry
+        b, h, i, d = q.shape
+        j = k.shape[2]
+        bm, bn = _blocks(q.device)
+        dp, rp = max(16, triton.next_power_of_2(d)), _row_pad(r)
+        dout = dout.float().contiguous()
+        dlt = (dout * out).sum(-1)
+        has_mass = ctx.want_mass and dmass is not None
+        if has_mass:
+            dmass = dmass.float().contiguous()
+            dlt = dlt + (dmass * mass).sum(-1)
+        else:
+            dmass = dout  # any pointer: never read
+        has_rel = rel is not None
+        rel_grad = has_rel and ctx.needs_input_grad[3]
+        loop_rows = rp <= MAX_LOOP_ROWS
+        drel = q.new_zeros(b, h, i, r if rel_grad else 0, dtype=torch.float32)
+        dq = torch.empty_like(out)
+        dk = q.new_empty(b, h, j, d, dtype=torch.float32)
+        dv = torch.empty_like(dk)
+        relt = rel if has_rel else out
+        strides = _strides(q, k, qpos, kpos, rel)
+        common = (h, i, j, d, r, lut.numel(), offset, 1.0 / math.sqrt(d))
+        flags = dict(PLAIN=plain, CAUSAL=causal, HAS_REL=has_rel, HAS_MASS=has_mass)
+        _backward_kv_kernel[(triton.cdiv(j, bn), b * h)](
+            q, k, v, dout, lse, dlt, qpos, qseg, kpos, kseg, relt, lut, dmass, dk, dv,
+            *strides, *common, BM=bm, BN=bn, DP=dp, PRECISION=_precision(q), **flags,
+        )  # fmt: skip
+        _backward_q_kernel[(triton.cdiv(i, bm), b * h)](
+            q, k, v, dout, lse, dlt, qpos, qseg, kpos, kseg, relt, lut, dmass, dq, drel,
+            *strides, *common, BM=bm, BN=bn, DP=dp, RP=rp if loop_rows else 16,
+            REL_GRAD=rel_grad, LOOP_ROWS=loop_rows, PRECISION=_precision(q), **flags,
+        )  # fmt: skip
+        if rel_grad:  # back to rel's broadcast shape (b|1, h, i|1, R)
+            dims = [n for n in (0, 2) if rel.shape[n] == 1]
+            drel = drel.sum(dims, keepdim=True) if dims else drel
+        return (
+            dq.to(q.dtype),
+            dk.to(k.dtype),
+            dv.to(v.dtype),
+            drel if rel_grad else None,
+            None,
+            None,
+        )
+
+
+def _strides(q: Tensor, k: Tensor, qpos: Tensor, kpos: Tensor, rel: Tensor | None) -> tuple:
+    """Element strides the kernels take (batch strides 0 where broadcast)."""
+    spq = qpos.stride(0) if qpos.shape[0] > 1 else 0
+    spk = kpos.stride(0) if kpos.shape[0] > 1 else 0
+    if rel is None:
+        srb = srh = sri = 0
+    else:
+        srb = rel.stride(0) if rel.shape[0] > 1 else 0
+        srh = rel.stride(1)
+        sri = rel.stride(2) if rel.shape[2] > 1 else 0
+    return (
+        q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+        spq, spk, srb, srh, sri,
+    )  # fmt: skip
+
+
+def _precision(q: Tensor) -> str:
+    """Exact float32 products for float32 inputs (no TF32); half inputs use the tensor cores."""
+    return "ieee" if q.dtype == torch.float32 else "tf32"
+
+
+def relative_flash_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    rel: Tensor | None,
+    lut: Tensor,
+    offset: int,
+    q_pos: Tensor,
+    q_seg: Tensor,
+    k_pos: Tensor,
+    k_seg: Tensor,
+    *,
+    rows: int,
+    causal: bool,
+    plain: bool,
+    mass: bool = False,
+) -> tuple[Tensor, Tensor]:
+    """Attention with a relative logit table, fused (see the module docstring).
+
+    Args:
+        q: ``(b, h, i, d)``; k, v: ``(b, h, j, d)``; float32, bfloat16 or float16, one dtype.
+        rel: float32 ``(b|1, h, i|1, R)``, the logit term of each query and relative row, or None.
+        lut: int32 ``(n,)``, the relative row of distance ``δ`` at ``lut[δ + offset]`` (clamped to
+            its ends outside), every entry in ``[0, R)``.
+        rows: ``R``.
+        q_pos, q_seg: int32 ``(b|1, i)``; k_pos, k_seg: int32 ``(b|1, j)``; segment -1 is padding.
+        causal: keys at positions ``<=`` the query's only.
+        plain: positions are ``0..n-1`` of one segment per row and queries are the keys (``i ==
+            j``): the kernels then read distances from indices and skip the causal future.
+        mass: also return the attention mass per relative row.
+
+    Returns:
+        ``(out, mass)``: float32 ``(b, h, i, d)`` and float32 ``(b, h, i, R)`` (``(b, h, i, 0)``
+        when not asked for). A query with no key gets zeros in both. Differentiable in ``q``,
+        ``k``, ``v``, ``rel`` and ``mass``.
+    """
+    want_mass = bool(mass)
+    if rel is not None and rel.shape[-1] != rows:
+        raise ValueError(f"rel must have shape (b|1, h, i|1, {rows}), got {tuple(rel.shape)}")
+    if lut.numel() == 0:
+        raise ValueError("lut must have at least one entry, got shape (0,)")
+    geometry = (
+        q_pos.contiguous(),
+        q_seg.contiguous(),
+        k_pos.contiguous(),
+        k_seg.contiguous(),
+        lut.contiguous(),
+        int(offset),
+        bool(causal),
+        bool(plain),
+        int(rows),
+    )
+    q, k, v = (t.contiguous() for t in (q, k, v))
+    rel = None if rel is None else rel.contiguous()  # the kernels read its rows with stride 1
+    return _RelativeFlash.apply(q, k, v, rel, geometry, want_mass)

@@ -1,0 +1,251 @@
+"""The ``fused`` backend and its Triton kernel (``relpos.kernels.relative_attention``).
+
+Runs where Triton is: on CUDA, or on CPU tensors through Triton's interpreter
+(``TRITON_INTERPRET=1``, which ``tests/run_suites.py`` sets for this folder; the PyTorch suite
+leaves it out). The interpreter runs the kernels' own code, block by block, so every mask, gather,
+row reduction and tile skip is checked on any machine; only timing needs a GPU. Its ``tl.dot`` in
+bfloat16 is wrong (a Triton interpreter limitation), so bfloat16 runs on CUDA only; float16 stands
+for the half-precision path on CPU.
+
+Checks: the kernel against a loop over ``(i, j)`` (``tests/oracles.py``) and ``eager``, outputs and
+every gradient (inputs and the scheme's tables) for every relative scheme and every layout
+(plain, padding, packing, a KV cache); the register and atomic row reductions; packed = alone;
+queries with no key; the refusals.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+import relpos
+from relpos.attention.backends import BACKENDS
+from relpos.attention.contract import is_contiguous_self
+from relpos.attention.fused import fused_attention, fused_supports
+from relpos.kernels import interpreted
+from relpos.kernels.relative_attention import MAX_LOOP_ROWS, relative_flash_attention
+from tests import oracles
+from tests.helpers import BACKEND_SPECS, make_layout, randomize_parameters, spec_id
+
+if interpreted():
+    DEVICE = "cpu"
+elif torch.cuda.is_available():
+    DEVICE = "cuda"
+else:
+    pytest.skip("needs a CUDA device or TRITON_INTERPRET=1", allow_module_level=True)
+
+#: Every spec the fused backend runs (the relative schemes without a key term).
+FUSED_SPECS = [
+    s
+    for s in BACKEND_SPECS
+    if fused_supports(relpos.make_scheme(s, d_model=8, num_heads=2, causal=True), device=DEVICE)
+]
+LAYOUTS = ["plain", "left-pad", "packed", "cached"]
+
+
+def _rows(p: relpos.Positions, b: int) -> tuple[list, list]:
+    p = p.expand(b)
+    return p.pos.tolist(), p.seg.tolist()
+
+
+def _case(spec, layout, causal, seed, *, b=2, h=2, d=8, n=37, dtype=torch.float32):
+    rng = random.Random(f"{spec_id(spec)}{layout}{causal}{seed}")
+    torch.manual_seed(rng.randrange(1 << 30))
+    scheme = relpos.make_scheme(spec, d_model=h * d, num_heads=h, causal=causal)
+    randomize_parameters(scheme, seed)
+    scheme.to(DEVICE)
+    qp, kp = make_layout(layout, rng, b, n)
+    same = kp is qp  # plain self-attention: one object, as the layers pass it
+    qp = qp.to(DEVICE)
+    kp = qp if same else kp.to(DEVICE)
+    assert (layout == "plain") == is_contiguous_self(qp, kp)
+    kw = {"dtype": dtype, "device": DEVICE, "requires_grad": True}
+    q = torch.randn(b, h, len(qp), d, **kw)
+    k = torch.randn(b, h, n, d, **kw)
+    v = torch.randn(b, h, n, d, **kw)
+    return scheme, q, k, v, qp, kp
+
+
+def _grads(out, scheme, q, k, v, grad_out):
+    inputs = [q, k, v, *scheme.parameters()]
+    return torch.autograd.grad(out, inputs, grad_out, allow_unused=True)
+
+
+def _assert_close(got, want, tol, what):
+    torch.testing.assert_close(got.double(), want.double(), atol=tol, rtol=tol, msg=what)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("spec", FUSED_SPECS, ids=spec_id)
+def test_fused_equals_eager_outputs_and_gradients(spec, layout, causal):
+    """Float32, against float64 ``eager``: outputs, ``q``, ``k``, ``v`` and the tables' grads."""
+    scheme, q, k, v, qp, kp = _case(spec, layout, causal, 0)
+    out = fused_attention(q, k, v, scheme, qp, kp, causal=causal)
+    assert out.dtype == q.dtype
+    grad_out = torch.randn_like(out)
+    got = _grads(out, scheme, q, k, v, grad_out)
+    wide = scheme.double()
+    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+    ref = BACKENDS["eager"](q64, k64, v64, wide, qp, kp, causal=causal)
+    want = _grads(ref, wide, q64, k64, v64, grad_out.double())
+    _assert_close(out, ref, 1e-4, "output")
+    for t, (g, w) in enumerate(zip(got, want, strict=True)):
+        assert (g is None) == (w is None), f"gradient {t}"
+        if g is not None:
+            _assert_close(g, w, 1e-4, f"gradient {t}")
+
+
+@pytest.mark.parametrize("spec", FUSED_SPECS, ids=spec_id)
+def test_fused_equals_the_loop_oracle(spec):
+    """The paper's formula one pair at a time, on a padded and packed batch, bidirectional."""
+    scheme, q, k, v, qp, kp = _case(spec, "packed", False, 1, n=21)
+    with torch.no_grad():
+        qr, kr = scheme.rotate(q, k, qp, kp)  # Transformer-XL's query shift; the oracle's own
+        out = fused_attention(qr, kr, v, scheme, qp, kp, causal=False)
+        want = oracles.attention(
+            scheme.cpu(), q.cpu(), k.cpu(), v.cpu(), *_rows(qp, 2), *_rows(kp, 2), causal=False
+        )
+    _assert_close(out.cpu(), want, 1e-4, "output")
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [{"name": "music", "max_distance": 130}, {"name": "shaw", "max_distance": 3}],
+    ids=spec_id,
+)
+def test_both_row_reductions(spec):
+    """``R`` past :data:`MAX_LOOP_ROWS` reduces ``d rel`` by atomic adds (the Music Transformer,
+    130 rows; 170 tokens, so tiles past the clipping distance take one add per query), within it
+    in registers (Shaw)."""
+    scheme = relpos.make_scheme(spec, d_model=16, num_heads=2, causal=True)
+    assert (scheme.num_relative > MAX_LOOP_ROWS) == (spec["name"] == "music")
+    for layout in ("plain", "packed"):
+        scheme, q, k, v, qp, kp = _case(spec, layout, True, 2, n=170)
+        out = fused_attention(q, k, v, scheme, qp, kp, causal=True)
+        grad_out = torch.randn_like(out)
+        got = _grads(out, scheme, q, k, v, grad_out)
+        ref = BACKENDS["eager"](q, k, v, scheme, qp, kp, causal=True)
+        want = _grads(ref, scheme, q, k, v, grad_out)
+        _assert_close(out, ref, 1e-4, layout)
+        for t, (g, w) in enumerate(zip(got, want, strict=True)):
+            _assert_close(g, w, 1e-4, f"{layout}: gradient {t}")
+
+
+def test_packed_documents_equal_each_alone():
+    """Two documents in one row give what each gives in a row of its own."""
+    spec = {"name": "shaw", "max_distance": 3}
+    scheme = relpos.make_scheme(spec, d_model=16, num_heads=2, causal=True).to(DEVICE)
+    randomize_parameters(scheme)
+    torch.manual_seed(3)
+    x = torch.randn(3, 1, 2, 30, 8, device=DEVICE).unbind(0)
+    packed = relpos.Positions.from_segments(torch.tensor([[0] * 18 + [1] * 12], device=DEVICE))
+    out = fused_attention(*x, scheme, packed, packed, causal=True)
+    for lo, hi in ((0, 18), (18, 30)):
+        alone = relpos.Positions.from_length(hi - lo, device=DEVICE)
+        part = [t[..., lo:hi, :] for t in x]
+        want = fused_attention(*part, scheme, alone, alone, causal=True)
+        _assert_close(out[..., lo:hi, :], want, 1e-5, f"document {lo}:{hi}")
+
+
+def test_queries_with_no_key_get_zeros_and_finite_gradients():
+    """A decoding step whose queries are padding: zeros out, zeros (not NaN) back."""
+    spec = {"name": "shaw", "max_distance": 2}
+    scheme, q, k, v, qp, kp = _case(spec, "cached", True, 4)
+    seg = qp.seg.clone()
+    seg[0] = -1  # every query of row 0 is padding
+    qp = relpos.Positions(qp.pos, seg)
+    out = fused_attention(q, k, v, scheme, qp, kp, causal=True)
+    assert torch.equal(out[0], torch.zeros_like(out[0]))
+    grads = _grads(out, scheme, q, k, v, torch.randn_like(out))
+    assert all(torch.isfinite(g).all() for g in grads if g is not None)
+    assert torch.equal(grads[0][0], torch.zeros_like(grads[0][0]))
+
+
+def test_half_precision_stays_near_float32():
+    """Float16 on CPU (the interpreter's bfloat16 products are wrong), bfloat16 too on CUDA."""
+    dtypes = [torch.float16] + ([torch.bfloat16] if DEVICE == "cuda" else [])
+    spec = {"name": "t5", "num_buckets": 8, "max_distance": 12}
+    for dtype in dtypes:
+        scheme, q, k, v, qp, kp = _case(spec, "left-pad", True, 5)
+        ref = fused_attention(q, k, v, scheme, qp, kp, causal=True)
+        half = [t.detach().to(dtype) for t in (q, k, v)]
+        out = fused_attention(*half, scheme, qp, kp, causal=True)
+        assert out.dtype == dtype
+        err = (out.float() - ref).abs().max() / ref.abs().max()
+        assert err < 2e-2, f"{dtype}: relative error {err:.3g}"
+
+
+def test_raw_kernel_without_a_logit_term_gives_plain_attention_and_its_mass():
+    """``rel=None``: softmax attention, and ``mass`` sums every query's probabilities to 1."""
+    torch.manual_seed(6)
+    n = 25
+    q, k, v = (torch.randn(1, 2, n, 8, device=DEVICE) for _ in range(3))
+    pos = torch.arange(n, device=DEVICE, dtype=torch.int32)[None]
+    seg = torch.zeros_like(pos)
+    lut = torch.tensor([0, 1, 2], dtype=torch.int32, device=DEVICE)  # δ < 0, 0, > 0
+    out, mass = relative_flash_attention(
+        q, k, v, None, lut, 1, pos, seg, pos, seg, rows=3, causal=False, plain=True, mass=True
+    )
+    want = torch.softmax(q @ k.transpose(-1, -2) / 8**0.5, -1)
+    _assert_close(out, want @ v, 1e-5, "output")
+    _assert_close(mass.sum(-1), torch.ones_like(mass[..., 0]), 1e-5, "mass")
+    _assert_close(mass[..., 1], torch.diagonal(want, dim1=-2, dim2=-1), 1e-5, "diagonal mass")
+
+
+@pytest.mark.parametrize(
+    ("spec", "why"),
+    [
+        ({"name": "alibi"}, "does not support scheme"),
+        ({"name": "deberta", "position_buckets": 4, "max_relative_positions": 8}, "scheme"),
+        ({"name": "shaw", "max_distance": 100}, "scheme"),  # a value term over 201 rows
+    ],
+    ids=["alibi", "deberta-key-term", "shaw-wide-values"],
+)
+def test_refusals_name_what_is_unsupported(spec, why):
+    scheme = relpos.make_scheme(spec, d_model=16, num_heads=2, causal=True).to(DEVICE)
+    x = torch.randn(1, 2, 5, 8, device=DEVICE)
+    p = relpos.Positions.from_length(5, device=DEVICE)
+    with pytest.raises(ValueError, match=why):
+        fused_attention(x, x, x, scheme, p, p, causal=True)
+
+
+def test_refuses_dropout_and_float64():
+    scheme = relpos.make_scheme({"name": "t5"}, d_model=16, num_heads=2, causal=True).to(DEVICE)
+    x = torch.randn(1, 2, 5, 8, device=DEVICE)
+    p = relpos.Positions.from_length(5, device=DEVICE)
+    with pytest.raises(ValueError, match="dropout"):
+        fused_attention(x, x, x, scheme, p, p, causal=True, dropout_p=0.1, training=True)
+    y = x.double()
+    with pytest.raises(ValueError, match="float64"):
+        fused_attention(y, y, y, scheme.double(), p, p, causal=True)
+
+
+def test_a_layer_runs_on_the_fused_backend():
+    """``MultiheadAttention(backend="fused")`` equals ``eager`` on a padded batch."""
+    torch.manual_seed(7)
+    spec = {"name": "music", "max_distance": 16}
+    layer = relpos.MultiheadAttention(16, 2, spec, causal=True, backend="fused").to(DEVICE)
+    randomize_parameters(layer)
+    x = torch.randn(2, 20, 16, device=DEVICE)
+    mask = torch.ones(2, 20, dtype=torch.bool, device=DEVICE)
+    mask[0, :6] = False
+    p = relpos.Positions.from_padding_mask(mask)
+    out = layer(x, p)
+    layer.backend = "eager"
+    _assert_close(out, layer(x, p), 1e-4, "layer output")
+
+
+def test_no_queries_or_no_keys():
+    """Empty calls return ``eager``'s empty result: ``(b, h, 0, d)``, or zeros for no keys."""
+    scheme = relpos.make_scheme({"name": "t5"}, d_model=16, num_heads=2, causal=True).to(DEVICE)
+    x = torch.randn(1, 2, 4, 8, device=DEVICE)
+    none = x[:, :, :0]
+    p, empty = (relpos.Positions.from_length(n, device=DEVICE) for n in (4, 0))
+    assert fused_attention(none, x, x, scheme, empty, p, causal=False).shape == (1, 2, 0, 8)
+    out = fused_attention(x, none, none, scheme, p, empty, causal=False)
+    assert torch.equal(out, torch.zeros_like(x))
