@@ -10,7 +10,7 @@ for the half-precision path on CPU.
 Checks: the kernel against a loop over ``(i, j)`` (``tests/oracles.py``) and ``eager``, outputs and
 every gradient (inputs and the scheme's tables) for every relative scheme and every layout
 (plain, padding, packing, a KV cache); the register and atomic row reductions; packed = alone;
-queries with no key; the refusals.
+queries with no key; dropout against the definition under the kernel's own mask; the refusals.
 """
 
 from __future__ import annotations
@@ -27,7 +27,11 @@ from relpos.attention.backends import BACKENDS
 from relpos.attention.contract import is_contiguous_self
 from relpos.attention.fused import fused_attention, fused_supports
 from relpos.kernels import interpreted
-from relpos.kernels.relative_attention import MAX_LOOP_ROWS, relative_flash_attention
+from relpos.kernels.relative_attention import (
+    MAX_LOOP_ROWS,
+    dropout_keep,
+    relative_flash_attention,
+)
 from tests import oracles
 from tests.helpers import BACKEND_SPECS, make_layout, randomize_parameters, spec_id
 
@@ -214,15 +218,80 @@ def test_refusals_name_what_is_unsupported(spec, why):
         fused_attention(x, x, x, scheme, p, p, causal=True)
 
 
-def test_refuses_dropout_and_float64():
+def test_refuses_float64():
     scheme = relpos.make_scheme({"name": "t5"}, d_model=16, num_heads=2, causal=True).to(DEVICE)
-    x = torch.randn(1, 2, 5, 8, device=DEVICE)
+    y = torch.randn(1, 2, 5, 8, device=DEVICE, dtype=torch.float64)
     p = relpos.Positions.from_length(5, device=DEVICE)
-    with pytest.raises(ValueError, match="dropout"):
-        fused_attention(x, x, x, scheme, p, p, causal=True, dropout_p=0.1, training=True)
-    y = x.double()
     with pytest.raises(ValueError, match="float64"):
         fused_attention(y, y, y, scheme.double(), p, p, causal=True)
+
+
+def _reference(q, k, v, rel, lut, offset, qp, qs, kp, ks, causal, rows, keep, p_drop):
+    """The kernel's definition, float64, with ``(b, h, i, j)`` tensors: logits plus
+    ``rel[.., i, lut[p_j - p_i + offset]]``, masked softmax, dropout by ``keep``, ``out`` and
+    ``mass``."""
+    s = q.double() @ k.double().transpose(-1, -2) / q.shape[-1] ** 0.5
+    delta = kp[:, None, :] - qp[:, :, None]
+    row = lut[(delta + offset).clamp(0, lut.numel() - 1)].long()[:, None].expand(s.shape)
+    allowed = (ks[:, None, :] == qs[:, :, None]) & (qs[:, :, None] != -1)
+    if causal:
+        allowed = allowed & (delta <= 0)
+    allowed = allowed[:, None]
+    if rel is not None:
+        s = s + torch.gather(rel.double().expand(*s.shape[:3], rows), 3, row)
+    probs = torch.softmax(s.masked_fill(~allowed, -1e300), -1) * allowed
+    probs = probs * keep / (1 - p_drop)
+    mass = probs.new_zeros(*probs.shape[:3], rows).scatter_add_(3, row, probs)
+    return probs @ v.double(), mass
+
+
+@pytest.mark.parametrize("rows", [9, 150], ids=["registers", "atomics"])
+@pytest.mark.parametrize("plain", [True, False], ids=["plain", "packed"])
+def test_dropout_equals_the_reference_with_the_kernels_mask(rows, plain):
+    """With dropout (p = 0.3) the kernel equals its definition under the mask
+    :func:`dropout_keep` draws for the seed: outputs, mass and every gradient."""
+    torch.manual_seed(rows + plain)
+    b, h, n, d, p_drop, seed = 2, 2, 40, 8, 0.3, 1234
+    q, k, v = (torch.randn(b, h, n, d, device=DEVICE, requires_grad=True) for _ in range(3))
+    rel = torch.randn(b, h, n, rows, device=DEVICE, requires_grad=True)
+    lut = (torch.arange(-n + 1, n, device=DEVICE).clamp(-(rows - 1), 0) + rows - 1).int()
+    pos = torch.arange(n, device=DEVICE, dtype=torch.int32).expand(b, n).contiguous()
+    seg = torch.zeros_like(pos)
+    if not plain:
+        seg[:, n // 2 :] = 1
+        pos[:, n // 2 :] -= n // 2
+        seg[1, :3] = -1
+    args = (lut, n - 1, pos, seg, pos, seg)
+    out, mass = relative_flash_attention(
+        q, k, v, rel, *args, rows=rows, causal=True, plain=plain, mass=True,
+        dropout_p=p_drop, seed=seed,
+    )  # fmt: skip
+    keep = dropout_keep(seed, (b, h, n, n), p_drop, DEVICE)
+    assert 0.6 < keep.float().mean() < 0.8
+    want, want_mass = _reference(q, k, v, rel, *args, True, rows, keep, p_drop)
+    go, gm = torch.randn_like(out), torch.randn_like(mass)
+    got = torch.autograd.grad((out * go).sum() + (mass * gm).sum(), (q, k, v, rel))
+    ref = torch.autograd.grad((want * go).sum() + (want_mass * gm).sum(), (q, k, v, rel))
+    _assert_close(out, want, 1e-5, "output")
+    _assert_close(mass, want_mass, 1e-5, "mass")
+    for t, (g, w) in enumerate(zip(got, ref, strict=True)):
+        _assert_close(g, w, 1e-5, f"gradient {t}")
+
+
+def test_backend_dropout_is_reproducible_and_only_in_training():
+    """``torch.manual_seed`` fixes the mask; another seed draws another; ``training=False`` (or
+    ``dropout_p=0``) gives the output without dropout."""
+    spec = {"name": "shaw", "max_distance": 2}
+    scheme, q, k, v, qp, kp = _case(spec, "left-pad", True, 8)
+
+    def run(seed, **kw):
+        torch.manual_seed(seed)
+        return fused_attention(q, k, v, scheme, qp, kp, causal=True, dropout_p=0.2, **kw)
+
+    assert torch.equal(run(0, training=True), run(0, training=True))
+    assert not torch.equal(run(0, training=True), run(1, training=True))
+    want = fused_attention(q, k, v, scheme, qp, kp, causal=True)
+    assert torch.equal(run(0, training=False), want)
 
 
 def test_a_layer_runs_on_the_fused_backend():

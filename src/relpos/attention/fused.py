@@ -15,8 +15,10 @@ positions and segments, read per tile. The products ``q·Eᵀ`` and ``mass·E^V`
 
 What it runs: a relative scheme with a logit term, a value term or both, without a key term
 (DeBERTa's p2c); a value term, or a table shared by every query (T5), with at most
-:data:`~relpos.kernels.relative_attention.MAX_LOOP_ROWS` rows; float32, bfloat16 or float16; no
-attention dropout in training. ``auto`` does not pick it yet: it has not been timed on a GPU.
+:data:`~relpos.kernels.relative_attention.MAX_LOOP_ROWS` rows; float32, bfloat16 or float16;
+attention dropout in training (the kernel redraws its mask in the backward pass from a seed taken
+from PyTorch's CPU generator, so ``torch.manual_seed`` makes it reproducible). ``auto`` does not
+pick it yet: it has not been timed on a GPU.
 
 On CPU it runs only where Triton's interpreter is on (``TRITON_INTERPRET=1``): the test suite
 checks the kernel that way on machines without a GPU.
@@ -91,8 +93,7 @@ def fused_attention(
         ``q``'s dtype. Queries that may attend to no key get 0.
 
     Raises:
-        ValueError: an unsupported scheme, device or dtype (:func:`fused_supports`), or dropout
-            in training.
+        ValueError: an unsupported scheme, device or dtype (:func:`fused_supports`).
     """
     validate_attention_inputs(q, k, v, q_positions, k_positions)
     if not fused_available():
@@ -104,8 +105,6 @@ def fused_attention(
         )
     if q.dtype not in _DTYPES:
         raise ValueError(f"the fused backend takes float32, bfloat16 or float16, got {q.dtype}")
-    if dropout_p > 0 and training:
-        raise ValueError("the fused backend does not support attention dropout")
     k, v = zero_padding_keys(k, v, k_positions)
     if is_empty(q, k):
         return empty_attention(q, k, v)
@@ -113,6 +112,8 @@ def fused_attention(
     lut = scheme.rows_by_distance(lo, hi, q.device).to(torch.int32)
     rel = scheme.relative_logits(q) if "score_bias" in scheme.hooks else None
     value = "value_term" in scheme.hooks
+    drop = dropout_p if training else 0.0
+    seed = int(torch.randint(2**31 - 1, (1,))) if drop > 0 else 0  # CPU generator: no sync
     int32 = torch.int32
     out, mass = _kernels().relative_flash_attention(
         q,
@@ -129,6 +130,8 @@ def fused_attention(
         causal=causal,
         plain=is_contiguous_self(q_positions, k_positions),
         mass=value,
+        dropout_p=drop,
+        seed=seed,
     )
     if value:
         out = out + scheme.relative_value(mass).float()

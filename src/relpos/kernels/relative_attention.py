@@ -13,7 +13,9 @@ For the queries ``i`` and keys ``j`` of one batch row and head, with positions `
     mass[i, r] = Σ_j P[i, j] [row[i, j] = r]             (optional) attention mass per row
 
 and the gradients of ``q``, ``k``, ``v`` and ``rel`` from those of ``out`` and ``mass``. Nothing
-``(i, j)`` is stored: each tile's logits are rebuilt in the backward pass from ``lse``.
+``(i, j)`` is stored: each tile's logits are rebuilt in the backward pass from ``lse``. Attention
+dropout multiplies ``P`` by a keep mask drawn per pair from a seed and the pair's index (Philox,
+``tl.rand``), so the backward pass redraws the same mask instead of storing it.
 
 This is the form of every :class:`~relpos.schemes.RelativeScheme`: ``rel`` is the scheme's
 ``relative_logits(q)`` (``q·Eᵀ`` for Shaw's keys and the Music Transformer, a bucket table for
@@ -51,7 +53,7 @@ from torch import Tensor
 
 from . import interpreted
 
-__all__ = ["INTERPRETED", "MAX_LOOP_ROWS", "relative_flash_attention"]
+__all__ = ["INTERPRETED", "MAX_LOOP_ROWS", "dropout_keep", "relative_flash_attention"]
 
 #: Whether the kernels run in Triton's interpreter (``TRITON_INTERPRET=1`` when ``triton`` was
 #: first imported): on CPU tensors, slowly; the test suite sets it where there is no GPU.
@@ -111,6 +113,15 @@ def _add_by_row(acc, x, row, lo, hi, RP: tl.constexpr):
 
 
 @_jit
+def _dropped(p, seed, row_at, offs_n, NJ, p_drop):
+    """``p`` with attention dropout: each pair kept with probability ``1 - p_drop`` (scaled by
+    its inverse), drawn by Philox from ``seed`` and the pair's index, so the backward pass and
+    :func:`dropout_keep` draw the same mask."""
+    draw = tl.rand(seed, row_at[:, None] * NJ + offs_n[None, :])
+    return tl.where(draw >= p_drop, p / (1.0 - p_drop), 0.0)
+
+
+@_jit
 def _load_queries(Q, QPOS, QSEG, b, h, offs_m, offs_d, m_ok, d_ok, sqb, sqh, sqi, spq):
     """A block's queries ``(BM, DP)`` (zero past the ends), positions and segments (-1 past)."""
     at = Q + b * sqb + h * sqh + offs_m[:, None] * sqi + offs_d[None, :]
@@ -142,13 +153,13 @@ def _load_output_grads(DO, LSE, DLT, row_at, offs_d, m_ok, d_ok, D, dtype):
 def _forward_kernel(
     Q, K, V, QPOS, QSEG, KPOS, KSEG, REL, LUT, OUT, LSE, MASS,
     sqb, sqh, sqi, skb, skh, skj, spq, spk, srb, srh, sri,
-    H, NI, NJ, D, R, nlut, offset, scale,
+    H, NI, NJ, D, R, nlut, offset, scale, seed, p_drop,
     BM: tl.constexpr, BN: tl.constexpr, DP: tl.constexpr, RP: tl.constexpr,
     PLAIN: tl.constexpr, CAUSAL: tl.constexpr, HAS_REL: tl.constexpr, HAS_MASS: tl.constexpr,
-    PRECISION: tl.constexpr,
+    DROPOUT: tl.constexpr, PRECISION: tl.constexpr,
 ):  # fmt: skip
     start_m = tl.program_id(0)
-    bh = tl.program_id(1)
+    bh = tl.program_id(1).to(tl.int64)  # offsets past 2**31 elements stay exact
     b = bh // H
     h = bh % H
     offs_m = start_m * BM + tl.arange(0, BM)
@@ -157,6 +168,7 @@ def _forward_kernel(
     d_ok = offs_d < D
     q, qp, qs = _load_queries(Q, QPOS, QSEG, b, h, offs_m, offs_d, m_ok, d_ok, sqb, sqh, sqi, spq)
     rel_base = REL + b * srb + h * srh + offs_m[:, None] * sri
+    row_at = bh * NI + offs_m
     m_i = tl.full([BM], float("-inf"), tl.float32)
     l_i = tl.zeros([BM], tl.float32)
     acc = tl.zeros([BM, DP], tl.float32)
@@ -181,7 +193,9 @@ def _forward_kernel(
         m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
         p = tl.exp(s - m_use[:, None])
         alpha = tl.exp(m_i - m_use)
-        l_i = l_i * alpha + tl.sum(p, axis=1)
+        l_i = l_i * alpha + tl.sum(p, axis=1)  # the normaliser: before dropout
+        if DROPOUT:
+            p = _dropped(p, seed, row_at, offs_n, NJ, p_drop)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
         if HAS_MASS:
             lo, hi = _row_range(row, allowed, RP)
@@ -189,7 +203,6 @@ def _forward_kernel(
         m_i = m_new
     has_keys = l_i > 0
     l_use = tl.where(has_keys, l_i, 1.0)
-    row_at = bh * NI + offs_m
     out_at = row_at[:, None] * D + offs_d[None, :]
     tl.store(OUT + out_at, acc / l_use[:, None], mask=m_ok[:, None] & d_ok[None, :])
     tl.store(LSE + row_at, tl.where(has_keys, m_i + tl.log(l_use), float("inf")), mask=m_ok)
@@ -205,12 +218,12 @@ def _forward_kernel(
 @_jit
 def _probs_and_dp(
     q, k, v, do, lse, dlt, offs_m, offs_n, m_ok, n_ok, qp, qs, KPOS, KSEG, rel_base, dmass_base,
-    LUT, offset, nlut, scale,
+    LUT, offset, nlut, scale, seed, p_drop, row_at, NJ,
     PLAIN: tl.constexpr, CAUSAL: tl.constexpr, HAS_REL: tl.constexpr, HAS_MASS: tl.constexpr,
-    PRECISION: tl.constexpr,
+    DROPOUT: tl.constexpr, PRECISION: tl.constexpr,
 ):  # fmt: skip
-    """A tile's probabilities ``p`` (rebuilt from ``lse``), ``dS = p·(dP - dlt)``, the pairs'
-    rows and which may attend."""
+    """A tile's probabilities as the output used them (rebuilt from ``lse``, dropout applied),
+    ``dS = p·(dP - dlt)``, the pairs' rows and which may attend."""
     s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale
     delta, allowed = _pairs(offs_m, offs_n, m_ok, n_ok, qp, qs, KPOS, KSEG, PLAIN, CAUSAL)
     row = delta  # unused without a relative term
@@ -222,21 +235,25 @@ def _probs_and_dp(
     dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
     if HAS_MASS:
         dp += tl.load(dmass_base + row, mask=allowed, other=0.0)
+    used = p
+    if DROPOUT:  # the output read p·keep/(1 - p_drop): so does its gradient
+        used = _dropped(p, seed, row_at, offs_n, NJ, p_drop)
+        dp = _dropped(dp, seed, row_at, offs_n, NJ, p_drop)
     ds = p * (dp - dlt[:, None])
-    return p, ds, row, allowed
+    return used, ds, row, allowed
 
 
 @_jit
 def _backward_kv_kernel(
     Q, K, V, DO, LSE, DLT, QPOS, QSEG, KPOS, KSEG, REL, LUT, DMASS, DK, DV,
     sqb, sqh, sqi, skb, skh, skj, spq, spk, srb, srh, sri,
-    H, NI, NJ, D, R, nlut, offset, scale,
+    H, NI, NJ, D, R, nlut, offset, scale, seed, p_drop,
     BM: tl.constexpr, BN: tl.constexpr, DP: tl.constexpr,
     PLAIN: tl.constexpr, CAUSAL: tl.constexpr, HAS_REL: tl.constexpr, HAS_MASS: tl.constexpr,
-    PRECISION: tl.constexpr,
+    DROPOUT: tl.constexpr, PRECISION: tl.constexpr,
 ):  # fmt: skip
     start_n = tl.program_id(0)
-    bh = tl.program_id(1)
+    bh = tl.program_id(1).to(tl.int64)  # offsets past 2**31 elements stay exact
     b = bh // H
     h = bh % H
     offs_n = start_n * BN + tl.arange(0, BN)
@@ -260,8 +277,8 @@ def _backward_kv_kernel(
         p, ds, _, _ = _probs_and_dp(
             q, k, v, do, lse, dlt, offs_m, offs_n, m_ok, n_ok, qp, qs, KPOS + b * spk,
             KSEG + b * spk, REL + b * srb + h * srh + offs_m[:, None] * sri,
-            DMASS + row_at[:, None] * R, LUT, offset, nlut, scale,
-            PLAIN, CAUSAL, HAS_REL, HAS_MASS, PRECISION,
+            DMASS + row_at[:, None] * R, LUT, offset, nlut, scale, seed, p_drop, row_at, NJ,
+            PLAIN, CAUSAL, HAS_REL, HAS_MASS, DROPOUT, PRECISION,
         )  # fmt: skip
         dv += tl.dot(tl.trans(p.to(q.dtype)), do, input_precision=PRECISION)
         dk += tl.dot(tl.trans(ds.to(q.dtype)), q, input_precision=PRECISION)
@@ -275,13 +292,14 @@ def _backward_kv_kernel(
 def _backward_q_kernel(
     Q, K, V, DO, LSE, DLT, QPOS, QSEG, KPOS, KSEG, REL, LUT, DMASS, DQ, DREL,
     sqb, sqh, sqi, skb, skh, skj, spq, spk, srb, srh, sri,
-    H, NI, NJ, D, R, nlut, offset, scale,
+    H, NI, NJ, D, R, nlut, offset, scale, seed, p_drop,
     BM: tl.constexpr, BN: tl.constexpr, DP: tl.constexpr, RP: tl.constexpr,
     PLAIN: tl.constexpr, CAUSAL: tl.constexpr, HAS_REL: tl.constexpr, HAS_MASS: tl.constexpr,
-    REL_GRAD: tl.constexpr, LOOP_ROWS: tl.constexpr, PRECISION: tl.constexpr,
+    DROPOUT: tl.constexpr, REL_GRAD: tl.constexpr, LOOP_ROWS: tl.constexpr,
+    PRECISION: tl.constexpr,
 ):  # fmt: skip
     start_m = tl.program_id(0)
-    bh = tl.program_id(1)
+    bh = tl.program_id(1).to(tl.int64)  # offsets past 2**31 elements stay exact
     b = bh // H
     h = bh % H
     offs_m = start_m * BM + tl.arange(0, BM)
@@ -304,8 +322,8 @@ def _backward_q_kernel(
         _, ds, row, allowed = _probs_and_dp(
             q, k, v, do, lse, dlt, offs_m, offs_n, m_ok, n_ok, qp, qs, KPOS + b * spk,
             KSEG + b * spk, REL + b * srb + h * srh + offs_m[:, None] * sri,
-            DMASS + row_at[:, None] * R, LUT, offset, nlut, scale,
-            PLAIN, CAUSAL, HAS_REL, HAS_MASS, PRECISION,
+            DMASS + row_at[:, None] * R, LUT, offset, nlut, scale, seed, p_drop, row_at, NJ,
+            PLAIN, CAUSAL, HAS_REL, HAS_MASS, DROPOUT, PRECISION,
         )  # fmt: skip
         dq += tl.dot(ds.to(q.dtype), k, input_precision=PRECISION)
         if REL_GRAD:
@@ -336,7 +354,7 @@ class _RelativeFlash(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, rel, geometry, want_mass):
-        qpos, qseg, kpos, kseg, lut, offset, causal, plain, r = geometry
+        qpos, qseg, kpos, kseg, lut, offset, causal, plain, r, p_drop, seed = geometry
         b, h, i, d = q.shape
         j = k.shape[2]
         bm, bn = _blocks(q.device)
@@ -348,9 +366,9 @@ class _RelativeFlash(torch.autograd.Function):
         _forward_kernel[(triton.cdiv(i, bm), b * h)](
             q, k, v, qpos, qseg, kpos, kseg, relt, lut, out, lse, mass,
             *_strides(q, k, qpos, kpos, rel),
-            h, i, j, d, r, lut.numel(), offset, 1.0 / math.sqrt(d),
+            h, i, j, d, r, lut.numel(), offset, 1.0 / math.sqrt(d), seed, p_drop,
             BM=bm, BN=bn, DP=dp, RP=rp, PLAIN=plain, CAUSAL=causal, HAS_REL=rel is not None,
-            HAS_MASS=want_mass, PRECISION=_precision(q),
+            HAS_MASS=want_mass, DROPOUT=p_drop > 0, PRECISION=_precision(q),
         )  # fmt: skip
         ctx.save_for_backward(q, k, v, rel, out, lse, mass)
         ctx.geometry, ctx.want_mass = geometry, want_mass
@@ -361,7 +379,7 @@ class _RelativeFlash(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dout, dmass):
         q, k, v, rel, out, lse, mass = ctx.saved_tensors
-        qpos, qseg, kpos, kseg, lut, offset, causal, plain, r = ctx.geometry
+        qpos, qseg, kpos, kseg, lut, offset, causal, plain, r, p_drop, seed = ctx.geometry
         b, h, i, d = q.shape
         j = k.shape[2]
         bm, bn = _blocks(q.device)
@@ -383,8 +401,10 @@ class _RelativeFlash(torch.autograd.Function):
         dv = torch.empty_like(dk)
         relt = rel if has_rel else out
         strides = _strides(q, k, qpos, kpos, rel)
-        common = (h, i, j, d, r, lut.numel(), offset, 1.0 / math.sqrt(d))
-        flags = dict(PLAIN=plain, CAUSAL=causal, HAS_REL=has_rel, HAS_MASS=has_mass)
+        common = (h, i, j, d, r, lut.numel(), offset, 1.0 / math.sqrt(d), seed, p_drop)
+        flags = dict(
+            PLAIN=plain, CAUSAL=causal, HAS_REL=has_rel, HAS_MASS=has_mass, DROPOUT=p_drop > 0
+        )
         _backward_kv_kernel[(triton.cdiv(j, bn), b * h)](
             q, k, v, dout, lse, dlt, qpos, qseg, kpos, kseg, relt, lut, dmass, dk, dv,
             *strides, *common, BM=bm, BN=bn, DP=dp, PRECISION=_precision(q), **flags,
@@ -444,6 +464,8 @@ def relative_flash_attention(
     causal: bool,
     plain: bool,
     mass: bool = False,
+    dropout_p: float = 0.0,
+    seed: int = 0,
 ) -> tuple[Tensor, Tensor]:
     """Attention with a relative logit table, fused (see the module docstring).
 
@@ -458,6 +480,10 @@ def relative_flash_attention(
         plain: positions are ``0..n-1`` of one segment per row and queries are the keys (``i ==
             j``): the kernels then read distances from indices and skip the causal future.
         mass: also return the attention mass per relative row.
+        dropout_p: attention dropout on the probabilities (``out`` and ``mass`` read the dropped
+            ones; the softmax's normaliser does not), each pair's draw from ``seed`` and its
+            index (:func:`dropout_keep` gives the mask).
+        seed: the dropout mask's Philox seed.
 
     Returns:
         ``(out, mass)``: float32 ``(b, h, i, d)`` and float32 ``(b, h, i, R)`` (``(b, h, i, 0)``
@@ -469,6 +495,8 @@ def relative_flash_attention(
         raise ValueError(f"rel must have shape (b|1, h, i|1, {rows}), got {tuple(rel.shape)}")
     if lut.numel() == 0:
         raise ValueError("lut must have at least one entry, got shape (0,)")
+    if not 0.0 <= dropout_p < 1.0:
+        raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
     geometry = (
         q_pos.contiguous(),
         q_seg.contiguous(),
@@ -479,7 +507,34 @@ def relative_flash_attention(
         bool(causal),
         bool(plain),
         int(rows),
+        float(dropout_p),
+        int(seed),
     )
     q, k, v = (t.contiguous() for t in (q, k, v))
     rel = None if rel is None else rel.contiguous()  # the kernels read its rows with stride 1
     return _RelativeFlash.apply(q, k, v, rel, geometry, want_mass)
+
+
+@_jit
+def _keep_kernel(KEEP, seed, p_drop, NI, NJ, BM: tl.constexpr, BN: tl.constexpr):
+    bh = tl.program_id(2).to(tl.int64)
+    offs_m = tl.program_id(0) * BM + tl.arange(0, BM)
+    offs_n = tl.program_id(1) * BN + tl.arange(0, BN)
+    row_at = bh * NI + offs_m
+    kept = _dropped(tl.full([BM, BN], 1.0, tl.float32), seed, row_at, offs_n, NJ, p_drop) > 0
+    ok = (offs_m < NI)[:, None] & (offs_n < NJ)[None, :]
+    tl.store(KEEP + row_at[:, None] * NJ + offs_n[None, :], kept.to(tl.int8), mask=ok)
+
+
+def dropout_keep(
+    seed: int, shape: tuple[int, int, int, int], dropout_p: float, device: torch.device | str
+) -> Tensor:
+    """The pairs :func:`relative_flash_attention` keeps under dropout with ``seed``: bool
+    ``(b, h, i, j)`` (for tests and debugging: it is the ``(i, j)`` tensor the kernels avoid)."""
+    b, h, i, j = shape
+    keep = torch.empty(b, h, i, j, dtype=torch.int8, device=device)
+    bm, bn = _blocks(torch.device(device))
+    _keep_kernel[(triton.cdiv(i, bm), triton.cdiv(j, bn), b * h)](
+        keep, int(seed), float(dropout_p), i, j, BM=bm, BN=bn
+    )
+    return keep.bool()
