@@ -42,10 +42,10 @@ elif torch.cuda.is_available():
 else:
     pytest.skip("needs a CUDA device or TRITON_INTERPRET=1", allow_module_level=True)
 
-#: Every spec the fused backend runs (the relative schemes without a key term).
+#: Every spec the fused backend runs (the relative schemes without a key term, ALiBi).
 FUSED_SPECS = [
     s
-    for s in BACKEND_SPECS
+    for s in [*BACKEND_SPECS, {"name": "learned_alibi"}]  # its slopes' gradient: a path of its own
     if fused_supports(relpos.make_scheme(s, d_model=8, num_heads=2, causal=True), device=DEVICE)
 ]
 LAYOUTS = ["plain", "left-pad", "packed", "cached"]
@@ -204,11 +204,11 @@ def test_raw_kernel_without_a_logit_term_gives_plain_attention_and_its_mass():
 @pytest.mark.parametrize(
     ("spec", "why"),
     [
-        ({"name": "alibi"}, "does not support scheme"),
+        ({"name": "kerple"}, "does not support scheme"),
         ({"name": "deberta", "position_buckets": 4, "max_relative_positions": 8}, "scheme"),
         ({"name": "shaw", "max_distance": 100}, "scheme"),  # a value term over 201 rows
     ],
-    ids=["alibi", "deberta-key-term", "shaw-wide-values"],
+    ids=["kerple", "deberta-key-term", "shaw-wide-values"],
 )
 def test_refusals_name_what_is_unsupported(spec, why):
     scheme = relpos.make_scheme(spec, d_model=16, num_heads=2, causal=True).to(DEVICE)

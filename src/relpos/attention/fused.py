@@ -1,5 +1,5 @@
-"""The ``fused`` backend: every relative scheme in one Triton kernel (FlashAttention-2 with the
-scheme's relative table read per pair), on CUDA.
+"""The ``fused`` backend: the relative schemes and ALiBi in one Triton kernel (FlashAttention-2
+with the scheme's relative table read per pair), on CUDA.
 
 Shape legend: ``b`` batch, ``h`` heads, ``i`` queries, ``j`` keys, ``d`` head dim, ``R`` relative
 rows.
@@ -12,13 +12,15 @@ Transformer and Transformer-XL; ``(1, h, 1, R)``: T5's buckets) and the value te
 and returns both gradients, so nothing ``(b, h, i, j)`` is built, Shaw's value term included
 (which ``flex`` cannot express). Padding, packed documents and a KV cache come from the
 positions and segments, read per tile. The products ``q·Eᵀ`` and ``mass·E^V`` stay in PyTorch.
+ALiBi (fixed slopes, or learned ALiBi's trained ones) runs as ``slope_h·δ`` computed per pair,
+its slopes' gradient summed per query.
 
 What it runs: a relative scheme with a logit term, a value term or both, without a key term
-(DeBERTa's p2c); a value term, or a table shared by every query (T5), with at most
-:data:`~relpos.kernels.relative_attention.MAX_LOOP_ROWS` rows; float32, bfloat16 or float16;
-attention dropout in training (the kernel redraws its mask in the backward pass from a seed taken
-from PyTorch's CPU generator, so ``torch.manual_seed`` makes it reproducible). ``auto`` does not
-pick it yet: it has not been timed on a GPU.
+(DeBERTa's p2c), and ALiBi and learned ALiBi; a value term, or a table shared by every query
+(T5), with at most :data:`~relpos.kernels.relative_attention.MAX_LOOP_ROWS` rows; float32,
+bfloat16 or float16; attention dropout in training (the kernel redraws its mask in the backward
+pass from a seed taken from PyTorch's CPU generator, so ``torch.manual_seed`` makes it
+reproducible). ``auto`` does not pick it yet: it has not been timed on a GPU.
 
 On CPU it runs only where Triton's interpreter is on (``TRITON_INTERPRET=1``): the test suite
 checks the kernel that way on machines without a GPU.
@@ -32,7 +34,7 @@ from torch import Tensor
 from ..functional.dtypes import outside_autocast
 from ..kernels import triton_available
 from ..positions import Positions, distance_range
-from ..schemes.base import RelativeScheme, Scheme
+from ..schemes.base import DistanceBiasScheme, LinearBiasScheme, RelativeScheme, Scheme
 from .contract import (
     empty_attention,
     is_contiguous_self,
@@ -57,15 +59,26 @@ def _kernels():
     return relative_attention
 
 
+def _is_linear(scheme: Scheme) -> bool:
+    """ALiBi's form: fixed slopes, or a distance bias declared linear (learned slopes)."""
+    return isinstance(scheme, LinearBiasScheme) or (
+        isinstance(scheme, DistanceBiasScheme) and scheme.linear
+    )
+
+
 def fused_supports(scheme: Scheme, *, device: torch.device | str | None = None) -> bool:
     """Whether :func:`fused_attention` runs ``scheme`` on ``device`` (see the module docstring)."""
-    if not fused_available() or not isinstance(scheme, RelativeScheme):
+    if not fused_available():
         return False
     device = torch.device("cpu") if device is None else torch.device(device)
     kernels = _kernels()
     if device.type != "cuda" and not (device.type == "cpu" and kernels.INTERPRETED):
         return False
-    if "key_bias" in scheme.hooks or not scheme.hooks & {"score_bias", "value_term"}:
+    if _is_linear(scheme):
+        return "value_term" not in scheme.hooks
+    if not isinstance(scheme, RelativeScheme) or "key_bias" in scheme.hooks:
+        return False
+    if not scheme.hooks & {"score_bias", "value_term"}:
         return False
     small = scheme.num_relative <= kernels.MAX_LOOP_ROWS
     if "value_term" in scheme.hooks and not small:
@@ -101,16 +114,21 @@ def fused_attention(
     if not fused_supports(scheme, device=q.device):
         raise ValueError(
             f"the fused backend does not support scheme {type(scheme).__name__} on "
-            f"{q.device.type} (a relative scheme without a key term, on CUDA)"
+            f"{q.device.type} (a relative scheme without a key term, or ALiBi, on CUDA)"
         )
     if q.dtype not in _DTYPES:
         raise ValueError(f"the fused backend takes float32, bfloat16 or float16, got {q.dtype}")
     k, v = zero_padding_keys(k, v, k_positions)
     if is_empty(q, k):
         return empty_attention(q, k, v)
-    lo, hi = distance_range(q_positions, k_positions)
-    lut = scheme.rows_by_distance(lo, hi, q.device).to(torch.int32)
-    rel = scheme.relative_logits(q) if "score_bias" in scheme.hooks else None
+    linear = _is_linear(scheme)
+    if linear:  # the slopes, no table: one row
+        lo, lut, rows, rel = 0, torch.zeros(1, dtype=torch.int32, device=q.device), 1, None
+    else:
+        lo, hi = distance_range(q_positions, k_positions)
+        lut = scheme.rows_by_distance(lo, hi, q.device).to(torch.int32)
+        rows = scheme.num_relative
+        rel = scheme.relative_logits(q) if "score_bias" in scheme.hooks else None
     value = "value_term" in scheme.hooks
     drop = dropout_p if training else 0.0
     seed = int(torch.randint(2**31 - 1, (1,))) if drop > 0 else 0  # CPU generator: no sync
@@ -126,12 +144,14 @@ def fused_attention(
         q_positions.seg.to(int32),
         k_positions.pos.to(int32),
         k_positions.seg.to(int32),
-        rows=scheme.num_relative,
+        rows=rows,
         causal=causal,
         plain=is_contiguous_self(q_positions, k_positions),
         mass=value,
         dropout_p=drop,
         seed=seed,
+        slopes=scheme.linear_slopes() if linear else None,
+        symmetric=linear and not scheme.causal,
     )
     if value:
         out = out + scheme.relative_value(mass).float()

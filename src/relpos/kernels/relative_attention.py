@@ -7,20 +7,23 @@ For the queries ``i`` and keys ``j`` of one batch row and head, with positions `
 
     row[i, j]  = lut[p_j - p_i + offset]                 the pair's relative row, in [0, R)
     S[i, j]    = q_i·k_j · scale + rel[i, row[i, j]]     rel: (b|1, h, i|1, R), float32
+                 (+ slope_h·δ or -slope_h·|δ|)           a linear bias (ALiBi), optional
     P          = softmax of S over the allowed keys      same segment, real tokens, p_j <= p_i
                                                          when causal; no key: P = 0
     out[i]     = Σ_j P[i, j] v_j
     mass[i, r] = Σ_j P[i, j] [row[i, j] = r]             (optional) attention mass per row
 
-and the gradients of ``q``, ``k``, ``v`` and ``rel`` from those of ``out`` and ``mass``. Nothing
-``(i, j)`` is stored: each tile's logits are rebuilt in the backward pass from ``lse``. Attention
-dropout multiplies ``P`` by a keep mask drawn per pair from a seed and the pair's index (Philox,
-``tl.rand``), so the backward pass redraws the same mask instead of storing it.
+and the gradients of ``q``, ``k``, ``v``, ``rel`` and the slopes from those of ``out`` and
+``mass``. Nothing ``(i, j)`` is stored: each tile's logits are rebuilt in the backward pass from
+``lse``. Attention dropout multiplies ``P`` by a keep mask drawn per pair from a seed and the
+pair's index (Philox, ``tl.rand``), so the backward pass redraws the same mask instead of storing
+it.
 
 This is the form of every :class:`~relpos.schemes.RelativeScheme`: ``rel`` is the scheme's
 ``relative_logits(q)`` (``q·Eᵀ`` for Shaw's keys and the Music Transformer, a bucket table for
-T5) and ``mass`` what Shaw's value term reads (``relative_value(mass)``). The backend around it
-is :mod:`relpos.attention.fused`.
+T5) and ``mass`` what Shaw's value term reads (``relative_value(mass)``); and of ALiBi (fixed or
+learned slopes: the slopes' gradient is a per-query sum of ``dS·δ``). The backend around it is
+:mod:`relpos.attention.fused`.
 
 How each row-indexed reduction runs (``mass`` forward, ``d rel`` backward):
 
@@ -83,6 +86,16 @@ def _pairs(
     if CAUSAL:
         allowed = allowed & (delta <= 0)
     return delta, allowed
+
+
+@_jit
+def _linear_distance(delta, LINEAR: tl.constexpr):
+    """What a linear bias multiplies its slope by: ``δ`` (``LINEAR == 1``, causal ALiBi) or
+    ``-|δ|`` (``LINEAR == 2``, bidirectional)."""
+    dist = delta.to(tl.float32)
+    if LINEAR == 2:
+        dist = -tl.abs(dist)
+    return dist
 
 
 @_jit
@@ -151,12 +164,12 @@ def _load_output_grads(DO, LSE, DLT, row_at, offs_d, m_ok, d_ok, D, dtype):
 
 @_jit
 def _forward_kernel(
-    Q, K, V, QPOS, QSEG, KPOS, KSEG, REL, LUT, OUT, LSE, MASS,
+    Q, K, V, QPOS, QSEG, KPOS, KSEG, REL, SLOPES, LUT, OUT, LSE, MASS,
     sqb, sqh, sqi, skb, skh, skj, spq, spk, srb, srh, sri,
     H, NI, NJ, D, R, nlut, offset, scale, seed, p_drop,
     BM: tl.constexpr, BN: tl.constexpr, DP: tl.constexpr, RP: tl.constexpr,
     PLAIN: tl.constexpr, CAUSAL: tl.constexpr, HAS_REL: tl.constexpr, HAS_MASS: tl.constexpr,
-    DROPOUT: tl.constexpr, PRECISION: tl.constexpr,
+    DROPOUT: tl.constexpr, LINEAR: tl.constexpr, PRECISION: tl.constexpr,
 ):  # fmt: skip
     start_m = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)  # offsets past 2**31 elements stay exact
@@ -188,6 +201,8 @@ def _forward_kernel(
             row = _rows(delta, LUT, offset, nlut)
         if HAS_REL:
             s += tl.load(rel_base + row, mask=allowed, other=0.0)
+        if LINEAR:
+            s += tl.load(SLOPES + h) * _linear_distance(delta, LINEAR)
         s = tl.where(allowed, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
         m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
@@ -218,12 +233,12 @@ def _forward_kernel(
 @_jit
 def _probs_and_dp(
     q, k, v, do, lse, dlt, offs_m, offs_n, m_ok, n_ok, qp, qs, KPOS, KSEG, rel_base, dmass_base,
-    LUT, offset, nlut, scale, seed, p_drop, row_at, NJ,
+    LUT, offset, nlut, scale, seed, p_drop, row_at, NJ, slope,
     PLAIN: tl.constexpr, CAUSAL: tl.constexpr, HAS_REL: tl.constexpr, HAS_MASS: tl.constexpr,
-    DROPOUT: tl.constexpr, PRECISION: tl.constexpr,
+    DROPOUT: tl.constexpr, LINEAR: tl.constexpr, PRECISION: tl.constexpr,
 ):  # fmt: skip
     """A tile's probabilities as the output used them (rebuilt from ``lse``, dropout applied),
-    ``dS = p·(dP - dlt)``, the pairs' rows and which may attend."""
+    ``dS = p·(dP - dlt)``, the pairs' rows, which may attend, and their distances."""
     s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale
     delta, allowed = _pairs(offs_m, offs_n, m_ok, n_ok, qp, qs, KPOS, KSEG, PLAIN, CAUSAL)
     row = delta  # unused without a relative term
@@ -231,6 +246,8 @@ def _probs_and_dp(
         row = _rows(delta, LUT, offset, nlut)
     if HAS_REL:
         s += tl.load(rel_base + row, mask=allowed, other=0.0)
+    if LINEAR:
+        s += slope * _linear_distance(delta, LINEAR)
     p = tl.where(allowed, tl.exp(s - lse[:, None]), 0.0)
     dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
     if HAS_MASS:
@@ -240,17 +257,17 @@ def _probs_and_dp(
         used = _dropped(p, seed, row_at, offs_n, NJ, p_drop)
         dp = _dropped(dp, seed, row_at, offs_n, NJ, p_drop)
     ds = p * (dp - dlt[:, None])
-    return used, ds, row, allowed
+    return used, ds, row, allowed, delta
 
 
 @_jit
 def _backward_kv_kernel(
-    Q, K, V, DO, LSE, DLT, QPOS, QSEG, KPOS, KSEG, REL, LUT, DMASS, DK, DV,
+    Q, K, V, DO, LSE, DLT, QPOS, QSEG, KPOS, KSEG, REL, SLOPES, LUT, DMASS, DK, DV,
     sqb, sqh, sqi, skb, skh, skj, spq, spk, srb, srh, sri,
     H, NI, NJ, D, R, nlut, offset, scale, seed, p_drop,
     BM: tl.constexpr, BN: tl.constexpr, DP: tl.constexpr,
     PLAIN: tl.constexpr, CAUSAL: tl.constexpr, HAS_REL: tl.constexpr, HAS_MASS: tl.constexpr,
-    DROPOUT: tl.constexpr, PRECISION: tl.constexpr,
+    DROPOUT: tl.constexpr, LINEAR: tl.constexpr, PRECISION: tl.constexpr,
 ):  # fmt: skip
     start_n = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)  # offsets past 2**31 elements stay exact
@@ -261,6 +278,9 @@ def _backward_kv_kernel(
     n_ok = offs_n < NJ
     d_ok = offs_d < D
     k, v = _load_keys(K, V, b, h, offs_n, offs_d, n_ok, d_ok, skb, skh, skj)
+    slope = 0.0
+    if LINEAR:
+        slope = tl.load(SLOPES + h)
     dk = tl.zeros([BN, DP], tl.float32)
     dv = tl.zeros([BN, DP], tl.float32)
     begin = 0
@@ -274,11 +294,11 @@ def _backward_kv_kernel(
         )
         row_at = bh * NI + offs_m
         do, lse, dlt = _load_output_grads(DO, LSE, DLT, row_at, offs_d, m_ok, d_ok, D, q.dtype)
-        p, ds, _, _ = _probs_and_dp(
+        p, ds, _, _, _ = _probs_and_dp(
             q, k, v, do, lse, dlt, offs_m, offs_n, m_ok, n_ok, qp, qs, KPOS + b * spk,
             KSEG + b * spk, REL + b * srb + h * srh + offs_m[:, None] * sri,
             DMASS + row_at[:, None] * R, LUT, offset, nlut, scale, seed, p_drop, row_at, NJ,
-            PLAIN, CAUSAL, HAS_REL, HAS_MASS, DROPOUT, PRECISION,
+            slope, PLAIN, CAUSAL, HAS_REL, HAS_MASS, DROPOUT, LINEAR, PRECISION,
         )  # fmt: skip
         dv += tl.dot(tl.trans(p.to(q.dtype)), do, input_precision=PRECISION)
         dk += tl.dot(tl.trans(ds.to(q.dtype)), q, input_precision=PRECISION)
@@ -290,13 +310,13 @@ def _backward_kv_kernel(
 
 @_jit
 def _backward_q_kernel(
-    Q, K, V, DO, LSE, DLT, QPOS, QSEG, KPOS, KSEG, REL, LUT, DMASS, DQ, DREL,
+    Q, K, V, DO, LSE, DLT, QPOS, QSEG, KPOS, KSEG, REL, SLOPES, LUT, DMASS, DQ, DREL, DSLOPE,
     sqb, sqh, sqi, skb, skh, skj, spq, spk, srb, srh, sri,
     H, NI, NJ, D, R, nlut, offset, scale, seed, p_drop,
     BM: tl.constexpr, BN: tl.constexpr, DP: tl.constexpr, RP: tl.constexpr,
     PLAIN: tl.constexpr, CAUSAL: tl.constexpr, HAS_REL: tl.constexpr, HAS_MASS: tl.constexpr,
-    DROPOUT: tl.constexpr, REL_GRAD: tl.constexpr, LOOP_ROWS: tl.constexpr,
-    PRECISION: tl.constexpr,
+    DROPOUT: tl.constexpr, LINEAR: tl.constexpr, REL_GRAD: tl.constexpr,
+    LOOP_ROWS: tl.constexpr, SLOPE_GRAD: tl.constexpr, PRECISION: tl.constexpr,
 ):  # fmt: skip
     start_m = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)  # offsets past 2**31 elements stay exact
@@ -309,8 +329,12 @@ def _backward_q_kernel(
     q, qp, qs = _load_queries(Q, QPOS, QSEG, b, h, offs_m, offs_d, m_ok, d_ok, sqb, sqh, sqi, spq)
     row_at = bh * NI + offs_m
     do, lse, dlt = _load_output_grads(DO, LSE, DLT, row_at, offs_d, m_ok, d_ok, D, q.dtype)
+    slope = 0.0
+    if LINEAR:
+        slope = tl.load(SLOPES + h)
     dq = tl.zeros([BM, DP], tl.float32)
     dracc = tl.zeros([BM, RP], tl.float32)
+    dslope = tl.zeros([BM], tl.float32)
     drel_base = DREL + row_at[:, None] * R
     end = NJ
     if PLAIN and CAUSAL:  # skip the causal future (a tile past NJ is all masked)
@@ -319,13 +343,15 @@ def _backward_q_kernel(
         offs_n = start_n + tl.arange(0, BN)
         n_ok = offs_n < NJ
         k, v = _load_keys(K, V, b, h, offs_n, offs_d, n_ok, d_ok, skb, skh, skj)
-        _, ds, row, allowed = _probs_and_dp(
+        _, ds, row, allowed, delta = _probs_and_dp(
             q, k, v, do, lse, dlt, offs_m, offs_n, m_ok, n_ok, qp, qs, KPOS + b * spk,
             KSEG + b * spk, REL + b * srb + h * srh + offs_m[:, None] * sri,
             DMASS + row_at[:, None] * R, LUT, offset, nlut, scale, seed, p_drop, row_at, NJ,
-            PLAIN, CAUSAL, HAS_REL, HAS_MASS, DROPOUT, PRECISION,
+            slope, PLAIN, CAUSAL, HAS_REL, HAS_MASS, DROPOUT, LINEAR, PRECISION,
         )  # fmt: skip
         dq += tl.dot(ds.to(q.dtype), k, input_precision=PRECISION)
+        if SLOPE_GRAD:
+            dslope += tl.sum(ds * _linear_distance(delta, LINEAR), axis=1)
         if REL_GRAD:
             lo, hi = _row_range(row, allowed, RP)
             if LOOP_ROWS:
@@ -336,6 +362,8 @@ def _backward_q_kernel(
                 tl.atomic_add(drel_base + row, ds, mask=allowed)
     q_ok = m_ok[:, None] & d_ok[None, :]
     tl.store(DQ + row_at[:, None] * D + offs_d[None, :], dq * scale, mask=q_ok)
+    if SLOPE_GRAD:  # per query; summed over batch and queries by the caller
+        tl.store(DSLOPE + row_at, dslope, mask=m_ok)
     if REL_GRAD and LOOP_ROWS:
         cols = tl.arange(0, RP)
         tl.store(drel_base + cols[None, :], dracc, mask=m_ok[:, None] & (cols[None, :] < R))
@@ -353,8 +381,8 @@ class _RelativeFlash(torch.autograd.Function):
     """``(out, mass)`` float32 from ``q, k, v`` and ``rel``; see the module docstring."""
 
     @staticmethod
-    def forward(ctx, q, k, v, rel, geometry, want_mass):
-        qpos, qseg, kpos, kseg, lut, offset, causal, plain, r, p_drop, seed = geometry
+    def forward(ctx, q, k, v, rel, slopes, geometry, want_mass):
+        qpos, qseg, kpos, kseg, lut, offset, causal, plain, r, p_drop, seed, linear = geometry
         b, h, i, d = q.shape
         j = k.shape[2]
         bm, bn = _blocks(q.device)
@@ -363,14 +391,15 @@ class _RelativeFlash(torch.autograd.Function):
         lse = q.new_empty(b, h, i, dtype=torch.float32)
         mass = q.new_zeros(b, h, i, r if want_mass else 0, dtype=torch.float32)
         relt = rel if rel is not None else out  # any pointer: never read without a relative term
+        slopest = slopes if slopes is not None else out
         _forward_kernel[(triton.cdiv(i, bm), b * h)](
-            q, k, v, qpos, qseg, kpos, kseg, relt, lut, out, lse, mass,
+            q, k, v, qpos, qseg, kpos, kseg, relt, slopest, lut, out, lse, mass,
             *_strides(q, k, qpos, kpos, rel),
             h, i, j, d, r, lut.numel(), offset, 1.0 / math.sqrt(d), seed, p_drop,
             BM=bm, BN=bn, DP=dp, RP=rp, PLAIN=plain, CAUSAL=causal, HAS_REL=rel is not None,
-            HAS_MASS=want_mass, DROPOUT=p_drop > 0, PRECISION=_precision(q),
+            HAS_MASS=want_mass, DROPOUT=p_drop > 0, LINEAR=linear, PRECISION=_precision(q),
         )  # fmt: skip
-        ctx.save_for_backward(q, k, v, rel, out, lse, mass)
+        ctx.save_for_backward(q, k, v, rel, slopes, out, lse, mass)
         ctx.geometry, ctx.want_mass = geometry, want_mass
         if not want_mass:
             ctx.mark_non_differentiable(mass)
@@ -378,8 +407,8 @@ class _RelativeFlash(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dout, dmass):
-        q, k, v, rel, out, lse, mass = ctx.saved_tensors
-        qpos, qseg, kpos, kseg, lut, offset, causal, plain, r, p_drop, seed = ctx.geometry
+        q, k, v, rel, slopes, out, lse, mass = ctx.saved_tensors
+        qpos, qseg, kpos, kseg, lut, offset, causal, plain, r, p_drop, seed, linear = ctx.geometry
         b, h, i, d = q.shape
         j = k.shape[2]
         bm, bn = _blocks(q.device)
@@ -400,19 +429,24 @@ class _RelativeFlash(torch.autograd.Function):
         dk = q.new_empty(b, h, j, d, dtype=torch.float32)
         dv = torch.empty_like(dk)
         relt = rel if has_rel else out
+        slope_grad = slopes is not None and ctx.needs_input_grad[4]
+        dslope = q.new_zeros(b, h, i if slope_grad else 0, dtype=torch.float32)
+        slopest = slopes if slopes is not None else out
         strides = _strides(q, k, qpos, kpos, rel)
         common = (h, i, j, d, r, lut.numel(), offset, 1.0 / math.sqrt(d), seed, p_drop)
         flags = dict(
-            PLAIN=plain, CAUSAL=causal, HAS_REL=has_rel, HAS_MASS=has_mass, DROPOUT=p_drop > 0
-        )
+            PLAIN=plain, CAUSAL=causal, HAS_REL=has_rel, HAS_MASS=has_mass, DROPOUT=p_drop > 0,
+            LINEAR=linear,
+        )  # fmt: skip
         _backward_kv_kernel[(triton.cdiv(j, bn), b * h)](
-            q, k, v, dout, lse, dlt, qpos, qseg, kpos, kseg, relt, lut, dmass, dk, dv,
+            q, k, v, dout, lse, dlt, qpos, qseg, kpos, kseg, relt, slopest, lut, dmass, dk, dv,
             *strides, *common, BM=bm, BN=bn, DP=dp, PRECISION=_precision(q), **flags,
         )  # fmt: skip
         _backward_q_kernel[(triton.cdiv(i, bm), b * h)](
-            q, k, v, dout, lse, dlt, qpos, qseg, kpos, kseg, relt, lut, dmass, dq, drel,
-            *strides, *common, BM=bm, BN=bn, DP=dp, RP=rp if loop_rows else 16,
-            REL_GRAD=rel_grad, LOOP_ROWS=loop_rows, PRECISION=_precision(q), **flags,
+            q, k, v, dout, lse, dlt, qpos, qseg, kpos, kseg, relt, slopest, lut, dmass, dq, drel,
+            dslope, *strides, *common, BM=bm, BN=bn, DP=dp, RP=rp if loop_rows else 16,
+            REL_GRAD=rel_grad, LOOP_ROWS=loop_rows, SLOPE_GRAD=slope_grad,
+            PRECISION=_precision(q), **flags,
         )  # fmt: skip
         if rel_grad:  # back to rel's broadcast shape (b|1, h, i|1, R)
             dims = [n for n in (0, 2) if rel.shape[n] == 1]
@@ -422,6 +456,7 @@ class _RelativeFlash(torch.autograd.Function):
             dk.to(k.dtype),
             dv.to(v.dtype),
             drel if rel_grad else None,
+            dslope.sum((0, 2)) if slope_grad else None,
             None,
             None,
         )
@@ -466,6 +501,8 @@ def relative_flash_attention(
     mass: bool = False,
     dropout_p: float = 0.0,
     seed: int = 0,
+    slopes: Tensor | None = None,
+    symmetric: bool = False,
 ) -> tuple[Tensor, Tensor]:
     """Attention with a relative logit table, fused (see the module docstring).
 
@@ -484,6 +521,8 @@ def relative_flash_attention(
             ones; the softmax's normaliser does not), each pair's draw from ``seed`` and its
             index (:func:`dropout_keep` gives the mask).
         seed: the dropout mask's Philox seed.
+        slopes: float32 ``(h,)``, a linear bias (ALiBi) added to the logits: ``slope_h·δ``, or
+            ``-slope_h·|δ|`` when ``symmetric``; differentiable (learned slopes).
 
     Returns:
         ``(out, mass)``: float32 ``(b, h, i, d)`` and float32 ``(b, h, i, R)`` (``(b, h, i, 0)``
@@ -509,10 +548,12 @@ def relative_flash_attention(
         int(rows),
         float(dropout_p),
         int(seed),
+        0 if slopes is None else (2 if symmetric else 1),
     )
     q, k, v = (t.contiguous() for t in (q, k, v))
     rel = None if rel is None else rel.contiguous()  # the kernels read its rows with stride 1
-    return _RelativeFlash.apply(q, k, v, rel, geometry, want_mass)
+    slopes = None if slopes is None else slopes.float().contiguous()
+    return _RelativeFlash.apply(q, k, v, rel, slopes, geometry, want_mass)
 
 
 @_jit
