@@ -42,7 +42,7 @@ elif torch.cuda.is_available():
 else:
     pytest.skip("needs a CUDA device or TRITON_INTERPRET=1", allow_module_level=True)
 
-#: Every spec the fused backend runs (the relative schemes without a key term, ALiBi).
+#: Every spec the fused backend runs (the relative schemes, ALiBi).
 FUSED_SPECS = [
     s
     for s in [*BACKEND_SPECS, {"name": "learned_alibi"}]  # its slopes' gradient: a path of its own
@@ -119,15 +119,19 @@ def test_fused_equals_the_loop_oracle(spec):
 
 @pytest.mark.parametrize(
     "spec",
-    [{"name": "music", "max_distance": 130}, {"name": "shaw", "max_distance": 3}],
+    [
+        {"name": "music", "max_distance": 130},
+        {"name": "deberta", "position_buckets": 0, "max_relative_positions": 80},
+        {"name": "shaw", "max_distance": 3},
+    ],
     ids=spec_id,
 )
 def test_both_row_reductions(spec):
-    """``R`` past :data:`MAX_LOOP_ROWS` reduces ``d rel`` by atomic adds (the Music Transformer,
-    130 rows; 170 tokens, so tiles past the clipping distance take one add per query), within it
-    in registers (Shaw)."""
+    """``R`` past :data:`MAX_LOOP_ROWS` reduces ``d rel`` and ``d relk`` by atomic adds (the Music
+    Transformer, 130 rows; DeBERTa, 160, with a key term; 170 tokens, so tiles past the clipping
+    distance take one add per query or key), within it in registers (Shaw)."""
     scheme = relpos.make_scheme(spec, d_model=16, num_heads=2, causal=True)
-    assert (scheme.num_relative > MAX_LOOP_ROWS) == (spec["name"] == "music")
+    assert (scheme.num_relative > MAX_LOOP_ROWS) == (spec["name"] != "shaw")
     for layout in ("plain", "packed"):
         scheme, q, k, v, qp, kp = _case(spec, layout, True, 2, n=170)
         out = fused_attention(q, k, v, scheme, qp, kp, causal=True)
@@ -205,10 +209,10 @@ def test_raw_kernel_without_a_logit_term_gives_plain_attention_and_its_mass():
     ("spec", "why"),
     [
         ({"name": "kerple"}, "does not support scheme"),
-        ({"name": "deberta", "position_buckets": 4, "max_relative_positions": 8}, "scheme"),
+        ({"name": "cope", "npos_max": 6}, "scheme"),  # its gates read σ(q·k) per pair
         ({"name": "shaw", "max_distance": 100}, "scheme"),  # a value term over 201 rows
     ],
-    ids=["kerple", "deberta-key-term", "shaw-wide-values"],
+    ids=["kerple", "cope", "shaw-wide-values"],
 )
 def test_refusals_name_what_is_unsupported(spec, why):
     scheme = relpos.make_scheme(spec, d_model=16, num_heads=2, causal=True).to(DEVICE)

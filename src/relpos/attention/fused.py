@@ -7,7 +7,9 @@ rows.
 For a :class:`~relpos.schemes.RelativeScheme` the logit term is ``rel[b, h, i, row(p_j - p_i)]``
 with ``rel = relative_logits(q)`` (``(b, h, i, R)``: ``q·Eᵀ`` for Shaw's keys, the Music
 Transformer and Transformer-XL; ``(1, h, 1, R)``: T5's buckets) and the value term
-``relative_value(mass)`` from the attention mass per row. The kernel
+``relative_value(mass)`` from the attention mass per row; a key term (DeBERTa's
+position-to-content) is ``relk[b, h, j, row(p_j - p_i)]`` with ``relk = relative_key_logits(k)``.
+The kernel
 (:mod:`relpos.kernels.relative_attention`) reads ``rel`` per pair, accumulates ``mass`` per row
 and returns both gradients, so nothing ``(b, h, i, j)`` is built, Shaw's value term included
 (which ``flex`` cannot express). Padding, packed documents and a KV cache come from the
@@ -15,8 +17,8 @@ positions and segments, read per tile. The products ``q·Eᵀ`` and ``mass·E^V`
 ALiBi (fixed slopes, or learned ALiBi's trained ones) runs as ``slope_h·δ`` computed per pair,
 its slopes' gradient summed per query.
 
-What it runs: a relative scheme with a logit term, a value term or both, without a key term
-(DeBERTa's p2c), and ALiBi and learned ALiBi; a value term, or a table shared by every query
+What it runs: every relative scheme (a logit term, a key term, a value term or any of them), ALiBi
+and learned ALiBi; a value term, or a table shared by every query
 (T5), with at most :data:`~relpos.kernels.relative_attention.MAX_LOOP_ROWS` rows; float32,
 bfloat16 or float16; attention dropout in training (the kernel redraws its mask in the backward
 pass from a seed taken from PyTorch's CPU generator, so ``torch.manual_seed`` makes it
@@ -76,9 +78,9 @@ def fused_supports(scheme: Scheme, *, device: torch.device | str | None = None) 
         return False
     if _is_linear(scheme):
         return "value_term" not in scheme.hooks
-    if not isinstance(scheme, RelativeScheme) or "key_bias" in scheme.hooks:
+    if not isinstance(scheme, RelativeScheme):
         return False
-    if not scheme.hooks & {"score_bias", "value_term"}:
+    if not scheme.hooks & {"score_bias", "key_bias", "value_term"}:
         return False
     small = scheme.num_relative <= kernels.MAX_LOOP_ROWS
     if "value_term" in scheme.hooks and not small:
@@ -114,7 +116,7 @@ def fused_attention(
     if not fused_supports(scheme, device=q.device):
         raise ValueError(
             f"the fused backend does not support scheme {type(scheme).__name__} on "
-            f"{q.device.type} (a relative scheme without a key term, or ALiBi, on CUDA)"
+            f"{q.device.type} (a relative scheme or ALiBi, on CUDA)"
         )
     if q.dtype not in _DTYPES:
         raise ValueError(f"the fused backend takes float32, bfloat16 or float16, got {q.dtype}")
@@ -124,11 +126,13 @@ def fused_attention(
     linear = _is_linear(scheme)
     if linear:  # the slopes, no table: one row
         lo, lut, rows, rel = 0, torch.zeros(1, dtype=torch.int32, device=q.device), 1, None
+        relk = None
     else:
         lo, hi = distance_range(q_positions, k_positions)
         lut = scheme.rows_by_distance(lo, hi, q.device).to(torch.int32)
         rows = scheme.num_relative
         rel = scheme.relative_logits(q) if "score_bias" in scheme.hooks else None
+        relk = scheme.relative_key_logits(k) if "key_bias" in scheme.hooks else None
     value = "value_term" in scheme.hooks
     drop = dropout_p if training else 0.0
     seed = int(torch.randint(2**31 - 1, (1,))) if drop > 0 else 0  # CPU generator: no sync
@@ -152,6 +156,7 @@ def fused_attention(
         seed=seed,
         slopes=scheme.linear_slopes() if linear else None,
         symmetric=linear and not scheme.causal,
+        relk=relk,
     )
     if value:
         out = out + scheme.relative_value(mass).float()

@@ -7,13 +7,14 @@ For the queries ``i`` and keys ``j`` of one batch row and head, with positions `
 
     row[i, j]  = lut[p_j - p_i + offset]                 the pair's relative row, in [0, R)
     S[i, j]    = q_i·k_j · scale + rel[i, row[i, j]]     rel: (b|1, h, i|1, R), float32
+                 (+ relk[j, row[i, j]])                  a key term (DeBERTa's p2c), optional
                  (+ slope_h·δ or -slope_h·|δ|)           a linear bias (ALiBi), optional
     P          = softmax of S over the allowed keys      same segment, real tokens, p_j <= p_i
                                                          when causal; no key: P = 0
     out[i]     = Σ_j P[i, j] v_j
     mass[i, r] = Σ_j P[i, j] [row[i, j] = r]             (optional) attention mass per row
 
-and the gradients of ``q``, ``k``, ``v``, ``rel`` and the slopes from those of ``out`` and
+and the gradients of ``q``, ``k``, ``v``, ``rel``, ``relk`` and the slopes from those of ``out`` and
 ``mass``. Nothing ``(i, j)`` is stored: each tile's logits are rebuilt in the backward pass from
 ``lse``. Attention dropout multiplies ``P`` by a keep mask drawn per pair from a seed and the
 pair's index (Philox, ``tl.rand``), so the backward pass redraws the same mask instead of storing
@@ -21,18 +22,21 @@ it.
 
 This is the form of every :class:`~relpos.schemes.RelativeScheme`: ``rel`` is the scheme's
 ``relative_logits(q)`` (``q·Eᵀ`` for Shaw's keys and the Music Transformer, a bucket table for
-T5) and ``mass`` what Shaw's value term reads (``relative_value(mass)``); and of ALiBi (fixed or
-learned slopes: the slopes' gradient is a per-query sum of ``dS·δ``). The backend around it is
-:mod:`relpos.attention.fused`.
+T5), ``relk`` its ``relative_key_logits(k)`` (DeBERTa) and ``mass`` what Shaw's value term reads
+(``relative_value(mass)``); and of ALiBi (fixed or learned slopes: the slopes' gradient is a
+per-query sum of ``dS·δ``). The backend around it is :mod:`relpos.attention.fused`.
 
-How each row-indexed reduction runs (``mass`` forward, ``d rel`` backward):
+How each row-indexed reduction runs (``mass`` forward; ``d rel`` per query, ``d relk`` per key,
+backward):
 
-* ``R`` up to :data:`MAX_LOOP_ROWS` (Shaw's ``2k + 1``, T5's buckets): an ``(i, R)`` register
-  accumulator, updated once per row present among the tile's allowed pairs (one row for a tile
-  past the clipping distance, at most ``BM + BN - 1`` near the diagonal); no atomics.
-* More rows (the Music Transformer's ``M``; ``rel`` per query only): ``d rel`` by atomic adds at
-  each pair's ``(i, row)`` from the program that owns row block ``i`` (no contention between
-  programs), one add per query where the whole tile reads one row.
+* ``R`` up to :data:`MAX_LOOP_ROWS` (Shaw's ``2k + 1``, T5's buckets): an ``(i, R)``
+  (``(j, R)``) register accumulator, updated once per row present among the tile's allowed pairs
+  (one row for a tile past the clipping distance, at most ``BM + BN - 1`` near the diagonal); no
+  atomics.
+* More rows (the Music Transformer's ``M``, DeBERTa's buckets; ``rel`` per query only): atomic
+  adds at each pair's ``(i, row)`` (``(j, row)``) from the program that owns query block ``i``
+  (key block ``j``), so no two programs contend; one add per query (key) where the whole tile
+  reads one row.
 
 Plain positions (one contiguous sequence per batch row, queries = keys) read ``p_j - p_i`` as
 ``j - i`` and skip the causal future's tiles.
@@ -106,9 +110,9 @@ def _rows(delta, LUT, offset, nlut):
 
 
 @_jit
-def _row_range(row, allowed, RP: tl.constexpr):
-    """The smallest and largest row among the allowed pairs (``RP, -1`` for none)."""
-    lo = tl.min(tl.min(tl.where(allowed, row, RP), axis=1), axis=0)
+def _row_range(row, allowed):
+    """The smallest and largest row among the allowed pairs (``2**30, -1`` for none)."""
+    lo = tl.min(tl.min(tl.where(allowed, row, 1 << 30), axis=1), axis=0)
     hi = tl.max(tl.max(tl.where(allowed, row, -1), axis=1), axis=0)
     return lo, hi
 
@@ -164,12 +168,12 @@ def _load_output_grads(DO, LSE, DLT, row_at, offs_d, m_ok, d_ok, D, dtype):
 
 @_jit
 def _forward_kernel(
-    Q, K, V, QPOS, QSEG, KPOS, KSEG, REL, SLOPES, LUT, OUT, LSE, MASS,
+    Q, K, V, QPOS, QSEG, KPOS, KSEG, REL, RELK, SLOPES, LUT, OUT, LSE, MASS,
     sqb, sqh, sqi, skb, skh, skj, spq, spk, srb, srh, sri,
     H, NI, NJ, D, R, nlut, offset, scale, seed, p_drop,
     BM: tl.constexpr, BN: tl.constexpr, DP: tl.constexpr, RP: tl.constexpr,
     PLAIN: tl.constexpr, CAUSAL: tl.constexpr, HAS_REL: tl.constexpr, HAS_MASS: tl.constexpr,
-    DROPOUT: tl.constexpr, LINEAR: tl.constexpr, PRECISION: tl.constexpr,
+    HAS_KREL: tl.constexpr, DROPOUT: tl.constexpr, LINEAR: tl.constexpr, PRECISION: tl.constexpr,
 ):  # fmt: skip
     start_m = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)  # offsets past 2**31 elements stay exact
@@ -197,10 +201,12 @@ def _forward_kernel(
         delta, allowed = _pairs(
             offs_m, offs_n, m_ok, n_ok, qp, qs, KPOS + b * spk, KSEG + b * spk, PLAIN, CAUSAL
         )
-        if HAS_REL or HAS_MASS:
+        if HAS_REL or HAS_MASS or HAS_KREL:
             row = _rows(delta, LUT, offset, nlut)
         if HAS_REL:
             s += tl.load(rel_base + row, mask=allowed, other=0.0)
+        if HAS_KREL:
+            s += tl.load(RELK + (bh * NJ + offs_n[None, :]) * R + row, mask=allowed, other=0.0)
         if LINEAR:
             s += tl.load(SLOPES + h) * _linear_distance(delta, LINEAR)
         s = tl.where(allowed, s, float("-inf"))
@@ -213,7 +219,7 @@ def _forward_kernel(
             p = _dropped(p, seed, row_at, offs_n, NJ, p_drop)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
         if HAS_MASS:
-            lo, hi = _row_range(row, allowed, RP)
+            lo, hi = _row_range(row, allowed)
             macc = _add_by_row(macc * alpha[:, None], p, row, lo, hi, RP)
         m_i = m_new
     has_keys = l_i > 0
@@ -233,19 +239,21 @@ def _forward_kernel(
 @_jit
 def _probs_and_dp(
     q, k, v, do, lse, dlt, offs_m, offs_n, m_ok, n_ok, qp, qs, KPOS, KSEG, rel_base, dmass_base,
-    LUT, offset, nlut, scale, seed, p_drop, row_at, NJ, slope,
+    LUT, offset, nlut, scale, seed, p_drop, row_at, NJ, slope, relk_base,
     PLAIN: tl.constexpr, CAUSAL: tl.constexpr, HAS_REL: tl.constexpr, HAS_MASS: tl.constexpr,
-    DROPOUT: tl.constexpr, LINEAR: tl.constexpr, PRECISION: tl.constexpr,
+    HAS_KREL: tl.constexpr, DROPOUT: tl.constexpr, LINEAR: tl.constexpr, PRECISION: tl.constexpr,
 ):  # fmt: skip
     """A tile's probabilities as the output used them (rebuilt from ``lse``, dropout applied),
     ``dS = p·(dP - dlt)``, the pairs' rows, which may attend, and their distances."""
     s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale
     delta, allowed = _pairs(offs_m, offs_n, m_ok, n_ok, qp, qs, KPOS, KSEG, PLAIN, CAUSAL)
     row = delta  # unused without a relative term
-    if HAS_REL or HAS_MASS:
+    if HAS_REL or HAS_MASS or HAS_KREL:
         row = _rows(delta, LUT, offset, nlut)
     if HAS_REL:
         s += tl.load(rel_base + row, mask=allowed, other=0.0)
+    if HAS_KREL:
+        s += tl.load(relk_base + row, mask=allowed, other=0.0)
     if LINEAR:
         s += slope * _linear_distance(delta, LINEAR)
     p = tl.where(allowed, tl.exp(s - lse[:, None]), 0.0)
@@ -262,12 +270,13 @@ def _probs_and_dp(
 
 @_jit
 def _backward_kv_kernel(
-    Q, K, V, DO, LSE, DLT, QPOS, QSEG, KPOS, KSEG, REL, SLOPES, LUT, DMASS, DK, DV,
+    Q, K, V, DO, LSE, DLT, QPOS, QSEG, KPOS, KSEG, REL, RELK, SLOPES, LUT, DMASS, DK, DV, DRELK,
     sqb, sqh, sqi, skb, skh, skj, spq, spk, srb, srh, sri,
     H, NI, NJ, D, R, nlut, offset, scale, seed, p_drop,
-    BM: tl.constexpr, BN: tl.constexpr, DP: tl.constexpr,
+    BM: tl.constexpr, BN: tl.constexpr, DP: tl.constexpr, RP: tl.constexpr,
     PLAIN: tl.constexpr, CAUSAL: tl.constexpr, HAS_REL: tl.constexpr, HAS_MASS: tl.constexpr,
-    DROPOUT: tl.constexpr, LINEAR: tl.constexpr, PRECISION: tl.constexpr,
+    HAS_KREL: tl.constexpr, DROPOUT: tl.constexpr, LINEAR: tl.constexpr,
+    KREL_GRAD: tl.constexpr, LOOP_ROWS: tl.constexpr, PRECISION: tl.constexpr,
 ):  # fmt: skip
     start_n = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)  # offsets past 2**31 elements stay exact
@@ -283,6 +292,8 @@ def _backward_kv_kernel(
         slope = tl.load(SLOPES + h)
     dk = tl.zeros([BN, DP], tl.float32)
     dv = tl.zeros([BN, DP], tl.float32)
+    dkacc = tl.zeros([BN, RP], tl.float32)
+    drelk_base = DRELK + (bh * NJ + offs_n[None, :]) * R
     begin = 0
     if PLAIN and CAUSAL:  # skip the queries before the block
         begin = (start_n * BN // BM) * BM
@@ -294,28 +305,42 @@ def _backward_kv_kernel(
         )
         row_at = bh * NI + offs_m
         do, lse, dlt = _load_output_grads(DO, LSE, DLT, row_at, offs_d, m_ok, d_ok, D, q.dtype)
-        p, ds, _, _, _ = _probs_and_dp(
+        p, ds, row, allowed, _ = _probs_and_dp(
             q, k, v, do, lse, dlt, offs_m, offs_n, m_ok, n_ok, qp, qs, KPOS + b * spk,
             KSEG + b * spk, REL + b * srb + h * srh + offs_m[:, None] * sri,
             DMASS + row_at[:, None] * R, LUT, offset, nlut, scale, seed, p_drop, row_at, NJ,
-            slope, PLAIN, CAUSAL, HAS_REL, HAS_MASS, DROPOUT, LINEAR, PRECISION,
+            slope, RELK + (bh * NJ + offs_n[None, :]) * R,
+            PLAIN, CAUSAL, HAS_REL, HAS_MASS, HAS_KREL, DROPOUT, LINEAR, PRECISION,
         )  # fmt: skip
         dv += tl.dot(tl.trans(p.to(q.dtype)), do, input_precision=PRECISION)
         dk += tl.dot(tl.trans(ds.to(q.dtype)), q, input_precision=PRECISION)
+        if KREL_GRAD:  # d relk[j, r] = Σ_i dS[i, j]·[row = r]: this program owns key block j
+            lo, hi = _row_range(row, allowed)
+            if LOOP_ROWS:
+                dkacc = _add_by_row(dkacc, tl.trans(ds), tl.trans(row), lo, hi, RP)
+            elif lo == hi:  # the whole tile reads one row: one add per key
+                tl.atomic_add(drelk_base + lo, tl.sum(ds, axis=0)[None, :], mask=n_ok[None, :])
+            elif lo < hi:
+                tl.atomic_add(drelk_base + row, ds, mask=allowed)
     out_at = (bh * NJ + offs_n[:, None]) * D + offs_d[None, :]
     kv_ok = n_ok[:, None] & d_ok[None, :]
     tl.store(DK + out_at, dk * scale, mask=kv_ok)
     tl.store(DV + out_at, dv, mask=kv_ok)
+    if KREL_GRAD and LOOP_ROWS:
+        cols = tl.arange(0, RP)
+        keys_at = (bh * NJ + offs_n[:, None]) * R + cols[None, :]
+        tl.store(DRELK + keys_at, dkacc, mask=n_ok[:, None] & (cols[None, :] < R))
 
 
 @_jit
 def _backward_q_kernel(
-    Q, K, V, DO, LSE, DLT, QPOS, QSEG, KPOS, KSEG, REL, SLOPES, LUT, DMASS, DQ, DREL, DSLOPE,
+    Q, K, V, DO, LSE, DLT, QPOS, QSEG, KPOS, KSEG, REL, RELK, SLOPES, LUT, DMASS, DQ, DREL,
+    DSLOPE,
     sqb, sqh, sqi, skb, skh, skj, spq, spk, srb, srh, sri,
     H, NI, NJ, D, R, nlut, offset, scale, seed, p_drop,
     BM: tl.constexpr, BN: tl.constexpr, DP: tl.constexpr, RP: tl.constexpr,
     PLAIN: tl.constexpr, CAUSAL: tl.constexpr, HAS_REL: tl.constexpr, HAS_MASS: tl.constexpr,
-    DROPOUT: tl.constexpr, LINEAR: tl.constexpr, REL_GRAD: tl.constexpr,
+    HAS_KREL: tl.constexpr, DROPOUT: tl.constexpr, LINEAR: tl.constexpr, REL_GRAD: tl.constexpr,
     LOOP_ROWS: tl.constexpr, SLOPE_GRAD: tl.constexpr, PRECISION: tl.constexpr,
 ):  # fmt: skip
     start_m = tl.program_id(0)
@@ -347,13 +372,14 @@ def _backward_q_kernel(
             q, k, v, do, lse, dlt, offs_m, offs_n, m_ok, n_ok, qp, qs, KPOS + b * spk,
             KSEG + b * spk, REL + b * srb + h * srh + offs_m[:, None] * sri,
             DMASS + row_at[:, None] * R, LUT, offset, nlut, scale, seed, p_drop, row_at, NJ,
-            slope, PLAIN, CAUSAL, HAS_REL, HAS_MASS, DROPOUT, LINEAR, PRECISION,
+            slope, RELK + (bh * NJ + offs_n[None, :]) * R,
+            PLAIN, CAUSAL, HAS_REL, HAS_MASS, HAS_KREL, DROPOUT, LINEAR, PRECISION,
         )  # fmt: skip
         dq += tl.dot(ds.to(q.dtype), k, input_precision=PRECISION)
         if SLOPE_GRAD:
             dslope += tl.sum(ds * _linear_distance(delta, LINEAR), axis=1)
         if REL_GRAD:
-            lo, hi = _row_range(row, allowed, RP)
+            lo, hi = _row_range(row, allowed)
             if LOOP_ROWS:
                 dracc = _add_by_row(dracc, ds, row, lo, hi, RP)
             elif lo == hi:  # the whole tile reads one row: one add per query
@@ -378,10 +404,11 @@ def _row_pad(r: int) -> int:
 
 
 class _RelativeFlash(torch.autograd.Function):
-    """``(out, mass)`` float32 from ``q, k, v`` and ``rel``; see the module docstring."""
+    """``(out, mass)`` float32 from ``q, k, v``, ``rel``, ``relk`` and ``slopes``; see the module
+    docstring."""
 
     @staticmethod
-    def forward(ctx, q, k, v, rel, slopes, geometry, want_mass):
+    def forward(ctx, q, k, v, rel, relk, slopes, geometry, want_mass):
         qpos, qseg, kpos, kseg, lut, offset, causal, plain, r, p_drop, seed, linear = geometry
         b, h, i, d = q.shape
         j = k.shape[2]
@@ -390,16 +417,16 @@ class _RelativeFlash(torch.autograd.Function):
         out = q.new_empty(b, h, i, d, dtype=torch.float32)
         lse = q.new_empty(b, h, i, dtype=torch.float32)
         mass = q.new_zeros(b, h, i, r if want_mass else 0, dtype=torch.float32)
-        relt = rel if rel is not None else out  # any pointer: never read without a relative term
-        slopest = slopes if slopes is not None else out
+        tables = [t if t is not None else out for t in (rel, relk, slopes)]  # None: never read
         _forward_kernel[(triton.cdiv(i, bm), b * h)](
-            q, k, v, qpos, qseg, kpos, kseg, relt, slopest, lut, out, lse, mass,
+            q, k, v, qpos, qseg, kpos, kseg, *tables, lut, out, lse, mass,
             *_strides(q, k, qpos, kpos, rel),
             h, i, j, d, r, lut.numel(), offset, 1.0 / math.sqrt(d), seed, p_drop,
             BM=bm, BN=bn, DP=dp, RP=rp, PLAIN=plain, CAUSAL=causal, HAS_REL=rel is not None,
-            HAS_MASS=want_mass, DROPOUT=p_drop > 0, LINEAR=linear, PRECISION=_precision(q),
+            HAS_MASS=want_mass, HAS_KREL=relk is not None, DROPOUT=p_drop > 0, LINEAR=linear,
+            PRECISION=_precision(q),
         )  # fmt: skip
-        ctx.save_for_backward(q, k, v, rel, slopes, out, lse, mass)
+        ctx.save_for_backward(q, k, v, rel, relk, slopes, out, lse, mass)
         ctx.geometry, ctx.want_mass = geometry, want_mass
         if not want_mass:
             ctx.mark_non_differentiable(mass)
@@ -407,7 +434,7 @@ class _RelativeFlash(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dout, dmass):
-        q, k, v, rel, slopes, out, lse, mass = ctx.saved_tensors
+        q, k, v, rel, relk, slopes, out, lse, mass = ctx.saved_tensors
         qpos, qseg, kpos, kseg, lut, offset, causal, plain, r, p_drop, seed, linear = ctx.geometry
         b, h, i, d = q.shape
         j = k.shape[2]
@@ -421,32 +448,31 @@ class _RelativeFlash(torch.autograd.Function):
             dlt = dlt + (dmass * mass).sum(-1)
         else:
             dmass = dout  # any pointer: never read
-        has_rel = rel is not None
-        rel_grad = has_rel and ctx.needs_input_grad[3]
+        rel_grad = rel is not None and ctx.needs_input_grad[3]
+        relk_grad = relk is not None and ctx.needs_input_grad[4]
+        slope_grad = slopes is not None and ctx.needs_input_grad[5]
         loop_rows = rp <= MAX_LOOP_ROWS
         drel = q.new_zeros(b, h, i, r if rel_grad else 0, dtype=torch.float32)
+        drelk = q.new_zeros(b, h, j, r if relk_grad else 0, dtype=torch.float32)
+        dslope = q.new_zeros(b, h, i if slope_grad else 0, dtype=torch.float32)
         dq = torch.empty_like(out)
         dk = q.new_empty(b, h, j, d, dtype=torch.float32)
         dv = torch.empty_like(dk)
-        relt = rel if has_rel else out
-        slope_grad = slopes is not None and ctx.needs_input_grad[4]
-        dslope = q.new_zeros(b, h, i if slope_grad else 0, dtype=torch.float32)
-        slopest = slopes if slopes is not None else out
+        tables = [t if t is not None else out for t in (rel, relk, slopes)]  # None: never read
         strides = _strides(q, k, qpos, kpos, rel)
         common = (h, i, j, d, r, lut.numel(), offset, 1.0 / math.sqrt(d), seed, p_drop)
         flags = dict(
-            PLAIN=plain, CAUSAL=causal, HAS_REL=has_rel, HAS_MASS=has_mass, DROPOUT=p_drop > 0,
-            LINEAR=linear,
+            BM=bm, BN=bn, DP=dp, RP=rp if loop_rows else 16, PLAIN=plain, CAUSAL=causal,
+            HAS_REL=rel is not None, HAS_MASS=has_mass, HAS_KREL=relk is not None,
+            DROPOUT=p_drop > 0, LINEAR=linear, LOOP_ROWS=loop_rows, PRECISION=_precision(q),
         )  # fmt: skip
         _backward_kv_kernel[(triton.cdiv(j, bn), b * h)](
-            q, k, v, dout, lse, dlt, qpos, qseg, kpos, kseg, relt, slopest, lut, dmass, dk, dv,
-            *strides, *common, BM=bm, BN=bn, DP=dp, PRECISION=_precision(q), **flags,
+            q, k, v, dout, lse, dlt, qpos, qseg, kpos, kseg, *tables, lut, dmass, dk, dv, drelk,
+            *strides, *common, KREL_GRAD=relk_grad, **flags,
         )  # fmt: skip
         _backward_q_kernel[(triton.cdiv(i, bm), b * h)](
-            q, k, v, dout, lse, dlt, qpos, qseg, kpos, kseg, relt, slopest, lut, dmass, dq, drel,
-            dslope, *strides, *common, BM=bm, BN=bn, DP=dp, RP=rp if loop_rows else 16,
-            REL_GRAD=rel_grad, LOOP_ROWS=loop_rows, SLOPE_GRAD=slope_grad,
-            PRECISION=_precision(q), **flags,
+            q, k, v, dout, lse, dlt, qpos, qseg, kpos, kseg, *tables, lut, dmass, dq, drel,
+            dslope, *strides, *common, REL_GRAD=rel_grad, SLOPE_GRAD=slope_grad, **flags,
         )  # fmt: skip
         if rel_grad:  # back to rel's broadcast shape (b|1, h, i|1, R)
             dims = [n for n in (0, 2) if rel.shape[n] == 1]
@@ -456,6 +482,7 @@ class _RelativeFlash(torch.autograd.Function):
             dk.to(k.dtype),
             dv.to(v.dtype),
             drel if rel_grad else None,
+            drelk if relk_grad else None,
             dslope.sum((0, 2)) if slope_grad else None,
             None,
             None,
@@ -503,6 +530,7 @@ def relative_flash_attention(
     seed: int = 0,
     slopes: Tensor | None = None,
     symmetric: bool = False,
+    relk: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Attention with a relative logit table, fused (see the module docstring).
 
@@ -523,6 +551,8 @@ def relative_flash_attention(
         seed: the dropout mask's Philox seed.
         slopes: float32 ``(h,)``, a linear bias (ALiBi) added to the logits: ``slope_h·δ``, or
             ``-slope_h·|δ|`` when ``symmetric``; differentiable (learned slopes).
+        relk: float32 ``(b, h, j, R)``, a logit term of each key and relative row, read by every
+            query at its pair's row (DeBERTa's position-to-content term), or None.
 
     Returns:
         ``(out, mass)``: float32 ``(b, h, i, d)`` and float32 ``(b, h, i, R)`` (``(b, h, i, 0)``
@@ -553,7 +583,11 @@ def relative_flash_attention(
     q, k, v = (t.contiguous() for t in (q, k, v))
     rel = None if rel is None else rel.contiguous()  # the kernels read its rows with stride 1
     slopes = None if slopes is None else slopes.float().contiguous()
-    return _RelativeFlash.apply(q, k, v, rel, slopes, geometry, want_mass)
+    if relk is not None and tuple(relk.shape) != (*k.shape[:3], rows):
+        want = (*k.shape[:3], rows)
+        raise ValueError(f"relk must have shape {want}, got {tuple(relk.shape)}")
+    relk = None if relk is None else relk.float().contiguous()
+    return _RelativeFlash.apply(q, k, v, rel, relk, slopes, geometry, want_mass)
 
 
 @_jit
