@@ -65,16 +65,16 @@ __all__ = ["INTERPRETED", "MAX_LOOP_ROWS", "dropout_keep", "relative_flash_atten
 #: Whether the kernels run in Triton's interpreter (``TRITON_INTERPRET=1`` when ``triton`` was
 #: first imported): on CPU tensors, slowly; the test suite sets it where there is no GPU.
 INTERPRETED = interpreted()
-_jit = triton.jit
 
 #: The most relative rows a register accumulator holds (padded to a power of two); a ``mass``
 #: output or a query-independent ``rel`` needs ``R`` within it.
 MAX_LOOP_ROWS = 128
 _BM, _BN = 64, 64
-_INTERPRETED_BLOCK = 16  # the interpreter's cost grows with the tile; tests use small shapes
+#: Tiles in the interpreter: test shapes span several; fewer, larger ones cost it less time.
+_INTERPRETED_BLOCK = 32
 
 
-@_jit
+@triton.jit
 def _pairs(
     offs_m, offs_n, m_ok, n_ok, qp, qs, KPOS, KSEG, PLAIN: tl.constexpr, CAUSAL: tl.constexpr
 ):
@@ -92,7 +92,7 @@ def _pairs(
     return delta, allowed
 
 
-@_jit
+@triton.jit
 def _linear_distance(delta, LINEAR: tl.constexpr):
     """What a linear bias multiplies its slope by: ``δ`` (``LINEAR == 1``, causal ALiBi) or
     ``-|δ|`` (``LINEAR == 2``, bidirectional)."""
@@ -102,14 +102,14 @@ def _linear_distance(delta, LINEAR: tl.constexpr):
     return dist
 
 
-@_jit
+@triton.jit
 def _rows(delta, LUT, offset, nlut):
     """The relative row of each pair (distances outside the table clamp to its ends)."""
     at = tl.minimum(tl.maximum(delta + offset, 0), nlut - 1)
     return tl.load(LUT + at)
 
 
-@_jit
+@triton.jit
 def _row_range(row, allowed):
     """The smallest and largest row among the allowed pairs (``2**30, -1`` for none)."""
     lo = tl.min(tl.min(tl.where(allowed, row, 1 << 30), axis=1), axis=0)
@@ -117,7 +117,7 @@ def _row_range(row, allowed):
     return lo, hi
 
 
-@_jit
+@triton.jit
 def _add_by_row(acc, x, row, lo, hi, RP: tl.constexpr):
     """``acc[i, r] += Σ_j x[i, j]·[row[i, j] = r]`` for the rows ``lo..hi`` (``x`` is 0 on the
     pairs that may not attend)."""
@@ -129,7 +129,7 @@ def _add_by_row(acc, x, row, lo, hi, RP: tl.constexpr):
     return acc
 
 
-@_jit
+@triton.jit
 def _dropped(p, seed, row_at, offs_n, NJ, p_drop):
     """``p`` with attention dropout: each pair kept with probability ``1 - p_drop`` (scaled by
     its inverse), drawn by Philox from ``seed`` and the pair's index, so the backward pass and
@@ -138,7 +138,7 @@ def _dropped(p, seed, row_at, offs_n, NJ, p_drop):
     return tl.where(draw >= p_drop, p / (1.0 - p_drop), 0.0)
 
 
-@_jit
+@triton.jit
 def _load_queries(Q, QPOS, QSEG, b, h, offs_m, offs_d, m_ok, d_ok, sqb, sqh, sqi, spq):
     """A block's queries ``(BM, DP)`` (zero past the ends), positions and segments (-1 past)."""
     at = Q + b * sqb + h * sqh + offs_m[:, None] * sqi + offs_d[None, :]
@@ -148,7 +148,7 @@ def _load_queries(Q, QPOS, QSEG, b, h, offs_m, offs_d, m_ok, d_ok, sqb, sqh, sqi
     return q, qp, qs
 
 
-@_jit
+@triton.jit
 def _load_keys(K, V, b, h, offs_n, offs_d, n_ok, d_ok, skb, skh, skj):
     """A block's keys and values ``(BN, DP)``, zero past the ends."""
     at = b * skb + h * skh + offs_n[:, None] * skj + offs_d[None, :]
@@ -156,7 +156,7 @@ def _load_keys(K, V, b, h, offs_n, offs_d, n_ok, d_ok, skb, skh, skj):
     return tl.load(K + at, mask=ok, other=0.0), tl.load(V + at, mask=ok, other=0.0)
 
 
-@_jit
+@triton.jit
 def _load_output_grads(DO, LSE, DLT, row_at, offs_d, m_ok, d_ok, D, dtype):
     """A query block's ``d out`` (in ``dtype``), log-sum-exp and ``Σ_j P·dP``."""
     ok = m_ok[:, None] & d_ok[None, :]
@@ -166,7 +166,7 @@ def _load_output_grads(DO, LSE, DLT, row_at, offs_d, m_ok, d_ok, D, dtype):
     return do, lse, dlt
 
 
-@_jit
+@triton.jit
 def _forward_kernel(
     Q, K, V, QPOS, QSEG, KPOS, KSEG, REL, RELK, SLOPES, LUT, OUT, LSE, MASS,
     sqb, sqh, sqi, skb, skh, skj, spq, spk, srb, srh, sri,
@@ -236,7 +236,7 @@ def _forward_kernel(
         )
 
 
-@_jit
+@triton.jit
 def _probs_and_dp(
     q, k, v, do, lse, dlt, offs_m, offs_n, m_ok, n_ok, qp, qs, KPOS, KSEG, rel_base, dmass_base,
     LUT, offset, nlut, scale, seed, p_drop, row_at, NJ, slope, relk_base,
@@ -268,7 +268,7 @@ def _probs_and_dp(
     return used, ds, row, allowed, delta
 
 
-@_jit
+@triton.jit
 def _backward_kv_kernel(
     Q, K, V, DO, LSE, DLT, QPOS, QSEG, KPOS, KSEG, REL, RELK, SLOPES, LUT, DMASS, DK, DV, DRELK,
     sqb, sqh, sqi, skb, skh, skj, spq, spk, srb, srh, sri,
@@ -332,7 +332,7 @@ def _backward_kv_kernel(
         tl.store(DRELK + keys_at, dkacc, mask=n_ok[:, None] & (cols[None, :] < R))
 
 
-@_jit
+@triton.jit
 def _backward_q_kernel(
     Q, K, V, DO, LSE, DLT, QPOS, QSEG, KPOS, KSEG, REL, RELK, SLOPES, LUT, DMASS, DQ, DREL,
     DSLOPE,
@@ -590,7 +590,7 @@ def relative_flash_attention(
     return _RelativeFlash.apply(q, k, v, rel, relk, slopes, geometry, want_mass)
 
 
-@_jit
+@triton.jit
 def _keep_kernel(KEEP, seed, p_drop, NI, NJ, BM: tl.constexpr, BN: tl.constexpr):
     bh = tl.program_id(2).to(tl.int64)
     offs_m = tl.program_id(0) * BM + tl.arange(0, BM)
