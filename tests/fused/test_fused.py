@@ -29,6 +29,7 @@ from relpos.attention.fused import fused_attention, fused_supports
 from relpos.kernels import interpreted
 from relpos.kernels.relative_attention import (
     MAX_LOOP_ROWS,
+    block_ranges,
     dropout_keep,
     relative_flash_attention,
 )
@@ -155,6 +156,28 @@ def test_both_row_reductions(spec):
         _assert_close(out, ref, 1e-4, layout)
         for t, (g, w) in enumerate(zip(got, want, strict=True)):
             _assert_close(g, w, 1e-4, f"{layout}: gradient {t}")
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("layout", ["left-pad", "right-pad", "packed", "cached"])
+def test_block_ranges_hold_every_allowed_pair(layout, causal):
+    """The tiles a block visits (``block_ranges``, unaligned: ``step=1``) contain every pair that
+    may attend, from the queries' side and from the keys'; a block of padding visits none."""
+    for seed in range(6):
+        qp, kp = make_layout(layout, random.Random(seed), 3, 45)
+        allowed = qp.allowed(kp, causal=causal).expand(3, -1, -1)
+        args = {"step": 1, "causal": causal, "batch": 3}
+        q = block_ranges(qp.pos, qp.seg, kp.pos, kp.seg, block=8, queries=True, **args)
+        k = block_ranges(kp.pos, kp.seg, qp.pos, qp.seg, block=8, queries=False, **args)
+        for side, ranges, pairs in (("queries", q, allowed), ("keys", k, allowed.transpose(1, 2))):
+            for b, a, o in pairs.nonzero().tolist():
+                start, end = ranges[b, a // 8].tolist()
+                assert start <= o < end, f"{layout} seed {seed}: {side} block {a // 8} ({b})"
+        pad = (qp.seg.expand(3, -1) == -1).view(3, -1)
+        for b in range(3):
+            for blk in range(q.shape[1]):
+                if pad[b, blk * 8 : blk * 8 + 8].all():
+                    assert q[b, blk].tolist() == [0, 0]
 
 
 def test_packed_documents_equal_each_alone():

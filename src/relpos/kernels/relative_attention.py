@@ -60,7 +60,13 @@ from torch import Tensor
 
 from . import interpreted
 
-__all__ = ["INTERPRETED", "MAX_LOOP_ROWS", "dropout_keep", "relative_flash_attention"]
+__all__ = [
+    "INTERPRETED",
+    "MAX_LOOP_ROWS",
+    "block_ranges",
+    "dropout_keep",
+    "relative_flash_attention",
+]
 
 #: Whether the kernels run in Triton's interpreter (``TRITON_INTERPRET=1`` when ``triton`` was
 #: first imported): on CPU tensors, slowly; the test suite sets it where there is no GPU.
@@ -170,7 +176,7 @@ def _load_output_grads(DO, LSE, DLT, row_at, offs_d, m_ok, d_ok, D, dtype):
 def _forward_kernel(
     Q, K, V, QPOS, QSEG, KPOS, KSEG, REL, RELK, SLOPES, LUT, OUT, LSE, MASS,
     sqb, sqh, sqi, skb, skh, skj, spq, spk, srb, srh, sri,
-    H, NI, NJ, D, R, nlut, offset, scale, seed, p_drop,
+    H, NI, NJ, D, R, nlut, offset, scale, seed, p_drop, RANGES, n_ranges,
     BM: tl.constexpr, BN: tl.constexpr, DP: tl.constexpr, RP: tl.constexpr,
     PLAIN: tl.constexpr, CAUSAL: tl.constexpr, HAS_REL: tl.constexpr, HAS_MASS: tl.constexpr,
     HAS_KREL: tl.constexpr, DROPOUT: tl.constexpr, LINEAR: tl.constexpr, PRECISION: tl.constexpr,
@@ -190,10 +196,14 @@ def _forward_kernel(
     l_i = tl.zeros([BM], tl.float32)
     acc = tl.zeros([BM, DP], tl.float32)
     macc = tl.zeros([BM, RP], tl.float32)
+    begin = 0
     end = NJ
     if PLAIN and CAUSAL:  # skip the causal future (a tile past NJ is all masked)
         end = (start_m + 1) * BM
-    for start_n in range(0, end, BN):
+    if not PLAIN:  # only the keys this block's segments and positions can reach (block_ranges)
+        begin = tl.load(RANGES + (b * n_ranges + start_m) * 2)
+        end = tl.load(RANGES + (b * n_ranges + start_m) * 2 + 1)
+    for start_n in range(begin, end, BN):
         offs_n = start_n + tl.arange(0, BN)
         n_ok = offs_n < NJ
         k, v = _load_keys(K, V, b, h, offs_n, offs_d, n_ok, d_ok, skb, skh, skj)
@@ -272,7 +282,7 @@ def _probs_and_dp(
 def _backward_kv_kernel(
     Q, K, V, DO, LSE, DLT, QPOS, QSEG, KPOS, KSEG, REL, RELK, SLOPES, LUT, DMASS, DK, DV, DRELK,
     sqb, sqh, sqi, skb, skh, skj, spq, spk, srb, srh, sri,
-    H, NI, NJ, D, R, nlut, offset, scale, seed, p_drop,
+    H, NI, NJ, D, R, nlut, offset, scale, seed, p_drop, RANGES, n_ranges,
     BM: tl.constexpr, BN: tl.constexpr, DP: tl.constexpr, RP: tl.constexpr,
     PLAIN: tl.constexpr, CAUSAL: tl.constexpr, HAS_REL: tl.constexpr, HAS_MASS: tl.constexpr,
     HAS_KREL: tl.constexpr, DROPOUT: tl.constexpr, LINEAR: tl.constexpr,
@@ -295,9 +305,13 @@ def _backward_kv_kernel(
     dkacc = tl.zeros([BN, RP], tl.float32)
     drelk_base = DRELK + (bh * NJ + offs_n[None, :]) * R
     begin = 0
+    end = NI
     if PLAIN and CAUSAL:  # skip the queries before the block
         begin = (start_n * BN // BM) * BM
-    for start_m in range(begin, NI, BM):
+    if not PLAIN:  # only the queries that can reach this block's keys (block_ranges)
+        begin = tl.load(RANGES + (b * n_ranges + start_n) * 2)
+        end = tl.load(RANGES + (b * n_ranges + start_n) * 2 + 1)
+    for start_m in range(begin, end, BM):
         offs_m = start_m + tl.arange(0, BM)
         m_ok = offs_m < NI
         q, qp, qs = _load_queries(
@@ -337,7 +351,7 @@ def _backward_q_kernel(
     Q, K, V, DO, LSE, DLT, QPOS, QSEG, KPOS, KSEG, REL, RELK, SLOPES, LUT, DMASS, DQ, DREL,
     DSLOPE,
     sqb, sqh, sqi, skb, skh, skj, spq, spk, srb, srh, sri,
-    H, NI, NJ, D, R, nlut, offset, scale, seed, p_drop,
+    H, NI, NJ, D, R, nlut, offset, scale, seed, p_drop, RANGES, n_ranges,
     BM: tl.constexpr, BN: tl.constexpr, DP: tl.constexpr, RP: tl.constexpr,
     PLAIN: tl.constexpr, CAUSAL: tl.constexpr, HAS_REL: tl.constexpr, HAS_MASS: tl.constexpr,
     HAS_KREL: tl.constexpr, DROPOUT: tl.constexpr, LINEAR: tl.constexpr, REL_GRAD: tl.constexpr,
@@ -361,10 +375,14 @@ def _backward_q_kernel(
     dracc = tl.zeros([BM, RP], tl.float32)
     dslope = tl.zeros([BM], tl.float32)
     drel_base = DREL + row_at[:, None] * R
+    begin = 0
     end = NJ
     if PLAIN and CAUSAL:  # skip the causal future (a tile past NJ is all masked)
         end = (start_m + 1) * BM
-    for start_n in range(0, end, BN):
+    if not PLAIN:  # only the keys this block's segments and positions can reach (block_ranges)
+        begin = tl.load(RANGES + (b * n_ranges + start_m) * 2)
+        end = tl.load(RANGES + (b * n_ranges + start_m) * 2 + 1)
+    for start_n in range(begin, end, BN):
         offs_n = start_n + tl.arange(0, BN)
         n_ok = offs_n < NJ
         k, v = _load_keys(K, V, b, h, offs_n, offs_d, n_ok, d_ok, skb, skh, skj)
@@ -395,6 +413,66 @@ def _backward_q_kernel(
         tl.store(drel_base + cols[None, :], dracc, mask=m_ok[:, None] & (cols[None, :] < R))
 
 
+def block_ranges(
+    pos: Tensor, seg: Tensor, other_pos: Tensor, other_seg: Tensor, *, block: int, step: int,
+    causal: bool, queries: bool, batch: int,
+) -> Tensor:  # fmt: skip
+    """For each block of ``block`` tokens on one side (queries when ``queries``, else keys), the
+    index range ``[start, end)`` on the other side outside which no pair can attend: tokens of a
+    segment within the block's segment range (padding excluded) and, when causal, at a position
+    the block can reach. ``start`` is aligned down to ``step``; an empty range is ``(0, 0)``.
+
+    Returns: int32 ``(batch, blocks, 2)``; computed on the device, ``O(blocks·n)`` booleans.
+    """
+    pos, seg = pos.expand(batch, -1), seg.expand(batch, -1)
+    other_pos, other_seg = other_pos.expand(batch, -1), other_seg.expand(batch, -1)
+    n = pos.shape[1]
+    blocks = triton.cdiv(n, block)
+    pad = blocks * block - n
+    big = 1 << 30
+    real = seg != -1
+
+    def tiles(t: Tensor, fill: int) -> Tensor:
+        return torch.nn.functional.pad(t, (0, pad), value=fill).view(batch, blocks, block)
+
+    seg_lo = tiles(torch.where(real, seg, big), big).amin(-1)
+    seg_hi = tiles(torch.where(real, seg, -big), -big).amax(-1)
+    o_seg = other_seg[:, None, :]
+    reach = (o_seg != -1) & (o_seg >= seg_lo[..., None]) & (o_seg <= seg_hi[..., None])
+    if causal and queries:  # keys at positions up to the block's last query
+        pos_hi = tiles(torch.where(real, pos, -big), -big).amax(-1)
+        reach = reach & (other_pos[:, None, :] <= pos_hi[..., None])
+    elif causal:  # queries at positions from the block's first key
+        pos_lo = tiles(torch.where(real, pos, big), big).amin(-1)
+        reach = reach & (other_pos[:, None, :] >= pos_lo[..., None])
+    index = torch.arange(other_seg.shape[1], device=seg.device)
+    start = torch.where(reach, index, big).amin(-1)
+    end = torch.where(reach, index + 1, 0).amax(-1)
+    start = torch.where(end > 0, start // step * step, 0)
+    return torch.stack([start, end], -1).to(torch.int32).contiguous()
+
+
+def _query_ranges(geometry: tuple, batch: int, bm: int, bn: int) -> Tensor:
+    """Each query block's key range (:func:`_block_ranges`); empty for plain positions, whose
+    kernels bound their loops by index."""
+    qpos, qseg, kpos, kseg, *_, causal, plain = geometry[:8]
+    if plain:
+        return qpos.new_zeros(batch, 0, 2)
+    return block_ranges(
+        qpos, qseg, kpos, kseg, block=bm, step=bn, causal=causal, queries=True, batch=batch
+    )
+
+
+def _key_ranges(geometry: tuple, batch: int, bm: int, bn: int) -> Tensor:
+    """Each key block's query range (:func:`_block_ranges`); empty for plain positions."""
+    qpos, qseg, kpos, kseg, *_, causal, plain = geometry[:8]
+    if plain:
+        return qpos.new_zeros(batch, 0, 2)
+    return block_ranges(
+        kpos, kseg, qpos, qseg, block=bn, step=bm, causal=causal, queries=False, batch=batch
+    )
+
+
 def _blocks(device: torch.device) -> tuple[int, int]:
     return (_INTERPRETED_BLOCK,) * 2 if device.type == "cpu" else (_BM, _BN)
 
@@ -418,10 +496,12 @@ class _RelativeFlash(torch.autograd.Function):
         lse = q.new_empty(b, h, i, dtype=torch.float32)
         mass = q.new_zeros(b, h, i, r if want_mass else 0, dtype=torch.float32)
         tables = [t if t is not None else out for t in (rel, relk, slopes)]  # None: never read
+        ranges = _query_ranges(geometry, b, bm, bn)
         _forward_kernel[(triton.cdiv(i, bm), b * h)](
             q, k, v, qpos, qseg, kpos, kseg, *tables, lut, out, lse, mass,
             *_strides(q, k, qpos, kpos, rel),
-            h, i, j, d, r, lut.numel(), offset, 1.0 / math.sqrt(d), seed, p_drop,
+            h, i, j, d, r, lut.numel(), offset, 1.0 / math.sqrt(d), seed, p_drop, ranges,
+            ranges.shape[1],
             BM=bm, BN=bn, DP=dp, RP=rp, PLAIN=plain, CAUSAL=causal, HAS_REL=rel is not None,
             HAS_MASS=want_mass, HAS_KREL=relk is not None, DROPOUT=p_drop > 0, LINEAR=linear,
             PRECISION=_precision(q),
@@ -461,6 +541,8 @@ class _RelativeFlash(torch.autograd.Function):
         tables = [t if t is not None else out for t in (rel, relk, slopes)]  # None: never read
         strides = _strides(q, k, qpos, kpos, rel)
         common = (h, i, j, d, r, lut.numel(), offset, 1.0 / math.sqrt(d), seed, p_drop)
+        q_ranges = _query_ranges(ctx.geometry, b, bm, bn)
+        k_ranges = _key_ranges(ctx.geometry, b, bm, bn)
         flags = dict(
             BM=bm, BN=bn, DP=dp, RP=rp if loop_rows else 16, PLAIN=plain, CAUSAL=causal,
             HAS_REL=rel is not None, HAS_MASS=has_mass, HAS_KREL=relk is not None,
@@ -468,11 +550,12 @@ class _RelativeFlash(torch.autograd.Function):
         )  # fmt: skip
         _backward_kv_kernel[(triton.cdiv(j, bn), b * h)](
             q, k, v, dout, lse, dlt, qpos, qseg, kpos, kseg, *tables, lut, dmass, dk, dv, drelk,
-            *strides, *common, KREL_GRAD=relk_grad, **flags,
+            *strides, *common, k_ranges, k_ranges.shape[1], KREL_GRAD=relk_grad, **flags,
         )  # fmt: skip
         _backward_q_kernel[(triton.cdiv(i, bm), b * h)](
             q, k, v, dout, lse, dlt, qpos, qseg, kpos, kseg, *tables, lut, dmass, dq, drel,
-            dslope, *strides, *common, REL_GRAD=rel_grad, SLOPE_GRAD=slope_grad, **flags,
+            dslope, *strides, *common, q_ranges, q_ranges.shape[1], REL_GRAD=rel_grad,
+            SLOPE_GRAD=slope_grad, **flags,
         )  # fmt: skip
         if rel_grad:  # back to rel's broadcast shape (b|1, h, i|1, R)
             dims = [n for n in (0, 2) if rel.shape[n] == 1]
