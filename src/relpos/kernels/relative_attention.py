@@ -145,6 +145,22 @@ def _dropped(p, seed, row_at, offs_n, NJ, p_drop):
 
 
 @triton.jit
+def _key_range(start_m, b, NJ, RANGES, n_ranges, BM: tl.constexpr, PLAIN: tl.constexpr,
+               CAUSAL: tl.constexpr):  # fmt: skip
+    """The keys query block ``start_m`` visits, ``[begin, end)``: all, or up to the block's end
+    for plain causal attention (a tile past ``NJ`` is all masked), or those its segments and
+    positions can reach (:func:`block_ranges`)."""
+    begin = 0
+    end = NJ
+    if PLAIN and CAUSAL:
+        end = (start_m + 1) * BM
+    if not PLAIN:
+        begin = tl.load(RANGES + (b * n_ranges + start_m) * 2)
+        end = tl.load(RANGES + (b * n_ranges + start_m) * 2 + 1)
+    return begin, end
+
+
+@triton.jit
 def _load_queries(Q, QPOS, QSEG, b, h, offs_m, offs_d, m_ok, d_ok, sqb, sqh, sqi, spq):
     """A block's queries ``(BM, DP)`` (zero past the ends), positions and segments (-1 past)."""
     at = Q + b * sqb + h * sqh + offs_m[:, None] * sqi + offs_d[None, :]
@@ -196,13 +212,7 @@ def _forward_kernel(
     l_i = tl.zeros([BM], tl.float32)
     acc = tl.zeros([BM, DP], tl.float32)
     macc = tl.zeros([BM, RP], tl.float32)
-    begin = 0
-    end = NJ
-    if PLAIN and CAUSAL:  # skip the causal future (a tile past NJ is all masked)
-        end = (start_m + 1) * BM
-    if not PLAIN:  # only the keys this block's segments and positions can reach (block_ranges)
-        begin = tl.load(RANGES + (b * n_ranges + start_m) * 2)
-        end = tl.load(RANGES + (b * n_ranges + start_m) * 2 + 1)
+    begin, end = _key_range(start_m, b, NJ, RANGES, n_ranges, BM, PLAIN, CAUSAL)
     for start_n in range(begin, end, BN):
         offs_n = start_n + tl.arange(0, BN)
         n_ok = offs_n < NJ
@@ -375,13 +385,7 @@ def _backward_q_kernel(
     dracc = tl.zeros([BM, RP], tl.float32)
     dslope = tl.zeros([BM], tl.float32)
     drel_base = DREL + row_at[:, None] * R
-    begin = 0
-    end = NJ
-    if PLAIN and CAUSAL:  # skip the causal future (a tile past NJ is all masked)
-        end = (start_m + 1) * BM
-    if not PLAIN:  # only the keys this block's segments and positions can reach (block_ranges)
-        begin = tl.load(RANGES + (b * n_ranges + start_m) * 2)
-        end = tl.load(RANGES + (b * n_ranges + start_m) * 2 + 1)
+    begin, end = _key_range(start_m, b, NJ, RANGES, n_ranges, BM, PLAIN, CAUSAL)
     for start_n in range(begin, end, BN):
         offs_n = start_n + tl.arange(0, BN)
         n_ok = offs_n < NJ
