@@ -33,8 +33,8 @@ DEVICE=${DEVICE:-cuda}
   torch.cuda.get_device_name() if torch.cuda.is_available() else 'no cuda')" 2>&1; } \
   | tee "$OUT/env.txt"
 
-# ---- phase 1: tests, cold compiles and training side by side (13 processes on the CPU cores:
-# one thread and one compile worker each)
+# ---- phase 1: tests (two pytest runs of WORKERS each), cold compiles and training side by side
+# (one thread and one compile worker each)
 export OMP_NUM_THREADS=1 TORCHINDUCTOR_COMPILE_THREADS=1
 ( timeout "$TRAIN_S" $PY -m relpos.cli train --config configs/jsb-music-paper.json \
     ${DATA:+--data "$DATA"} --run-dir "$WORK/jsb" --device "$DEVICE" --no-progress
@@ -52,14 +52,17 @@ for scheme in $FLEX_SCHEMES; do
 done
 
 XDIST=(); [ "$WORKERS" -gt 0 ] && XDIST=(-n "$WORKERS")
-# The fused kernel's own suite first (compiled on the GPU: no TRITON_INTERPRET), then the rest.
-timeout "$TEST_S" env -u TRITON_INTERPRET $PY -m pytest -v -rfE "${XDIST[@]}" -p no:cacheprovider \
-  tests/fused > "$OUT/tests-fused.log" 2>&1
-echo "fused tests: exit $?" | tee -a "$OUT/tests-fused.log"
+# The fused kernel's own suite (compiled on the GPU: no TRITON_INTERPRET, every case: -m slow
+# too) beside the rest.
+( timeout "$TEST_S" env -u TRITON_INTERPRET $PY -m pytest -v -rfE "${XDIST[@]}" \
+    -p no:cacheprovider tests/fused > "$OUT/tests-fused.log" 2>&1
+  echo "fused tests: exit $?" | tee -a "$OUT/tests-fused.log" ) &
+FUSED=$!
 timeout "$TEST_S" $PY -m pytest -v -rfE "${XDIST[@]}" -p no:cacheprovider -k cuda \
   tests/test_cuda.py tests/test_conformance.py tests/test_forgetting.py tests/test_autocast.py \
   > "$OUT/tests.log" 2>&1
 echo "tests: exit $?" | tee -a "$OUT/tests.log"
+wait $FUSED
 grep -E "FAILED|ERROR" "$OUT/tests-fused.log" | head -n 30
 grep -E "FAILED|ERROR" "$OUT/tests.log" | head -n 30
 tail -n 3 "$OUT/tests.log"
