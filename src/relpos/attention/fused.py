@@ -124,11 +124,13 @@ def fused_attention(
     if is_empty(q, k):
         return empty_attention(q, k, v)
     linear = _is_linear(scheme)
+    plain = is_contiguous_self(q_positions, k_positions)
     if linear:  # the slopes, no table: one row
         lo, lut, rows, rel = 0, torch.zeros(1, dtype=torch.int32, device=q.device), 1, None
         relk = None
     else:
-        lo, hi = distance_range(q_positions, k_positions)
+        n = len(q_positions)  # plain: distances -(n-1)..n-1, no device sync to read them
+        lo, hi = (1 - n, n - 1) if plain else distance_range(q_positions, k_positions)
         lut = scheme.rows_by_distance(lo, hi, q.device).to(torch.int32)
         rows = scheme.num_relative
         rel = scheme.relative_logits(q) if "score_bias" in scheme.hooks else None
@@ -150,7 +152,7 @@ def fused_attention(
         k_positions.seg.to(int32),
         rows=rows,
         causal=causal,
-        plain=is_contiguous_self(q_positions, k_positions),
+        plain=plain,
         mass=value,
         dropout_p=drop,
         seed=seed,
