@@ -101,7 +101,7 @@ def fused_attention(
     dropout_p: float = 0.0,
     training: bool = False,
 ) -> Tensor:
-    """Attention for a relative scheme through the fused Triton kernel.
+    """Attention for a relative scheme or ALiBi through the fused Triton kernel.
 
     Shapes:
         q: ``(b, h, i, d)``; k, v: ``(b, h, j, d)`` (already rotated); returns ``(b, h, i, d)`` in
