@@ -21,8 +21,8 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
-from ..positions import PAD_SEGMENT, Positions
-from ..schemes.base import Scheme
+from ..positions import PAD_SEGMENT, Positions, distance_range
+from ..schemes.base import RelativeScheme, Scheme
 
 __all__ = [
     "AttentionBackend",
@@ -30,6 +30,7 @@ __all__ = [
     "is_contiguous_self",
     "is_empty",
     "needs_grad",
+    "relative_rows",
     "rows_with_keys",
     "validate_attention_inputs",
     "zero_padding_keys",
@@ -82,6 +83,18 @@ def is_contiguous_self(q_positions: Positions, k_positions: Positions) -> bool:
     allowed but the causal future, every query with a key (kernels then read distances from
     indices)."""
     return q_positions is k_positions and q_positions.contiguous
+
+
+def relative_rows(
+    scheme: RelativeScheme, q_positions: Positions, k_positions: Positions, device
+) -> tuple[Tensor, int]:
+    """``(lut, offset)``: the relative row of distance ``δ = p_j - p_i`` is ``lut[δ + offset]``,
+    for every distance these queries and keys have. Plain positions read the range from the
+    length (no device sync); others from the extreme positions (one)."""
+    n = len(q_positions)
+    plain = is_contiguous_self(q_positions, k_positions)
+    lo, hi = (1 - n, n - 1) if plain else distance_range(q_positions, k_positions)
+    return scheme.rows_by_distance(lo, hi, device), -lo
 
 
 def is_empty(q: Tensor, k: Tensor) -> bool:

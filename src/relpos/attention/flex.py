@@ -54,7 +54,7 @@ import torch
 from torch import Tensor
 
 from ..functional.dtypes import outside_autocast
-from ..positions import PAD_SEGMENT, Positions, distance_range
+from ..positions import PAD_SEGMENT, Positions
 from ..schemes.base import (
     LOGIT_HOOKS,
     DecayBiasScheme,
@@ -68,6 +68,7 @@ from .contract import (
     is_contiguous_self,
     is_empty,
     needs_grad,
+    relative_rows,
     rows_with_keys,
     validate_attention_inputs,
     zero_padding_keys,
@@ -224,8 +225,7 @@ def _score_mod(
             return score + table[h, distance(b, q_idx, kv_idx) - lo]
 
         return distance_mod
-    lo, hi = distance_range(q_positions, k_positions)
-    lut, offset = scheme.rows_by_distance(lo, hi, q.device), -lo  # row of δ: lut[δ + offset]
+    lut, offset = relative_rows(scheme, q_positions, k_positions, q.device)
     rel_k = None
     if "key_bias" in scheme.hooks:
         rel_k = scheme.relative_key_logits(k).float()  # (b, h, j, R)

@@ -9,20 +9,19 @@ with ``rel = relative_logits(q)`` (``(b, h, i, R)``: ``q·Eᵀ`` for Shaw's keys
 Transformer and Transformer-XL; ``(1, h, 1, R)``: T5's buckets) and the value term
 ``relative_value(mass)`` from the attention mass per row; a key term (DeBERTa's
 position-to-content) is ``relk[b, h, j, row(p_j - p_i)]`` with ``relk = relative_key_logits(k)``.
-The kernel
-(:mod:`relpos.kernels.relative_attention`) reads ``rel`` per pair, accumulates ``mass`` per row
-and returns both gradients, so nothing ``(b, h, i, j)`` is built, Shaw's value term included
-(which ``flex`` cannot express). Padding, packed documents and a KV cache come from the
-positions and segments, read per tile. The products ``q·Eᵀ`` and ``mass·E^V`` stay in PyTorch.
-ALiBi (fixed slopes, or learned ALiBi's trained ones) runs as ``slope_h·δ`` computed per pair,
-its slopes' gradient summed per query.
+The kernel (:mod:`relpos.kernels.relative_attention`) reads ``rel`` per pair, accumulates
+``mass`` per row and returns both gradients, so nothing ``(b, h, i, j)`` is built, Shaw's value
+term included (which ``flex`` cannot express). Padding, packed documents and a KV cache come from
+the positions and segments, read per tile. The products ``q·Eᵀ`` and ``mass·E^V`` stay in
+PyTorch. ALiBi (fixed slopes, or learned ALiBi's trained ones) runs as ``slope_h·δ`` computed per
+pair, its slopes' gradient summed per query.
 
-What it runs: every relative scheme (a logit term, a key term, a value term or any of them), ALiBi
-and learned ALiBi; a value term, or a table shared by every query
-(T5), with at most :data:`~relpos.kernels.relative_attention.MAX_LOOP_ROWS` rows; float32,
-bfloat16 or float16; attention dropout in training (the kernel redraws its mask in the backward
-pass from a seed taken from PyTorch's CPU generator, so ``torch.manual_seed`` makes it
-reproducible). ``auto`` does not pick it yet: it has not been timed on a GPU.
+What it runs: every relative scheme (a logit term, a key term, a value term or any of them),
+ALiBi and learned ALiBi; a value term, or a table shared by every query (T5), with at most
+:data:`~relpos.kernels.relative_attention.MAX_LOOP_ROWS` rows; float32, bfloat16 or float16;
+attention dropout in training (the kernel redraws its mask in the backward pass from a seed taken
+from PyTorch's CPU generator, so ``torch.manual_seed`` makes it reproducible). ``auto`` does not
+pick it yet: it has not been timed on a GPU.
 
 On CPU it runs only where Triton's interpreter is on (``TRITON_INTERPRET=1``): the test suite
 checks the kernel that way on machines without a GPU.
@@ -35,12 +34,13 @@ from torch import Tensor
 
 from ..functional.dtypes import outside_autocast
 from ..kernels import triton_available
-from ..positions import Positions, distance_range
+from ..positions import Positions
 from ..schemes.base import DistanceBiasScheme, LinearBiasScheme, RelativeScheme, Scheme
 from .contract import (
     empty_attention,
     is_contiguous_self,
     is_empty,
+    relative_rows,
     validate_attention_inputs,
     zero_padding_keys,
 )
@@ -126,12 +126,10 @@ def fused_attention(
     linear = _is_linear(scheme)
     plain = is_contiguous_self(q_positions, k_positions)
     if linear:  # the slopes, no table: one row
-        lo, lut, rows, rel = 0, torch.zeros(1, dtype=torch.int32, device=q.device), 1, None
+        lut, offset, rows, rel = torch.zeros(1, dtype=torch.long, device=q.device), 0, 1, None
         relk = None
     else:
-        n = len(q_positions)  # plain: distances -(n-1)..n-1, no device sync to read them
-        lo, hi = (1 - n, n - 1) if plain else distance_range(q_positions, k_positions)
-        lut = scheme.rows_by_distance(lo, hi, q.device).to(torch.int32)
+        lut, offset = relative_rows(scheme, q_positions, k_positions, q.device)
         rows = scheme.num_relative
         rel = scheme.relative_logits(q) if "score_bias" in scheme.hooks else None
         relk = scheme.relative_key_logits(k) if "key_bias" in scheme.hooks else None
@@ -144,8 +142,8 @@ def fused_attention(
         k.to(q.dtype),
         v.to(q.dtype),
         None if rel is None else rel.float(),
-        lut,
-        -lo,
+        lut.to(int32),
+        offset,
         q_positions.pos.to(int32),
         q_positions.seg.to(int32),
         k_positions.pos.to(int32),

@@ -456,33 +456,32 @@ def block_ranges(
     return torch.stack([start, end], -1).to(torch.int32).contiguous()
 
 
-def _query_ranges(geometry: tuple, batch: int, bm: int, bn: int) -> Tensor:
-    """Each query block's key range (:func:`_block_ranges`); empty for plain positions, whose
-    kernels bound their loops by index."""
+def _ranges(geometry: tuple, batch: int, bm: int, bn: int, *, queries: bool) -> Tensor:
+    """Each query block's key range (``queries``; the forward and the queries' backward kernel)
+    or each key block's query range (the keys' backward kernel): :func:`block_ranges`, empty for
+    plain positions, whose kernels bound their loops by index."""
     qpos, qseg, kpos, kseg, *_, causal, plain = geometry[:8]
     if plain:
         return qpos.new_zeros(batch, 0, 2)
+    sides = ((qpos, qseg, kpos, kseg, bm, bn), (kpos, kseg, qpos, qseg, bn, bm))[not queries]
+    pos, seg, other_pos, other_seg, block, step = sides
     return block_ranges(
-        qpos, qseg, kpos, kseg, block=bm, step=bn, causal=causal, queries=True, batch=batch
-    )
-
-
-def _key_ranges(geometry: tuple, batch: int, bm: int, bn: int) -> Tensor:
-    """Each key block's query range (:func:`_block_ranges`); empty for plain positions."""
-    qpos, qseg, kpos, kseg, *_, causal, plain = geometry[:8]
-    if plain:
-        return qpos.new_zeros(batch, 0, 2)
-    return block_ranges(
-        kpos, kseg, qpos, qseg, block=bn, step=bm, causal=causal, queries=False, batch=batch
-    )
+        pos, seg, other_pos, other_seg, block=block, step=step, causal=causal, queries=queries,
+        batch=batch,
+    )  # fmt: skip
 
 
 def _blocks(device: torch.device) -> tuple[int, int]:
     return (_INTERPRETED_BLOCK,) * 2 if device.type == "cpu" else (_BM, _BN)
 
 
-def _row_pad(r: int) -> int:
-    return max(16, triton.next_power_of_2(max(r, 1)))
+def _sizes(q: Tensor, rows: int) -> tuple[int, int, int, int, bool]:
+    """``(BM, BN, DP, RP, loop_rows)``: the tiles, the head dim and the row count padded to powers
+    of two, and whether the backward pass's row sums fit a register accumulator (else they run by
+    atomic adds)."""
+    rp = max(16, triton.next_power_of_2(max(rows, 1)))
+    dp = max(16, triton.next_power_of_2(q.shape[-1]))
+    return *_blocks(q.device), dp, rp, rp <= MAX_LOOP_ROWS
 
 
 class _RelativeFlash(torch.autograd.Function):
@@ -494,23 +493,22 @@ class _RelativeFlash(torch.autograd.Function):
         qpos, qseg, kpos, kseg, lut, offset, causal, plain, r, p_drop, seed, linear = geometry
         b, h, i, d = q.shape
         j = k.shape[2]
-        bm, bn = _blocks(q.device)
-        dp, rp = max(16, triton.next_power_of_2(d)), _row_pad(r)
+        bm, bn, dp, rp, _ = _sizes(q, r)
         out = q.new_empty(b, h, i, d, dtype=torch.float32)
         lse = q.new_empty(b, h, i, dtype=torch.float32)
         mass = q.new_zeros(b, h, i, r if want_mass else 0, dtype=torch.float32)
         tables = [t if t is not None else out for t in (rel, relk, slopes)]  # None: never read
-        ranges = _query_ranges(geometry, b, bm, bn)
+        q_ranges = _ranges(geometry, b, bm, bn, queries=True)
         _forward_kernel[(triton.cdiv(i, bm), b * h)](
             q, k, v, qpos, qseg, kpos, kseg, *tables, lut, out, lse, mass,
             *_strides(q, k, qpos, kpos, rel),
-            h, i, j, d, r, lut.numel(), offset, 1.0 / math.sqrt(d), seed, p_drop, ranges,
-            ranges.shape[1],
+            h, i, j, d, r, lut.numel(), offset, 1.0 / math.sqrt(d), seed, p_drop, q_ranges,
+            q_ranges.shape[1],
             BM=bm, BN=bn, DP=dp, RP=rp, PLAIN=plain, CAUSAL=causal, HAS_REL=rel is not None,
             HAS_MASS=want_mass, HAS_KREL=relk is not None, DROPOUT=p_drop > 0, LINEAR=linear,
             PRECISION=_precision(q),
         )  # fmt: skip
-        ctx.save_for_backward(q, k, v, rel, relk, slopes, out, lse, mass)
+        ctx.save_for_backward(q, k, v, rel, relk, slopes, out, lse, mass, q_ranges)
         ctx.geometry, ctx.want_mass = geometry, want_mass
         if not want_mass:
             ctx.mark_non_differentiable(mass)
@@ -518,12 +516,11 @@ class _RelativeFlash(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dout, dmass):
-        q, k, v, rel, relk, slopes, out, lse, mass = ctx.saved_tensors
+        q, k, v, rel, relk, slopes, out, lse, mass, q_ranges = ctx.saved_tensors
         qpos, qseg, kpos, kseg, lut, offset, causal, plain, r, p_drop, seed, linear = ctx.geometry
         b, h, i, d = q.shape
         j = k.shape[2]
-        bm, bn = _blocks(q.device)
-        dp, rp = max(16, triton.next_power_of_2(d)), _row_pad(r)
+        bm, bn, dp, rp, loop_rows = _sizes(q, r)
         dout = dout.float().contiguous()
         dlt = (dout * out).sum(-1)
         has_mass = ctx.want_mass and dmass is not None
@@ -535,7 +532,6 @@ class _RelativeFlash(torch.autograd.Function):
         rel_grad = rel is not None and ctx.needs_input_grad[3]
         relk_grad = relk is not None and ctx.needs_input_grad[4]
         slope_grad = slopes is not None and ctx.needs_input_grad[5]
-        loop_rows = rp <= MAX_LOOP_ROWS
         drel = q.new_zeros(b, h, i, r if rel_grad else 0, dtype=torch.float32)
         drelk = q.new_zeros(b, h, j, r if relk_grad else 0, dtype=torch.float32)
         dslope = q.new_zeros(b, h, i if slope_grad else 0, dtype=torch.float32)
@@ -545,8 +541,7 @@ class _RelativeFlash(torch.autograd.Function):
         tables = [t if t is not None else out for t in (rel, relk, slopes)]  # None: never read
         strides = _strides(q, k, qpos, kpos, rel)
         common = (h, i, j, d, r, lut.numel(), offset, 1.0 / math.sqrt(d), seed, p_drop)
-        q_ranges = _query_ranges(ctx.geometry, b, bm, bn)
-        k_ranges = _key_ranges(ctx.geometry, b, bm, bn)
+        k_ranges = _ranges(ctx.geometry, b, bm, bn, queries=False)
         flags = dict(
             BM=bm, BN=bn, DP=dp, RP=rp if loop_rows else 16, PLAIN=plain, CAUSAL=causal,
             HAS_REL=rel is not None, HAS_MASS=has_mass, HAS_KREL=relk is not None,
