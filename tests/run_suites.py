@@ -29,10 +29,13 @@ ONE_THREAD = {
     "TF_CPP_MIN_LOG_LEVEL": "2",
 }
 SUITES = ("torch", *(f"keras-{b}" for b in KERAS_BACKENDS), "fused")
-#: The background suites: what each runs and the environment it adds to ONE_THREAD.
+#: The background suites: the folder each runs, the environment it adds to ONE_THREAD, its title.
 BACKGROUND = {
-    **{f"keras-{b}": ("tests/keras", {"KERAS_BACKEND": b}) for b in KERAS_BACKENDS},
-    "fused": ("tests/fused", {"TRITON_INTERPRET": "1"}),
+    **{
+        f"keras-{b}": ("tests/keras", {"KERAS_BACKEND": b}, f"Keras suite, KERAS_BACKEND={b}")
+        for b in KERAS_BACKENDS
+    },
+    "fused": ("tests/fused", {"TRITON_INTERPRET": "1"}, "Triton kernels, TRITON_INTERPRET=1"),
 }
 
 
@@ -55,7 +58,7 @@ def main(argv: list[str]) -> int:
         for suite in args.only:
             if suite == "torch":
                 continue
-            folder, extra_env = BACKGROUND[suite]
+            folder, extra_env, _ = BACKGROUND[suite]
             log = open(Path(tmp) / f"{suite}.log", "w+")  # closed once printed, below
             env = {**os.environ, **ONE_THREAD, **extra_env}
             proc = subprocess.Popen(
@@ -64,18 +67,13 @@ def main(argv: list[str]) -> int:
             runs.append((suite, proc, log))
         if "torch" in args.only:
             print("===== PyTorch suite", flush=True)
-            ignore = [f"--ignore={folder}" for folder, _ in BACKGROUND.values()]
+            ignore = [f"--ignore={folder}" for folder, _, _ in BACKGROUND.values()]
             if subprocess.call([*pytest, *sorted(set(ignore))], cwd=ROOT):
                 failed.append("torch")
         for suite, proc, log in runs:
             code = proc.wait()
             log.seek(0)
-            name = (
-                "Triton kernels, TRITON_INTERPRET=1"
-                if suite == "fused"
-                else f"Keras suite, KERAS_BACKEND={suite.removeprefix('keras-')}"
-            )
-            print(f"===== {name}: exit {code}")
+            print(f"===== {BACKGROUND[suite][2]}: exit {code}")
             print(log.read(), end="", flush=True)
             log.close()
             if code:

@@ -225,26 +225,30 @@ def _supported(impl: str, scheme: str, causal: bool = True, device: str = "cpu")
     return scheme in IMPLEMENTATIONS[impl].schemes
 
 
-def _flex_runs(scheme: str, causal: bool, device: str) -> bool:
-    """Whether ``flex`` runs ``scheme`` forward and backward on ``device`` (CUDA only)."""
+def _built(scheme: str, causal: bool):
+    """The scheme as a backend's support check sees it, or None where it cannot be built so
+    (a causal-only scheme, bidirectional)."""
     import relpos
 
+    if not causal and _causal(scheme):
+        return None
+    return relpos.make_scheme(scheme, d_model=64, num_heads=1, causal=causal)
+
+
+def _flex_runs(scheme: str, causal: bool, device: str) -> bool:
+    """Whether ``flex`` runs ``scheme`` forward and backward on ``device`` (CUDA only)."""
     from ..attention.flex import flex_supports
 
-    if not causal and _causal(scheme):
-        return False
-    built = relpos.make_scheme(scheme, d_model=64, num_heads=1, causal=causal)
-    return flex_supports(built, device=torch.device(device), needs_grad=True)
+    built = _built(scheme, causal)
+    return built is not None and flex_supports(built, device=torch.device(device), needs_grad=True)
 
 
 def _fused_runs(scheme: str, causal: bool, device: str) -> bool:
     """Whether the Triton kernel runs ``scheme`` on ``device`` (CUDA; Triton installed)."""
-    import relpos
-
     from ..attention.fused import fused_supports
 
-    built = relpos.make_scheme(scheme, d_model=64, num_heads=1, causal=causal)
-    return fused_supports(built, device=torch.device(device))
+    built = _built(scheme, causal)
+    return built is not None and fused_supports(built, device=torch.device(device))
 
 
 def _causal(scheme: str) -> bool:
