@@ -38,7 +38,7 @@ from pathlib import Path
 import torch
 
 from relpos.atomic import atomic_path
-from relpos.training import load_checkpoint
+from relpos.training import RUN_FILES, load_checkpoint
 
 #: The flags that choose each scheme (with --config they replace the file's scheme).
 SCHEMES = {
@@ -75,16 +75,21 @@ def run_one(out: Path, name: str, seed: int, args: argparse.Namespace, env: dict
         done = load_checkpoint(run / "last.pt")["step"]
         steps = json.loads((run / "config.json").read_text())["steps"]
         train = [*train, "--resume"] if done < steps else []
-    elif args.config:
-        # The file's own scheme keeps the file's arguments (the recipe's music table is 513 rows).
-        own = json.loads(Path(args.config).read_text())["model"].get("scheme", {}).get("name")
-        flags = [] if SCHEMES[name] == ["--scheme", name] and own == name else SCHEMES[name]
-        train += ["--config", args.config, "--seed", str(seed), *flags]
-        train += ["--data", args.data] if args.data else []
     else:
-        every = str(max(args.steps // 6, 1))
-        train += ["--data", args.data, "--steps", str(args.steps), "--eval-every", every]
-        train += ["--seed", str(seed), *SCHEMES[name]]
+        # Stopped before its first checkpoint (or never started): nothing to resume, start over.
+        for file in RUN_FILES:
+            (run / file).unlink(missing_ok=True)
+        if args.config:
+            # The file's own scheme keeps the file's arguments (the recipe's music table is 513
+            # rows).
+            own = json.loads(Path(args.config).read_text())["model"].get("scheme", {}).get("name")
+            flags = [] if SCHEMES[name] == ["--scheme", name] and own == name else SCHEMES[name]
+            train += ["--config", args.config, "--seed", str(seed), *flags]
+            train += ["--data", args.data] if args.data else []
+        else:
+            every = str(max(args.steps // 6, 1))
+            train += ["--data", args.data, "--steps", str(args.steps), "--eval-every", every]
+            train += ["--seed", str(seed), *SCHEMES[name]]
     commands = [train] if train else []
     commands.append(["eval", "--run-dir", str(run), "--no-progress"])
     if seed == args.seed_list[0]:

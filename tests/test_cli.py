@@ -521,7 +521,8 @@ def test_trailing_padding_changes_no_loss():
 # ----------------------------------------------------------------------------- the scheme study
 def test_the_study_script_runs_seeds_side_by_side_and_skips_finished_runs(tiny_data, tmp_path):
     """``benchmarks/chorale_study.py --config``: every scheme × seed is a run folder with its
-    evaluation; the table has each scheme's mean and spread; a second call trains nothing."""
+    evaluation; the table has each scheme's mean and spread; a run stopped before its first
+    checkpoint starts over; a second call trains nothing."""
     import importlib.util
 
     path = Path(__file__).parents[1] / "benchmarks" / "chorale_study.py"
@@ -538,6 +539,10 @@ def test_the_study_script_runs_seeds_side_by_side_and_skips_finished_runs(tiny_d
     argv = ["--config", str(cfg), "--data", str(tiny_data), "--schemes", "alibi,nope"]
     argv += ["--seeds", "0,1"]
     argv += ["--parallel", "2", "--device", "cpu", "--out", str(out)]
+    stopped = out / "nope-seed1"  # a run stopped before its first checkpoint starts over
+    stopped.mkdir(parents=True)
+    (stopped / "config.json").write_text("{}")
+    (stopped / "metrics.jsonl").write_text('{"step": 1}\n')
     assert study.main(argv) == 0
     rows = json.loads((out / "results.json").read_text())
     assert [(r["scheme"], r["seeds"]) for r in rows] == [("alibi", 2), ("nope", 2)]
