@@ -4,6 +4,9 @@
 attention mass per relative row: every :class:`~relpos.schemes.RelativeScheme` (the ``fused``
 backend, :mod:`relpos.attention.fused`). Needs ``triton``; without a CUDA device the kernels run
 in Triton's interpreter (for tests).
+
+:mod:`.aot` — compiles those kernels for a CUDA architecture on a machine with no GPU and reports
+the shared memory, registers and spills of each launch (``python -m relpos.kernels.aot``).
 """
 
 from __future__ import annotations

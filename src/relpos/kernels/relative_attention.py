@@ -51,7 +51,10 @@ al. (2020) for the relative terms.
 
 from __future__ import annotations
 
+import contextlib
 import math
+from collections.abc import Iterator
+from typing import NamedTuple
 
 import torch
 import triton
@@ -63,9 +66,13 @@ from . import interpreted
 __all__ = [
     "INTERPRETED",
     "MAX_LOOP_ROWS",
+    "SHARED_BUDGET",
+    "Launch",
     "block_ranges",
     "dropout_keep",
+    "recorded_launches",
     "relative_flash_attention",
+    "tile_size",
 ]
 
 #: Whether the kernels run in Triton's interpreter (``TRITON_INTERPRET=1`` when ``triton`` was
@@ -75,9 +82,60 @@ INTERPRETED = interpreted()
 #: The most relative rows a register accumulator holds (padded to a power of two); a ``mass``
 #: output or a query-independent ``rel`` needs ``R`` within it.
 MAX_LOOP_ROWS = 128
-_BM, _BN = 64, 64
+#: The shared memory (bytes) any of the kernels needs at most, per square tile size and dtype
+#: class: compiled for sm_80 and sm_90 by Triton 3.6 and 3.9 (``python -m relpos.kernels.aot``;
+#: ``tests/fused/test_compile.py`` keeps every variant within it).
+SHARED_BUDGET = {(64, "half"): 120 * 1024, (32, "half"): 48 * 1024, (32, "float32"): 60 * 1024}
 #: Tiles in the interpreter: test shapes span several; fewer, larger ones cost it less time.
 _INTERPRETED_BLOCK = 32
+
+
+def tile_size(dtype: torch.dtype, shared: int | None) -> int:
+    """The kernels' square tile (``BM = BN``) for inputs of ``dtype`` on a device with ``shared``
+    bytes of shared memory per block (None: Triton's interpreter).
+
+    64 for half precision where the device holds it (A100, H100: 164–228 KiB); 32 otherwise:
+    GPUs with about 100 KiB (RTX 30/40, L4, L40) would refuse the larger tiles' launch, and
+    float32's exact products (no tensor cores) spill about 10 KB of registers per thread at 64.
+    """
+    if shared is None:
+        return _INTERPRETED_BLOCK
+    half = dtype in (torch.bfloat16, torch.float16)
+    return 64 if half and shared >= SHARED_BUDGET[(64, "half")] else 32
+
+
+class Launch(NamedTuple):
+    """One kernel launch as :func:`recorded_launches` keeps it."""
+
+    kernel: triton.runtime.JITFunction
+    args: tuple
+    constexprs: dict
+
+
+_recording: list[Launch] | None = None
+_recorded_tile = 0
+
+
+@contextlib.contextmanager
+def recorded_launches(tile: int) -> Iterator[list[Launch]]:
+    """Within it no kernel runs: each launch is appended to the yielded list, with ``tile``-square
+    tiles, for compiling the kernels ahead of time (:mod:`relpos.kernels.aot`). The inputs may be
+    ``meta`` tensors; outputs are left unwritten. Not thread-safe (a tool for maintainers)."""
+    global _recording, _recorded_tile
+    if _recording is not None:
+        raise RuntimeError("recorded_launches does not nest")
+    _recording, _recorded_tile = [], tile
+    try:
+        yield _recording
+    finally:
+        _recording, _recorded_tile = None, 0
+
+
+def _launch(kernel, grid: tuple, *args, **constexprs) -> None:
+    if _recording is not None:
+        _recording.append(Launch(kernel, args, constexprs))
+    else:
+        kernel[grid](*args, **constexprs)
 
 
 @triton.jit
@@ -471,8 +529,15 @@ def _ranges(geometry: tuple, batch: int, bm: int, bn: int, *, queries: bool) -> 
     )  # fmt: skip
 
 
-def _blocks(device: torch.device) -> tuple[int, int]:
-    return (_INTERPRETED_BLOCK,) * 2 if device.type == "cpu" else (_BM, _BN)
+def _blocks(device: torch.device, dtype: torch.dtype) -> tuple[int, int]:
+    if _recording is not None:
+        tile = _recorded_tile
+    elif device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        tile = tile_size(dtype, getattr(props, "shared_memory_per_block_optin", 48 * 1024))
+    else:
+        tile = tile_size(dtype, None)
+    return tile, tile
 
 
 def _sizes(q: Tensor, rows: int) -> tuple[int, int, int, int, bool]:
@@ -481,7 +546,7 @@ def _sizes(q: Tensor, rows: int) -> tuple[int, int, int, int, bool]:
     atomic adds)."""
     rp = max(16, triton.next_power_of_2(max(rows, 1)))
     dp = max(16, triton.next_power_of_2(q.shape[-1]))
-    return *_blocks(q.device), dp, rp, rp <= MAX_LOOP_ROWS
+    return *_blocks(q.device, q.dtype), dp, rp, rp <= MAX_LOOP_ROWS
 
 
 class _RelativeFlash(torch.autograd.Function):
@@ -499,7 +564,8 @@ class _RelativeFlash(torch.autograd.Function):
         mass = q.new_zeros(b, h, i, r if want_mass else 0, dtype=torch.float32)
         tables = [t if t is not None else out for t in (rel, relk, slopes)]  # None: never read
         q_ranges = _ranges(geometry, b, bm, bn, queries=True)
-        _forward_kernel[(triton.cdiv(i, bm), b * h)](
+        _launch(
+            _forward_kernel, (triton.cdiv(i, bm), b * h),
             q, k, v, qpos, qseg, kpos, kseg, *tables, lut, out, lse, mass,
             *_strides(q, k, qpos, kpos, rel),
             h, i, j, d, r, lut.numel(), offset, 1.0 / math.sqrt(d), seed, p_drop, q_ranges,
@@ -547,11 +613,13 @@ class _RelativeFlash(torch.autograd.Function):
             HAS_REL=rel is not None, HAS_MASS=has_mass, HAS_KREL=relk is not None,
             DROPOUT=p_drop > 0, LINEAR=linear, LOOP_ROWS=loop_rows, PRECISION=_precision(q),
         )  # fmt: skip
-        _backward_kv_kernel[(triton.cdiv(j, bn), b * h)](
+        _launch(
+            _backward_kv_kernel, (triton.cdiv(j, bn), b * h),
             q, k, v, dout, lse, dlt, qpos, qseg, kpos, kseg, *tables, lut, dmass, dk, dv, drelk,
             *strides, *common, k_ranges, k_ranges.shape[1], KREL_GRAD=relk_grad, **flags,
         )  # fmt: skip
-        _backward_q_kernel[(triton.cdiv(i, bm), b * h)](
+        _launch(
+            _backward_q_kernel, (triton.cdiv(i, bm), b * h),
             q, k, v, dout, lse, dlt, qpos, qseg, kpos, kseg, *tables, lut, dmass, dq, drel,
             dslope, *strides, *common, q_ranges, q_ranges.shape[1], REL_GRAD=rel_grad,
             SLOPE_GRAD=slope_grad, **flags,
@@ -690,8 +758,7 @@ def dropout_keep(
     ``(b, h, i, j)`` (for tests and debugging: it is the ``(i, j)`` tensor the kernels avoid)."""
     b, h, i, j = shape
     keep = torch.empty(b, h, i, j, dtype=torch.int8, device=device)
-    bm, bn = _blocks(torch.device(device))
-    _keep_kernel[(triton.cdiv(i, bm), triton.cdiv(j, bn), b * h)](
-        keep, int(seed), float(dropout_p), i, j, BM=bm, BN=bn
-    )
+    bm, bn = _blocks(torch.device(device), torch.float32)
+    grid = (triton.cdiv(i, bm), triton.cdiv(j, bn), b * h)
+    _launch(_keep_kernel, grid, keep, int(seed), float(dropout_p), i, j, BM=bm, BN=bn)
     return keep.bool()

@@ -1,0 +1,244 @@
+"""Compile the fused kernels ahead of time for a CUDA architecture, on a machine with no GPU.
+
+Triton lowers a kernel to PTX and assembles it with the ``ptxas`` its wheel ships, with no device
+needed. What that reports decides, before any GPU is at hand, whether a launch fits a GPU (the
+shared memory it asks for) and how its tiles sit in registers (registers and spilled bytes per
+thread). The kernels are those the ``fused`` backend launches for each of :data:`VARIANTS`, recorded
+on ``meta`` tensors by :func:`~.relative_attention.recorded_launches`.
+
+.. code-block:: text
+
+    python -m relpos.kernels.aot --arch 80,90 --tile 64 --dtype bfloat16 [--check] [--json F]
+
+``--check`` exits 1 when a kernel needs more shared memory than
+:data:`~.relative_attention.SHARED_BUDGET` allows its tile and dtype
+(``tests/fused/test_compile.py`` runs it). Needs ``triton`` with its NVIDIA backend, and
+``TRITON_INTERPRET`` unset (the interpreter replaces the kernels with Python functions).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import NamedTuple
+
+import torch
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from . import interpreted
+from .relative_attention import (
+    SHARED_BUDGET,
+    Launch,
+    recorded_launches,
+    relative_flash_attention,
+)
+
+__all__ = [
+    "VARIANTS",
+    "KernelReport",
+    "compile_launch",
+    "main",
+    "over_budget",
+    "report",
+    "variant_launches",
+]
+
+#: One call of :func:`~.relative_attention.relative_flash_attention` per kind of launch the
+#: ``fused`` backend makes: the table shared by every query (T5), per query with the mass (Shaw's
+#: keys and values) or past the register rows (the Music Transformer: atomic row sums), a key term
+#: (DeBERTa), ALiBi's slopes (learned: their gradient), dropout, and general positions (padding,
+#: packing, a cache: ``plain=False``).
+VARIANTS: dict[str, dict] = {
+    "t5": dict(rel="shared", rows=32),
+    "t5-positions": dict(rel="shared", rows=32, causal=False, plain=False),
+    "shaw-values": dict(rel="query", rows=33, mass=True),
+    "shaw-values-dropout": dict(rel="query", rows=33, mass=True, dropout=0.1),
+    "music": dict(rel="query", rows=513),
+    "music-positions": dict(rel="query", rows=513, plain=False),
+    "deberta": dict(rel="query", rows=256, relk=True, causal=False),
+    "alibi": dict(rows=1, slopes=True),
+    "alibi-bidirectional": dict(rows=1, slopes=True, symmetric=True, causal=False),
+    "alibi-dropout": dict(rows=1, slopes=True, dropout=0.1),
+}
+
+_TYPES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16",
+          torch.int32: "i32", torch.int64: "i64", torch.int8: "i8"}  # fmt: skip
+
+
+class KernelReport(NamedTuple):
+    """What compiling one launch for one architecture reports."""
+
+    variant: str
+    dtype: str
+    tile: int
+    arch: int
+    kernel: str
+    shared: int  # bytes of shared memory per block
+    registers: int | None  # per thread (None: Triton ships no cuobjdump)
+    spilled: int | None  # bytes of local memory per thread
+
+    @property
+    def budget(self) -> int | None:
+        """The shared memory its tile and dtype may use (None: a pair the kernels never run)."""
+        return SHARED_BUDGET.get((self.tile, "float32" if self.dtype == "float32" else "half"))
+
+
+def variant_launches(
+    variant: str, dtype: torch.dtype, tile: int, *, d: int = 64, n: int = 256
+) -> list[Launch]:
+    """The launches of one forward and backward pass of ``variant`` (a key of :data:`VARIANTS`)
+    with ``dtype`` inputs of head dim ``d`` and ``n`` tokens, ``tile``-square tiles."""
+    spec = dict(VARIANTS[variant])
+    rows, rel = spec.pop("rows"), spec.pop("rel", None)
+    b, h = 2, 4
+    meta = {"device": "meta", "requires_grad": True}
+    q, k, v = (torch.empty(b, h, n, d, dtype=dtype, **meta) for _ in range(3))
+    table = {
+        "query": lambda: torch.empty(b, h, n, rows, **meta),
+        "shared": lambda: torch.empty(1, h, 1, rows, **meta),
+        None: lambda: None,
+    }[rel]()
+    pos = torch.empty(b, n, dtype=torch.int32, device="meta")
+    lut = torch.empty(rows, dtype=torch.int32, device="meta")
+    slopes = torch.empty(h, **meta) if spec.pop("slopes", False) else None
+    relk = torch.empty(b, h, n, rows, **meta) if spec.pop("relk", False) else None
+    spec.setdefault("causal", True)
+    spec.setdefault("plain", True)
+    spec["dropout_p"] = spec.pop("dropout", 0.0)
+    with recorded_launches(tile) as launches:
+        out, mass = relative_flash_attention(
+            q, k, v, table, lut, rows // 2, pos, pos, pos, pos, rows=rows, seed=1,
+            slopes=slopes, relk=relk, **spec,
+        )  # fmt: skip
+        (out.sum() + mass.sum()).backward()
+    return list(launches)
+
+
+def _signature(launch: Launch) -> tuple[dict, dict, dict]:
+    """``(signature, constexprs, attrs)`` as Triton's launcher specialises them: 16-byte aligned
+    pointers and integers divisible by 16 are marked so, an integer 1 is a constant."""
+    fn = launch.kernel
+    values = dict(zip(fn.arg_names, launch.args, strict=False)) | launch.constexprs
+    signature, constexprs, attrs = {}, {}, {}
+    for i, (name, param) in enumerate(zip(fn.arg_names, fn.params, strict=True)):
+        value = values[name]
+        if param.is_constexpr or (type(value) is int and value == 1):
+            signature[name], constexprs[name] = "constexpr", value
+        elif isinstance(value, torch.Tensor):
+            signature[name] = "*" + _TYPES[value.dtype]
+            attrs[(i,)] = [["tt.divisibility", 16]]
+        elif isinstance(value, float):
+            signature[name] = "fp32"
+        elif isinstance(value, int):
+            signature[name] = "i32" if -(2**31) <= value < 2**31 else "i64"
+            if value % 16 == 0:
+                attrs[(i,)] = [["tt.divisibility", 16]]
+        else:
+            raise TypeError(f"{fn.__name__}: argument {name} of type {type(value).__name__}")
+    return signature, constexprs, attrs
+
+
+def _resources(cubin: bytes) -> tuple[int | None, int | None]:
+    """Registers and spilled bytes per thread, from the ``cuobjdump`` Triton ships."""
+    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    if not tool.exists():
+        return None, None
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        text = subprocess.run(
+            [str(tool), "--dump-resource-usage", f.name], capture_output=True, text=True
+        ).stdout
+    found = re.search(r"REG:(\d+) STACK:(\d+)", text)
+    return (int(found[1]), int(found[2])) if found else (None, None)
+
+
+def compile_launch(launch: Launch, arch: int) -> tuple[int, int | None, int | None]:
+    """Compile one launch for ``sm_<arch>``: ``(shared bytes, registers, spilled bytes)``."""
+    kernel = triton.compile(
+        ASTSource(launch.kernel, *_signature(launch)), target=GPUTarget("cuda", arch, 32)
+    )
+    return kernel.metadata.shared, *_resources(kernel.asm["cubin"])
+
+
+def report(
+    variants: list[str], dtypes: list[torch.dtype], tiles: list[int], arches: list[int]
+) -> list[KernelReport]:
+    """Every kernel of every variant × dtype × tile × architecture, compiled."""
+    rows = []
+    for variant in variants:
+        for dtype in dtypes:
+            for tile in tiles:
+                launches = variant_launches(variant, dtype, tile)
+                for arch in arches:
+                    for launch in launches:
+                        found = compile_launch(launch, arch)
+                        name = str(dtype).removeprefix("torch.")
+                        rows.append(
+                            KernelReport(variant, name, tile, arch, launch.kernel.__name__, *found)
+                        )
+    return rows
+
+
+def over_budget(rows: list[KernelReport]) -> list[KernelReport]:
+    """The rows whose kernel needs more shared memory than its tile and dtype's budget."""
+    return [r for r in rows if r.budget is not None and r.shared > r.budget]
+
+
+def _list(text: str) -> list[str]:
+    return [t for t in text.split(",") if t]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m relpos.kernels.aot", description=__doc__)
+    parser.add_argument("--arch", default="80,90", help="CUDA architectures, e.g. 80,90")
+    parser.add_argument("--tile", default="64,32", help="square tile sizes")
+    parser.add_argument("--dtype", default="bfloat16", help="bfloat16, float16, float32")
+    parser.add_argument("--variants", default=",".join(VARIANTS), help="keys of VARIANTS")
+    parser.add_argument("--check", action="store_true", help="exit 1 past SHARED_BUDGET")
+    parser.add_argument("--json", type=Path, help="also write the rows to this file")
+    args = parser.parse_args(argv)
+    if interpreted():
+        parser.error("TRITON_INTERPRET is set: the kernels are Python functions, not compilable")
+    for name in _list(args.variants):
+        if name not in VARIANTS:
+            parser.error(f"--variants: unknown {name!r}; choose from {', '.join(VARIANTS)}")
+    dtypes = []
+    for name in _list(args.dtype):
+        if name not in ("bfloat16", "float16", "float32"):
+            parser.error(f"--dtype: {name!r} is none of bfloat16, float16, float32")
+        dtypes.append(getattr(torch, name))
+    tiles = [int(t) for t in _list(args.tile)]
+    for tile in tiles:
+        if not any(key[0] == tile for key in SHARED_BUDGET):
+            parser.error(f"--tile: {tile} has no shared-memory budget (tiles: 64, 32)")
+    rows = report(_list(args.variants), dtypes, tiles, [int(a) for a in _list(args.arch)])
+    over = over_budget(rows)
+    print("variant               dtype     tile  sm  kernel                shared  regs spill")
+    for r in rows:
+        mark = f"  over the budget of {r.budget} B" if r in over else ""
+        regs, spilled = ("-" if x is None else x for x in (r.registers, r.spilled))
+        print(
+            f"{r.variant:21s} {r.dtype:9s} {r.tile:4d} {r.arch:3d}  {r.kernel:20s} "
+            f"{r.shared:7d} {regs:>5} {spilled:>5}{mark}"
+        )
+    if args.json:
+        tmp = args.json.with_name(args.json.name + ".tmp")
+        tmp.write_text(json.dumps([r._asdict() for r in rows], indent=1))
+        os.replace(tmp, args.json)
+    if args.check and over:
+        print(f"{len(over)} kernel(s) over their shared-memory budget", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

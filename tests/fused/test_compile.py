@@ -1,0 +1,91 @@
+"""The fused kernels compile for real GPUs, and every launch fits its shared-memory budget.
+
+Triton's interpreter (the rest of this folder on a CPU) runs the kernels' Python, which accepts
+programs the compiler refuses; the compiler alone knows the shared memory a launch asks for,
+which decides whether it runs at all on a GPU with less (an RTX 4090 has about 100 KiB, an H100
+228). ``python -m relpos.kernels.aot`` compiles every kind of launch the ``fused`` backend makes
+(:data:`~relpos.kernels.aot.VARIANTS`) for the GPUs each tile size is chosen for, with the
+``ptxas`` Triton ships: no GPU needed, in a process of its own without ``TRITON_INTERPRET``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+import triton
+
+from relpos.kernels.aot import VARIANTS, KernelReport, over_budget, variant_launches
+from relpos.kernels.relative_attention import SHARED_BUDGET, recorded_launches, tile_size
+
+KERNELS = ("_forward_kernel", "_backward_kv_kernel", "_backward_q_kernel")
+PTXAS = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
+
+
+def _compile(tmp_path: Path, *flags: str) -> list[dict]:
+    out = tmp_path / "rows.json"
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    command = [sys.executable, "-m", "relpos.kernels.aot", "--check", "--json", str(out), *flags]
+    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=1800)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return json.loads(out.read_text())
+
+
+@pytest.mark.skipif(not PTXAS.exists(), reason="Triton without its NVIDIA backend")
+@pytest.mark.parametrize(
+    ("arches", "tiles", "dtypes"),
+    [
+        ("90", "64", "bfloat16"),  # the large tiles: H100 (and A100)
+        ("89", "32", "bfloat16"),  # the small ones: RTX 4090, L4, L40 (and sm_86)
+        pytest.param("80,90", "32", "float32", marks=pytest.mark.slow),
+        pytest.param("80", "64,32", "float16", marks=pytest.mark.slow),
+    ],
+)
+def test_every_launch_compiles_within_its_budget(tmp_path, arches, tiles, dtypes):
+    """Each kind of launch compiles for the architecture (the interpreter would not tell) and asks
+    for no more shared memory than :data:`SHARED_BUDGET` grants its tile, so
+    :func:`tile_size`'s choice launches on the GPUs it is made for."""
+    rows = _compile(tmp_path, "--arch", arches, "--tile", tiles, "--dtype", dtypes)
+    sizes = [len(flag.split(",")) for flag in (arches, tiles, dtypes)]
+    assert len(rows) == len(VARIANTS) * len(KERNELS) * sizes[0] * sizes[1] * sizes[2]
+    assert {r["kernel"] for r in rows} == set(KERNELS)
+    for r in rows:
+        kind = "float32" if r["dtype"] == "float32" else "half"
+        assert 0 < r["shared"] <= SHARED_BUDGET[(r["tile"], kind)], r
+
+
+def test_the_budget_check_can_fail():
+    """A kernel over its budget is reported (so ``--check`` above could fail)."""
+    budget = SHARED_BUDGET[(64, "half")]
+    row = KernelReport("t5", "bfloat16", 64, 90, "_forward_kernel", budget, 255, 0)
+    assert over_budget([row]) == []
+    assert over_budget([row._replace(shared=budget + 1)]) == [row._replace(shared=budget + 1)]
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_a_variant_records_one_launch_per_kernel_and_runs_none(variant):
+    """On ``meta`` tensors, with the tiles asked for: nothing is computed."""
+    launches = variant_launches(variant, torch.bfloat16, 64)
+    assert [launch.kernel.__name__ for launch in launches] == list(KERNELS)
+    assert all(launch.constexprs["BM"] == launch.constexprs["BN"] == 64 for launch in launches)
+    with recorded_launches(32), pytest.raises(RuntimeError, match="does not nest"):
+        with recorded_launches(32):
+            pass
+
+
+def test_tile_size_fits_the_device():
+    big, small = 228 * 1024, 99 * 1024  # H100, RTX 4090
+    assert tile_size(torch.bfloat16, big) == tile_size(torch.float16, big) == 64
+    assert tile_size(torch.bfloat16, small) == 32
+    assert tile_size(torch.float32, big) == 32  # exact products: 64 spills registers
+    assert tile_size(torch.float32, None) == tile_size(torch.bfloat16, None) == 32  # interpreter
+    assert SHARED_BUDGET[(64, "half")] <= 160 * 1024  # an A100 (164 KiB) takes the large tiles
+    assert max(SHARED_BUDGET[(32, kind)] for kind in ("half", "float32")) <= 99 * 1024
