@@ -203,6 +203,17 @@ def _dropped(p, seed, row_at, offs_n, NJ, p_drop):
 
 
 @triton.jit
+def _program(H, N, D, BLOCK: tl.constexpr, DP: tl.constexpr):
+    """This program's block of ``BLOCK`` tokens (of ``N``) and its batch row and head:
+    ``(block, bh, b, h, offs, offs_d, ok, d_ok)``."""
+    block = tl.program_id(0)
+    bh = tl.program_id(1).to(tl.int64)  # offsets past 2**31 elements stay exact
+    offs = block * BLOCK + tl.arange(0, BLOCK)
+    offs_d = tl.arange(0, DP)
+    return block, bh, bh // H, bh % H, offs, offs_d, offs < N, offs_d < D
+
+
+@triton.jit
 def _key_range(start_m, b, NJ, RANGES, n_ranges, BM: tl.constexpr, PLAIN: tl.constexpr,
                CAUSAL: tl.constexpr):  # fmt: skip
     """The keys query block ``start_m`` visits, ``[begin, end)``: all, or up to the block's end
@@ -255,14 +266,7 @@ def _forward_kernel(
     PLAIN: tl.constexpr, CAUSAL: tl.constexpr, HAS_REL: tl.constexpr, HAS_MASS: tl.constexpr,
     HAS_KREL: tl.constexpr, DROPOUT: tl.constexpr, LINEAR: tl.constexpr, PRECISION: tl.constexpr,
 ):  # fmt: skip
-    start_m = tl.program_id(0)
-    bh = tl.program_id(1).to(tl.int64)  # offsets past 2**31 elements stay exact
-    b = bh // H
-    h = bh % H
-    offs_m = start_m * BM + tl.arange(0, BM)
-    offs_d = tl.arange(0, DP)
-    m_ok = offs_m < NI
-    d_ok = offs_d < D
+    start_m, bh, b, h, offs_m, offs_d, m_ok, d_ok = _program(H, NI, D, BM, DP)
     q, qp, qs = _load_queries(Q, QPOS, QSEG, b, h, offs_m, offs_d, m_ok, d_ok, sqb, sqh, sqi, spq)
     rel_base = REL + b * srb + h * srh + offs_m[:, None] * sri
     row_at = bh * NI + offs_m
@@ -356,14 +360,7 @@ def _backward_kv_kernel(
     HAS_KREL: tl.constexpr, DROPOUT: tl.constexpr, LINEAR: tl.constexpr,
     KREL_GRAD: tl.constexpr, LOOP_ROWS: tl.constexpr, PRECISION: tl.constexpr,
 ):  # fmt: skip
-    start_n = tl.program_id(0)
-    bh = tl.program_id(1).to(tl.int64)  # offsets past 2**31 elements stay exact
-    b = bh // H
-    h = bh % H
-    offs_n = start_n * BN + tl.arange(0, BN)
-    offs_d = tl.arange(0, DP)
-    n_ok = offs_n < NJ
-    d_ok = offs_d < D
+    start_n, bh, b, h, offs_n, offs_d, n_ok, d_ok = _program(H, NJ, D, BN, DP)
     k, v = _load_keys(K, V, b, h, offs_n, offs_d, n_ok, d_ok, skb, skh, skj)
     slope = 0.0
     if LINEAR:
@@ -425,14 +422,7 @@ def _backward_q_kernel(
     HAS_KREL: tl.constexpr, DROPOUT: tl.constexpr, LINEAR: tl.constexpr, REL_GRAD: tl.constexpr,
     LOOP_ROWS: tl.constexpr, SLOPE_GRAD: tl.constexpr, PRECISION: tl.constexpr,
 ):  # fmt: skip
-    start_m = tl.program_id(0)
-    bh = tl.program_id(1).to(tl.int64)  # offsets past 2**31 elements stay exact
-    b = bh // H
-    h = bh % H
-    offs_m = start_m * BM + tl.arange(0, BM)
-    offs_d = tl.arange(0, DP)
-    m_ok = offs_m < NI
-    d_ok = offs_d < D
+    start_m, bh, b, h, offs_m, offs_d, m_ok, d_ok = _program(H, NI, D, BM, DP)
     q, qp, qs = _load_queries(Q, QPOS, QSEG, b, h, offs_m, offs_d, m_ok, d_ok, sqb, sqh, sqi, spq)
     row_at = bh * NI + offs_m
     do, lse, dlt = _load_output_grads(DO, LSE, DLT, row_at, offs_d, m_ok, d_ok, D, q.dtype)
