@@ -266,6 +266,41 @@ def test_refuses_float64():
         fused_attention(y, y, y, scheme.double(), p, p, causal=True)
 
 
+@pytest.fixture
+def deterministic():
+    """``torch.use_deterministic_algorithms``, restored afterwards."""
+    before = (
+        torch.are_deterministic_algorithms_enabled(),
+        torch.is_deterministic_algorithms_warn_only_enabled(),
+    )
+    yield torch.use_deterministic_algorithms
+    torch.use_deterministic_algorithms(before[0], warn_only=before[1])
+
+
+def test_deterministic_mode_refuses_atomic_row_sums(deterministic):
+    """More than :data:`MAX_LOOP_ROWS` rows with a table gradient (the Music Transformer, 129
+    rows) sums by atomic adds: refused under deterministic algorithms, a warning with
+    ``warn_only``; without a gradient, or with a register sum (T5, 32 rows), it runs."""
+    p = relpos.Positions.from_length(5, device=DEVICE)
+    x = torch.randn(1, 2, 5, 8, device=DEVICE)
+    music, t5 = (
+        relpos.make_scheme(spec, d_model=16, num_heads=2, causal=True).to(DEVICE)
+        for spec in ({"name": "music", "max_distance": 128}, {"name": "t5"})
+    )
+    assert music.num_relative > MAX_LOOP_ROWS >= t5.num_relative
+    deterministic(True)
+    with pytest.raises(RuntimeError, match="not deterministic"):
+        fused_attention(x, x, x, music, p, p, causal=True)
+    with torch.no_grad():
+        fused_attention(x, x, x, music, p, p, causal=True)
+    fused_attention(x, x, x, t5, p, p, causal=True).sum().backward()
+    deterministic(True, warn_only=True)
+    with pytest.warns(UserWarning, match="atomic adds for 129 rows"):
+        fused_attention(x, x, x, music, p, p, causal=True).sum().backward()
+    deterministic(False)
+    fused_attention(x, x, x, music, p, p, causal=True)
+
+
 def _reference(q, k, v, rel, lut, offset, qp, qs, kp, ks, causal, rows, keep, p_drop):
     """The kernel's definition, float64, with ``(b, h, i, j)`` tensors: logits plus
     ``rel[.., i, lut[p_j - p_i + offset]]``, masked softmax, dropout by ``keep``, ``out`` and

@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import warnings
 from collections.abc import Iterator
 from typing import NamedTuple
 
@@ -698,6 +699,11 @@ def relative_flash_attention(
         ``(out, mass)``: float32 ``(b, h, i, d)`` and float32 ``(b, h, i, R)`` (``(b, h, i, 0)``
         when not asked for). A query with no key gets zeros in both. Differentiable in ``q``,
         ``k``, ``v``, ``rel`` and ``mass``.
+
+    Raises:
+        RuntimeError: under ``torch.use_deterministic_algorithms(True)`` (a warning with
+            ``warn_only``), when ``rel`` or ``relk`` needs a gradient over more than
+            :data:`MAX_LOOP_ROWS` rows: those gradients are summed by atomic adds.
     """
     want_mass = bool(mass)
     if rel is not None and rel.shape[-1] != rows:
@@ -706,6 +712,9 @@ def relative_flash_attention(
         raise ValueError("lut must have at least one entry, got shape (0,)")
     if not 0.0 <= dropout_p < 1.0:
         raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
+    tables = [t for t in (rel, relk) if t is not None and t.requires_grad]
+    if rows > MAX_LOOP_ROWS and tables and torch.is_grad_enabled():
+        _alert_atomic_row_sums(rows)
     geometry = (
         q_pos.contiguous(),
         q_seg.contiguous(),
@@ -728,6 +737,24 @@ def relative_flash_attention(
         raise ValueError(f"relk must have shape {want}, got {tuple(relk.shape)}")
     relk = None if relk is None else relk.float().contiguous()
     return _RelativeFlash.apply(q, k, v, rel, relk, slopes, geometry, want_mass)
+
+
+def _alert_atomic_row_sums(rows: int) -> None:
+    """Under ``torch.use_deterministic_algorithms(True)``: the backward pass's atomic row sums add
+    in an order that varies from run to run on a GPU, so refuse (or warn, with ``warn_only``), as
+    PyTorch does for its own such ops. Checked on every device, so tests see it on a CPU."""
+    if not torch.are_deterministic_algorithms_enabled():
+        return
+    message = (
+        f"the fused kernel's backward pass sums the relative table's gradient by atomic adds for "
+        f"{rows} rows (more than MAX_LOOP_ROWS = {MAX_LOOP_ROWS}), which is not deterministic; "
+        "use another backend (eager, chunked, sdpa) for this scheme, or "
+        "torch.use_deterministic_algorithms(True, warn_only=True)"
+    )
+    if torch.is_deterministic_algorithms_warn_only_enabled():
+        warnings.warn(message, UserWarning, stacklevel=3)
+    else:
+        raise RuntimeError(message)
 
 
 @triton.jit
