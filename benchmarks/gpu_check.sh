@@ -11,8 +11,9 @@
 # work; the fused Triton kernel's suite, tests/fused, first), one bench process per scheme × mask that compiles every FlexAttention shape once (its
 # "first call s" is the cold compile, measured under that load; Inductor's on-disk caches then
 # serve phase 2), and `relpos train` of configs/jsb-music-paper.json for TRAIN_S seconds, then
-# `relpos eval`. Phase 2: `relpos bench --device cuda` with nothing else on the GPU.
-# Budgets (seconds): TEST_S, TRAIN_S, BENCH_S. DATA: the JSB JSON where the config's
+# `relpos eval`. Phase 2, with nothing else on the GPU: benchmarks/fused_tiles.py (the fused
+# kernel's TILE_CONFIGS against flash SDPA at L=4096), then `relpos bench --device cuda`.
+# Budgets (seconds): TEST_S, TRAIN_S, TILES_S, BENCH_S. DATA: the JSB JSON where the config's
 # ../shared path does not exist (a GPU machine gets only the checkout: carry a copy in it).
 set -u
 OUT=${1:?usage: benchmarks/gpu_check.sh OUT}
@@ -20,7 +21,9 @@ WORK=${WORK:-$(mktemp -d)}
 mkdir -p "$OUT" "$WORK"
 PY=${PYTHON:-python3}
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
-TEST_S=${TEST_S:-270} TRAIN_S=${TRAIN_S:-250} BENCH_S=${BENCH_S:-260}
+# Within the device tool's 600 s a command: phase 1 takes max(TEST_S, TRAIN_S + eval).
+TEST_S=${TEST_S:-240} TRAIN_S=${TRAIN_S:-210} TILES_S=${TILES_S:-90} BENCH_S=${BENCH_S:-230}
+TILE_CONFIGS=${TILE_CONFIGS:-64x4,64x8,32x4}  # benchmarks/fused_tiles.py candidates
 WORKERS=${WORKERS:-8}  # 0: no pytest-xdist
 LENGTHS=${LENGTHS:-1024,4096,16384}  # ascending: each L estimates the next one's time
 TOKENS=${TOKENS:-16384}
@@ -70,8 +73,10 @@ wait
 tail -n 5 "$OUT/train.log"
 cat "$WORK"/cold-*.log > "$OUT/cold.log"
 
-# ---- phase 2: the bench, alone on the GPU
+# ---- phase 2: the fused kernel's tiles and warps, then the bench, alone on the GPU
 unset OMP_NUM_THREADS TORCHINDUCTOR_COMPILE_THREADS
+timeout "$TILES_S" $PY benchmarks/fused_tiles.py --out "$WORK/tiles" --lengths 4096 \
+  --tokens "$TOKENS" --configs "$TILE_CONFIGS" 2>&1 | tee "$OUT/tiles.log"
 timeout "$BENCH_S" $PY -m relpos.cli.bench --device "$DEVICE" --dtype bfloat16 \
   --lengths "$LENGTHS" --tokens "$TOKENS" --mask both --schemes "$BENCH_SCHEMES" \
   --impls sdpa,chunked,flex,fused,sdpa-bias --repeats 10 --warmup 3 --max-config-seconds 10 \

@@ -24,7 +24,12 @@ pytest.importorskip("triton")
 import triton
 
 from relpos.kernels.aot import VARIANTS, KernelReport, over_budget, variant_launches
-from relpos.kernels.relative_attention import SHARED_BUDGET, recorded_launches, tile_size
+from relpos.kernels.relative_attention import (
+    SHARED_BUDGET,
+    launch_config,
+    recorded_launches,
+    tile_size,
+)
 
 KERNELS = ("_forward_kernel", "_backward_kv_kernel", "_backward_q_kernel")
 PTXAS = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
@@ -65,19 +70,30 @@ def test_every_launch_compiles_within_its_budget(tmp_path, arches, tiles, dtypes
 def test_the_budget_check_can_fail():
     """A kernel over its budget is reported (so ``--check`` above could fail)."""
     budget = SHARED_BUDGET[(64, "half")]
-    row = KernelReport("t5", "bfloat16", 64, 90, "_forward_kernel", budget, 255, 0)
+    row = KernelReport("t5", "bfloat16", 64, 4, 90, "_forward_kernel", budget, 255, 0)
     assert over_budget([row]) == []
     assert over_budget([row._replace(shared=budget + 1)]) == [row._replace(shared=budget + 1)]
 
 
 @pytest.mark.parametrize("variant", list(VARIANTS))
 def test_a_variant_records_one_launch_per_kernel_and_runs_none(variant):
-    """On ``meta`` tensors, with the tiles asked for: nothing is computed."""
-    launches = variant_launches(variant, torch.bfloat16, 64)
+    """On ``meta`` tensors, with the tiles and warps asked for: nothing is computed."""
+    launches = variant_launches(variant, torch.bfloat16, 64, 8)
     assert [launch.kernel.__name__ for launch in launches] == list(KERNELS)
-    assert all(launch.constexprs["BM"] == launch.constexprs["BN"] == 64 for launch in launches)
-    with recorded_launches(32), pytest.raises(RuntimeError, match="does not nest"):
-        with recorded_launches(32):
+    for launch in launches:
+        assert launch.constexprs["BM"] == launch.constexprs["BN"] == 64
+        assert launch.options == {"num_warps": 8}
+
+
+def test_launch_config_and_recording_refuse_bad_use():
+    with recorded_launches(), pytest.raises(RuntimeError, match="does not nest"):
+        with recorded_launches():
+            pass
+    with pytest.raises(ValueError, match="tile must be 16, 32, 64 or 128, got 48"):
+        with launch_config(tile=48):
+            pass
+    with pytest.raises(ValueError, match="num_warps must be 1, 2, 4, 8 or 16, got 3"):
+        with launch_config(num_warps=3):
             pass
 
 

@@ -8,7 +8,8 @@ on ``meta`` tensors by :func:`~.relative_attention.recorded_launches`.
 
 .. code-block:: text
 
-    python -m relpos.kernels.aot --arch 80,90 --tile 64 --dtype bfloat16 [--check] [--json F]
+    python -m relpos.kernels.aot --arch 80,90 --tile 64 --dtype bfloat16 [--warps 4,8]
+                                 [--check] [--json F]
 
 ``--check`` exits 1 when a kernel needs more shared memory than
 :data:`~.relative_attention.SHARED_BUDGET` allows its tile and dtype
@@ -19,6 +20,7 @@ on ``meta`` tensors by :func:`~.relative_attention.recorded_launches`.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import re
@@ -37,6 +39,7 @@ from . import interpreted
 from .relative_attention import (
     SHARED_BUDGET,
     Launch,
+    launch_config,
     recorded_launches,
     relative_flash_attention,
 )
@@ -79,6 +82,7 @@ class KernelReport(NamedTuple):
     variant: str
     dtype: str
     tile: int
+    warps: int
     arch: int
     kernel: str
     shared: int  # bytes of shared memory per block
@@ -92,10 +96,11 @@ class KernelReport(NamedTuple):
 
 
 def variant_launches(
-    variant: str, dtype: torch.dtype, tile: int, *, d: int = 64, n: int = 256
+    variant: str, dtype: torch.dtype, tile: int, warps: int = 4, *, d: int = 64, n: int = 256
 ) -> list[Launch]:
     """The launches of one forward and backward pass of ``variant`` (a key of :data:`VARIANTS`)
-    with ``dtype`` inputs of head dim ``d`` and ``n`` tokens, ``tile``-square tiles."""
+    with ``dtype`` inputs of head dim ``d`` and ``n`` tokens, ``tile``-square tiles and ``warps``
+    warps."""
     spec = dict(VARIANTS[variant])
     rows, rel = spec.pop("rows"), spec.pop("rel", None)
     b, h = 2, 4
@@ -113,7 +118,7 @@ def variant_launches(
     spec.setdefault("causal", True)
     spec.setdefault("plain", True)
     spec["dropout_p"] = spec.pop("dropout", 0.0)
-    with recorded_launches(tile) as launches:
+    with launch_config(tile, warps), recorded_launches() as launches:
         out, mass = relative_flash_attention(
             q, k, v, table, lut, rows // 2, pos, pos, pos, pos, rows=rows, seed=1,
             slopes=slopes, relk=relk, **spec,
@@ -164,27 +169,29 @@ def _resources(cubin: bytes) -> tuple[int | None, int | None]:
 def compile_launch(launch: Launch, arch: int) -> tuple[int, int | None, int | None]:
     """Compile one launch for ``sm_<arch>``: ``(shared bytes, registers, spilled bytes)``."""
     kernel = triton.compile(
-        ASTSource(launch.kernel, *_signature(launch)), target=GPUTarget("cuda", arch, 32)
+        ASTSource(launch.kernel, *_signature(launch)),
+        target=GPUTarget("cuda", arch, 32),
+        options=launch.options,
     )
     return kernel.metadata.shared, *_resources(kernel.asm["cubin"])
 
 
 def report(
-    variants: list[str], dtypes: list[torch.dtype], tiles: list[int], arches: list[int]
+    variants: list[str],
+    dtypes: list[torch.dtype],
+    tiles: list[int],
+    arches: list[int],
+    warps: tuple[int, ...] = (4,),
 ) -> list[KernelReport]:
-    """Every kernel of every variant × dtype × tile × architecture, compiled."""
+    """Every kernel of every variant × dtype × tile × warps × architecture, compiled."""
     rows = []
-    for variant in variants:
-        for dtype in dtypes:
-            for tile in tiles:
-                launches = variant_launches(variant, dtype, tile)
-                for arch in arches:
-                    for launch in launches:
-                        found = compile_launch(launch, arch)
-                        name = str(dtype).removeprefix("torch.")
-                        rows.append(
-                            KernelReport(variant, name, tile, arch, launch.kernel.__name__, *found)
-                        )
+    for variant, dtype, tile, w in itertools.product(variants, dtypes, tiles, warps):
+        name = str(dtype).removeprefix("torch.")
+        launches = variant_launches(variant, dtype, tile, w)
+        for arch, launch in itertools.product(arches, launches):
+            found = compile_launch(launch, arch)
+            kernel = launch.kernel.__name__
+            rows.append(KernelReport(variant, name, tile, w, arch, kernel, *found))
     return rows
 
 
@@ -202,6 +209,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--arch", default="80,90", help="CUDA architectures, e.g. 80,90")
     parser.add_argument("--tile", default="64,32", help="square tile sizes")
     parser.add_argument("--dtype", default="bfloat16", help="bfloat16, float16, float32")
+    parser.add_argument("--warps", default="4", help="warps per program, e.g. 4,8")
     parser.add_argument("--variants", default=",".join(VARIANTS), help="keys of VARIANTS")
     parser.add_argument("--check", action="store_true", help="exit 1 past SHARED_BUDGET")
     parser.add_argument("--json", type=Path, help="also write the rows to this file")
@@ -220,14 +228,16 @@ def main(argv: list[str] | None = None) -> int:
     for tile in tiles:
         if not any(key[0] == tile for key in SHARED_BUDGET):
             parser.error(f"--tile: {tile} has no shared-memory budget (tiles: 64, 32)")
-    rows = report(_list(args.variants), dtypes, tiles, [int(a) for a in _list(args.arch)])
+    warps = tuple(int(w) for w in _list(args.warps))
+    arches = [int(a) for a in _list(args.arch)]
+    rows = report(_list(args.variants), dtypes, tiles, arches, warps)
     over = over_budget(rows)
-    print("variant               dtype     tile  sm  kernel                shared  regs spill")
+    print("variant               dtype     tile warps  sm  kernel               shared  regs spill")
     for r in rows:
         mark = f"  over the budget of {r.budget} B" if r in over else ""
         regs, spilled = ("-" if x is None else x for x in (r.registers, r.spilled))
         print(
-            f"{r.variant:21s} {r.dtype:9s} {r.tile:4d} {r.arch:3d}  {r.kernel:20s} "
+            f"{r.variant:21s} {r.dtype:9s} {r.tile:4d} {r.warps:5d} {r.arch:3d}  {r.kernel:20s} "
             f"{r.shared:7d} {regs:>5} {spilled:>5}{mark}"
         )
     if args.json:

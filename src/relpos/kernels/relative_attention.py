@@ -71,6 +71,7 @@ __all__ = [
     "Launch",
     "block_ranges",
     "dropout_keep",
+    "launch_config",
     "recorded_launches",
     "relative_flash_attention",
     "tile_size",
@@ -111,32 +112,51 @@ class Launch(NamedTuple):
     kernel: triton.runtime.JITFunction
     args: tuple
     constexprs: dict
+    options: dict  # Triton's launch options (``num_warps``) where :func:`launch_config` set them
 
 
 _recording: list[Launch] | None = None
-_recorded_tile = 0
+_config: dict[str, int | None] = {"tile": None, "num_warps": None}
 
 
 @contextlib.contextmanager
-def recorded_launches(tile: int) -> Iterator[list[Launch]]:
-    """Within it no kernel runs: each launch is appended to the yielded list, with ``tile``-square
-    tiles, for compiling the kernels ahead of time (:mod:`relpos.kernels.aot`). The inputs may be
-    ``meta`` tensors; outputs are left unwritten. Not thread-safe (a tool for maintainers)."""
-    global _recording, _recorded_tile
+def launch_config(tile: int | None = None, num_warps: int | None = None) -> Iterator[None]:
+    """Within it the kernels use ``tile``-square tiles and ``num_warps`` warps whatever the
+    device (None keeps the default: :func:`tile_size`, Triton's 4 warps): for benchmarks and
+    :mod:`relpos.kernels.aot` to compare them. Not thread-safe."""
+    if tile is not None and tile not in (16, 32, 64, 128):
+        raise ValueError(f"tile must be 16, 32, 64 or 128, got {tile}")
+    if num_warps is not None and num_warps not in (1, 2, 4, 8, 16):
+        raise ValueError(f"num_warps must be 1, 2, 4, 8 or 16, got {num_warps}")
+    before = dict(_config)
+    _config.update(tile=tile, num_warps=num_warps)
+    try:
+        yield
+    finally:
+        _config.update(before)
+
+
+@contextlib.contextmanager
+def recorded_launches() -> Iterator[list[Launch]]:
+    """Within it no kernel runs: each launch is appended to the yielded list, for compiling the
+    kernels ahead of time (:mod:`relpos.kernels.aot`; with :func:`launch_config` for the tiles).
+    The inputs may be ``meta`` tensors; outputs are left unwritten. Not thread-safe."""
+    global _recording
     if _recording is not None:
         raise RuntimeError("recorded_launches does not nest")
-    _recording, _recorded_tile = [], tile
+    _recording = []
     try:
         yield _recording
     finally:
-        _recording, _recorded_tile = None, 0
+        _recording = None
 
 
 def _launch(kernel, grid: tuple, *args, **constexprs) -> None:
+    options = {} if _config["num_warps"] is None else {"num_warps": _config["num_warps"]}
     if _recording is not None:
-        _recording.append(Launch(kernel, args, constexprs))
+        _recording.append(Launch(kernel, args, constexprs, options))
     else:
-        kernel[grid](*args, **constexprs)
+        kernel[grid](*args, **constexprs, **options)
 
 
 @triton.jit
@@ -521,8 +541,8 @@ def _ranges(geometry: tuple, batch: int, bm: int, bn: int, *, queries: bool) -> 
 
 
 def _blocks(device: torch.device, dtype: torch.dtype) -> tuple[int, int]:
-    if _recording is not None:
-        tile = _recorded_tile
+    if _config["tile"] is not None:
+        tile = _config["tile"]
     elif device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
         tile = tile_size(dtype, getattr(props, "shared_memory_per_block_optin", 48 * 1024))

@@ -1,0 +1,160 @@
+"""Which tiles and warps the ``fused`` kernel should launch with on this GPU: each candidate's
+forward+backward time against flash SDPA with no positions, measured in the same run
+(docs/performance.md, "fused").
+
+    PYTHONPATH=src python benchmarks/fused_tiles.py --out DIR [--lengths 4096] [--tokens 16384]
+        [--schemes alibi,t5,shaw,music] [--configs 64x4,64x8,32x4] [--device cuda]
+
+For each scheme, length and candidate (``TILExWARPS``: ``relative_attention.launch_config``),
+causal, ``B·L = tokens``, bf16 on CUDA: the first call (it compiles), then ``--repeats`` passes
+alternated run by run with SDPA (``relpos bench``'s paired timing; the ratio is the median of
+the run-by-run ratios) and, on CUDA, the peak memory of one pass beside SDPA's. A candidate that
+fails (Triton's "out of resources") is reported, not fatal. Writes ``tiles.md`` and
+``tiles.json`` into ``--out``. On a CPU with ``TRITON_INTERPRET=1`` it runs in the interpreter,
+in float32: a check of the script, not a timing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+import relpos
+from relpos.attention.fused import fused_supports
+from relpos.cli import bench
+from relpos.kernels.relative_attention import launch_config
+
+DEFAULT_CONFIGS = "64x4,64x8,32x4"
+
+
+def _config(text: str) -> tuple[int, int]:
+    tile, _, warps = text.partition("x")
+    if not (tile.isdigit() and warps.isdigit()):
+        raise argparse.ArgumentTypeError(f"a candidate is TILExWARPS (e.g. 64x8), got {text!r}")
+    try:
+        with launch_config(int(tile), int(warps)):  # its checks of both
+            pass
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"{text}: {e}") from None
+    return int(tile), int(warps)
+
+
+def _peak_mib(fn, setup: bench.Setup) -> float | None:
+    """Peak memory of one forward+backward pass above what is allocated before it (CUDA)."""
+    if setup.q.device.type != "cuda":
+        return None
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    out = fn(setup)
+    out.backward(torch.ones_like(out))
+    torch.cuda.synchronize()
+    return (torch.cuda.max_memory_allocated() - before) / 2**20
+
+
+def measure(args: argparse.Namespace, scheme: str, n: int, tile: int, warps: int) -> dict:
+    dtype = torch.bfloat16 if args.device == "cuda" else torch.float32
+    shape = dict(causal=True, heads=args.heads, head_dim=args.head_dim, device=args.device)
+    batch = max(args.tokens // n, 1)
+    setup = bench.make_setup(scheme, n, batch, dtype=dtype, grad=True, **shape)
+    base = bench.make_setup("none", n, batch, dtype=dtype, grad=True, **shape)
+    run = bench.backend_call("fused")
+    row = {"scheme": scheme, "length": n, "batch": batch, "tile": tile, "warps": warps}
+    try:
+        with launch_config(tile=tile, num_warps=warps):
+            start = time.perf_counter()
+            bench.measure_time(run, setup, backward=True, repeats=1, warmup=0, device=args.device)
+            row["first_s"] = time.perf_counter() - start
+            times, base_times = bench.measure_paired(
+                run, setup, bench.sdpa_plain, base, backward=True, repeats=args.repeats,
+                warmup=args.warmup, device=args.device,
+            )  # fmt: skip
+            row["peak_mib"] = _peak_mib(run, setup)
+    except Exception as e:  # a candidate the GPU cannot launch: reported, the others go on
+        row["error"] = f"{type(e).__name__}: {' '.join(str(e).split())[:300]}"
+        return row
+    row["ms"] = statistics.median(times) * 1e3
+    row["sdpa_ms"] = statistics.median(base_times) * 1e3
+    row["ratio"] = bench.paired_ratio(times, base_times)
+    row["sdpa_peak_mib"] = _peak_mib(bench.sdpa_plain, base)
+    return row
+
+
+def render(rows: list[dict], header: str) -> str:
+    lines = [header, "", "| scheme | L | B | tile × warps | first call s | fwd+bwd ms | × SDPA "
+             "| peak MiB (SDPA) |", "|---|---:|---:|---|---:|---:|---:|---:|"]  # fmt: skip
+    for r in rows:
+        config = f"{r['tile']}×{r['warps']}"
+        if "error" in r:
+            lines.append(f"| {r['scheme']} | {r['length']} | {r['batch']} | {config} | "
+                         f"{r['error']} | | | |")  # fmt: skip
+            continue
+        peak = "" if r["peak_mib"] is None else f"{r['peak_mib']:.0f} ({r['sdpa_peak_mib']:.0f})"
+        lines.append(
+            f"| {r['scheme']} | {r['length']} | {r['batch']} | {config} | {r['first_s']:.1f} | "
+            f"{r['ms']:.2f} | {r['ratio']:.2f} | {peak} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def _write(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--lengths", type=bench.positive_ints, default=[4096])
+    parser.add_argument("--tokens", type=int, default=16384, help="B·L of every configuration")
+    parser.add_argument("--schemes", default="alibi,t5,shaw,music")
+    parser.add_argument("--configs", default=DEFAULT_CONFIGS, help="TILExWARPS candidates")
+    parser.add_argument("--heads", type=int, default=8)
+    parser.add_argument("--head-dim", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    args = parser.parse_args(argv)
+    try:
+        configs = [_config(c) for c in args.configs.split(",") if c]
+    except argparse.ArgumentTypeError as e:
+        parser.error(f"--configs: {e}")
+    schemes = [s for s in args.schemes.split(",") if s]
+    for name in schemes:
+        try:
+            scheme = relpos.make_scheme(name, d_model=64, num_heads=1, causal=True)
+        except (KeyError, ValueError) as e:
+            parser.error(f"--schemes: {e}")
+        if not fused_supports(scheme, device=args.device):
+            parser.error(f"--schemes: the fused backend does not run {name} on {args.device}")
+    device = torch.cuda.get_device_name() if args.device == "cuda" else "CPU (Triton interpreter)"
+    header = (
+        f"`python benchmarks/fused_tiles.py {' '.join(argv if argv is not None else sys.argv[1:])}`"
+        f"; {device}, torch {torch.__version__}"
+    )
+    args.out.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for scheme in schemes:
+        for n in args.lengths:
+            for tile, warps in configs:
+                rows.append(measure(args, scheme, n, tile, warps))
+                r = rows[-1]
+                shown = r.get("error") or f"{r['ms']:.2f} ms, {r['ratio']:.2f}× SDPA"
+                print(f"{scheme} L={n} {tile}x{warps}: {shown}", flush=True)
+                # after every row: a run stopped by a time limit keeps what it measured
+                _write(args.out / "tiles.json", json.dumps(rows, indent=1))
+                _write(args.out / "tiles.md", render(rows, header))
+    print(render(rows, header))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,57 @@
+"""``benchmarks/fused_tiles.py``, the GPU session's comparison of the fused kernel's tiles and
+warps: here in Triton's interpreter (or on CUDA), tiny, as a check that it runs and writes its
+table, not a timing."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from relpos.kernels import interpreted
+
+if not (interpreted() or torch.cuda.is_available()):
+    pytest.skip("needs a CUDA device or TRITON_INTERPRET=1", allow_module_level=True)
+
+
+def _script():
+    path = Path(__file__).parents[2] / "benchmarks" / "fused_tiles.py"
+    spec = importlib.util.spec_from_file_location("fused_tiles", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_every_candidate_is_timed_against_sdpa(tmp_path):
+    argv = ["--out", str(tmp_path), "--lengths", "40", "--tokens", "80", "--schemes", "t5,shaw"]
+    argv += ["--configs", "32x4,16x2", "--heads", "2", "--head-dim", "16", "--repeats", "1"]
+    argv += ["--warmup", "0"]
+    assert _script().main(argv) == 0
+    rows = json.loads((tmp_path / "tiles.json").read_text())
+    got = [(r["scheme"], r["tile"], r["warps"], r["batch"]) for r in rows]
+    assert got == [("t5", 32, 4, 2), ("t5", 16, 2, 2), ("shaw", 32, 4, 2), ("shaw", 16, 2, 2)]
+    assert all("error" not in r and r["ratio"] > 0 and r["ms"] > 0 for r in rows)
+    table = (tmp_path / "tiles.md").read_text()
+    assert "benchmarks/fused_tiles.py --out" in table and "| shaw | 40 | 2 | 16×2 |" in table
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--configs", "48x4"], "tile must be 16, 32, 64 or 128"),
+        (["--configs", "64"], "TILExWARPS"),
+        (["--schemes", "kerple"], "does not run kerple"),
+        (["--schemes", "bogus"], "unknown scheme"),
+    ],
+)
+def test_bad_candidates_and_schemes_are_refused(tmp_path, capsys, flags, message):
+    with pytest.raises(SystemExit) as stop:
+        _script().main(["--out", str(tmp_path / "out"), *flags])
+    assert stop.value.code == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
