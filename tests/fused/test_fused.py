@@ -202,7 +202,8 @@ def test_packed_documents_equal_each_alone():
 def test_every_tile_size_gives_the_same_numbers(tile, layout):
     """The tiles (``launch_config``) change only how the work is cut: the block ranges, the
     causal skip and the row sums (the Music Transformer's atomic ones; Shaw's registers with its
-    value term) agree with the default tiles to float32 rounding, outputs and gradients."""
+    value term) agree with the default tiles to float32 rounding, outputs and gradients. The
+    backward pass runs with the forward's tiles, wherever it is called."""
     for spec in ({"name": "music", "max_distance": 129}, {"name": "shaw", "max_distance": 5}):
         scheme, q, k, v, qp, kp = _case(spec, layout, True, 4, n=150)
         grad_out = torch.randn(*q.shape, device=DEVICE)
@@ -210,7 +211,7 @@ def test_every_tile_size_gives_the_same_numbers(tile, layout):
         want = (out, *_grads(out, scheme, q, k, v, grad_out))
         with launch_config(tile=tile, num_warps=8):
             out = fused_attention(q, k, v, scheme, qp, kp, causal=True)
-            got = (out, *_grads(out, scheme, q, k, v, grad_out))
+        got = (out, *_grads(out, scheme, q, k, v, grad_out))  # the backward keeps its tiles
         for t, (g, w) in enumerate(zip(got, want, strict=True)):
             _assert_close(g, w, 1e-5, f"{spec_id(spec)} {layout}: output/gradient {t}")
 

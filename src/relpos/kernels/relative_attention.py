@@ -586,7 +586,8 @@ class _RelativeFlash(torch.autograd.Function):
             PRECISION=_precision(q),
         )  # fmt: skip
         ctx.save_for_backward(q, k, v, rel, relk, slopes, out, lse, mass, q_ranges)
-        ctx.geometry, ctx.want_mass = geometry, want_mass
+        # q_ranges are cut for these tiles: the backward pass keeps them (launch_config or not).
+        ctx.geometry, ctx.want_mass, ctx.tiles = geometry, want_mass, (bm, bn)
         if not want_mass:
             ctx.mark_non_differentiable(mass)
         return out, mass
@@ -597,7 +598,8 @@ class _RelativeFlash(torch.autograd.Function):
         qpos, qseg, kpos, kseg, lut, offset, causal, plain, r, p_drop, seed, linear = ctx.geometry
         b, h, i, d = q.shape
         j = k.shape[2]
-        bm, bn, dp, rp, loop_rows = _sizes(q, r)
+        _, _, dp, rp, loop_rows = _sizes(q, r)
+        bm, bn = ctx.tiles
         dout = dout.float().contiguous()
         dlt = (dout * out).sum(-1)
         has_mass = ctx.want_mass and dmass is not None
