@@ -56,9 +56,10 @@ done
 
 XDIST=(); [ "$WORKERS" -gt 0 ] && XDIST=(-n "$WORKERS")
 # The fused kernel's own suite (compiled on the GPU: no TRITON_INTERPRET, every case: -m slow
-# too) beside the rest.
+# too) beside the rest; not its ahead-of-time compiles (CPU work, checked without a GPU).
 ( timeout "$TEST_S" env -u TRITON_INTERPRET $PY -m pytest -v -rfE "${XDIST[@]}" \
-    -p no:cacheprovider tests/fused > "$OUT/tests-fused.log" 2>&1
+    -p no:cacheprovider --ignore tests/fused/test_compile.py tests/fused \
+    > "$OUT/tests-fused.log" 2>&1
   echo "fused tests: exit $?" | tee -a "$OUT/tests-fused.log" ) &
 FUSED=$!
 timeout "$TEST_S" $PY -m pytest -v -rfE "${XDIST[@]}" -p no:cacheprovider -k cuda \
