@@ -20,6 +20,17 @@ def _keep_denormals():
 
 
 @pytest.fixture
+def deterministic():
+    """``torch.use_deterministic_algorithms`` for the test to set, restored afterwards."""
+    before = (
+        torch.are_deterministic_algorithms_enabled(),
+        torch.is_deterministic_algorithms_warn_only_enabled(),
+    )
+    yield torch.use_deterministic_algorithms
+    torch.use_deterministic_algorithms(before[0], warn_only=before[1])
+
+
+@pytest.fixture
 def one_thread():
     """Run the test with one intra-op thread (many small ops: threads only add overhead)."""
     threads = torch.get_num_threads()

@@ -42,6 +42,9 @@ from tests.helpers import (
 )
 
 DEVICE = os.environ.get("RELPOS_TEST_DEVICE", "cuda")
+# cuBLAS is deterministic only with a fixed workspace (the deterministic-mode test), which must be
+# set before its first use in the process.
+os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 #: Largest ``‖x − ref‖ / ‖ref‖`` per tensor, by dtype.
 TOLERANCE = {torch.float32: 1e-4, torch.bfloat16: 5e-2}
 LAYOUTS = ["plain", "packed", "cached"]
@@ -173,6 +176,54 @@ def test_fused_on_device_matches_eager(dtype, spec, causal, layout):
     if not _fused_runs(spec, causal):
         pytest.skip(f"fused does not run {spec_id(spec)} on {DEVICE}")
     check("fused", spec, causal, layout, dtype)
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        {"name": "t5"},
+        {"name": "alibi"},
+        {"name": "learned_alibi"},
+        {"name": "shaw", "max_distance": 8},
+        {"name": "music", "max_distance": 24},
+        {"name": "music", "max_distance": 200},  # past fused's register rows: atomic adds
+    ],
+    ids=spec_id,
+)
+@pytest.mark.parametrize("backend", ["sdpa", "chunked", "flex", "fused"])
+def test_deterministic_mode_repeats_every_gradient_bit_for_bit(backend, spec, deterministic):
+    """Under ``torch.use_deterministic_algorithms(True)`` a backend gives the same gradients, bit
+    for bit, on a second run (the learned tables' included, which ``flex`` and ``fused`` sum
+    across pairs), or refuses: ``fused`` past its register rows, whose sums are atomic."""
+    causal = True
+    if backend == "flex" and not _flex_runs(spec, causal):
+        pytest.skip(f"flex does not run {spec_id(spec)} with gradients on {DEVICE}")
+    if backend == "fused" and not _fused_runs(spec, causal):
+        pytest.skip(f"fused does not run {spec_id(spec)} on {DEVICE}")
+    if backend == "sdpa" and has_value_term(spec):
+        pytest.skip("sdpa has no value term")
+    torch.manual_seed(0)
+    scheme = relpos.make_scheme(spec, d_model=64, num_heads=2, causal=causal).to(DEVICE)
+    randomize_parameters(scheme, 0)
+    qp = relpos.Positions.from_segments(torch.tensor([[0] * 170 + [1] * 130], device=DEVICE))
+    q, k, v, grad_out = (torch.randn(2, 2, 300, 32, device=DEVICE) for _ in range(4))
+    deterministic(True)
+
+    def gradients() -> list[torch.Tensor]:
+        inputs = [t.detach().requires_grad_(True) for t in (q, k, v)]
+        qr, kr = scheme.rotate(*inputs[:2], qp, qp)
+        out = BACKENDS[backend](qr, kr, inputs[2], scheme, qp, qp, causal=causal)
+        return [out, *torch.autograd.grad(out, [*inputs, *scheme.parameters()], grad_out)]
+
+    rows = spec["max_distance"] + 1 if spec["name"] == "music" else 0  # causal: 0..M
+    if backend == "fused" and rows > 128:  # past relative_attention.MAX_LOOP_ROWS
+        with pytest.raises(RuntimeError, match="not deterministic"):
+            gradients()
+        return
+    first, second = gradients(), gradients()
+    names = ["out", "dq", "dk", "dv", *(f"d{p}" for p, _ in scheme.named_parameters())]
+    differ = [n for n, a, b in zip(names, first, second, strict=True) if not torch.equal(a, b)]
+    assert not differ, f"{backend} repeats these only to rounding: {differ}"
 
 
 def peak_bytes(backend: str, scheme, n: int, b: int = 1, h: int = 2, d: int = 32) -> int:

@@ -286,17 +286,6 @@ def test_refuses_float64():
         fused_attention(y, y, y, scheme.double(), p, p, causal=True)
 
 
-@pytest.fixture
-def deterministic():
-    """``torch.use_deterministic_algorithms``, restored afterwards."""
-    before = (
-        torch.are_deterministic_algorithms_enabled(),
-        torch.is_deterministic_algorithms_warn_only_enabled(),
-    )
-    yield torch.use_deterministic_algorithms
-    torch.use_deterministic_algorithms(before[0], warn_only=before[1])
-
-
 def test_deterministic_mode_refuses_atomic_row_sums(deterministic):
     """More than :data:`MAX_LOOP_ROWS` rows with a table gradient (the Music Transformer, 129
     rows) sums by atomic adds: refused under deterministic algorithms, a warning with
