@@ -197,23 +197,36 @@ def test_packed_documents_equal_each_alone():
         _assert_close(out[..., lo:hi, :], want, 1e-5, f"document {lo}:{hi}")
 
 
-@pytest.mark.parametrize("tile", [16, 64])
+@pytest.mark.parametrize(
+    ("spec", "p_drop"),
+    [({"name": "music", "max_distance": 129}, 0.0), ({"name": "shaw", "max_distance": 5}, 0.3)],
+    ids=["music-atomic", "shaw-values-dropout"],
+)
+@pytest.mark.parametrize("tile", [pytest.param(16, marks=pytest.mark.slow), 64])
 @pytest.mark.parametrize("layout", ["plain", "packed"])
-def test_every_tile_size_gives_the_same_numbers(tile, layout):
+def test_every_tile_size_gives_the_same_numbers(tile, layout, spec, p_drop):
     """The tiles (``launch_config``) change only how the work is cut: the block ranges, the
     causal skip and the row sums (the Music Transformer's atomic ones; Shaw's registers with its
     value term) agree with the default tiles to float32 rounding, outputs and gradients. The
-    backward pass runs with the forward's tiles, wherever it is called."""
-    for spec in ({"name": "music", "max_distance": 129}, {"name": "shaw", "max_distance": 5}):
-        scheme, q, k, v, qp, kp = _case(spec, layout, True, 4, n=150)
-        grad_out = torch.randn(*q.shape, device=DEVICE)
-        out = fused_attention(q, k, v, scheme, qp, kp, causal=True)
-        want = (out, *_grads(out, scheme, q, k, v, grad_out))
-        with launch_config(tile=tile, num_warps=8):
-            out = fused_attention(q, k, v, scheme, qp, kp, causal=True)
-        got = (out, *_grads(out, scheme, q, k, v, grad_out))  # the backward keeps its tiles
-        for t, (g, w) in enumerate(zip(got, want, strict=True)):
-            _assert_close(g, w, 1e-5, f"{spec_id(spec)} {layout}: output/gradient {t}")
+    backward pass runs with the forward's tiles, wherever it is called. Dropout's mask is drawn
+    per pair, not per tile: the same under any tiles."""
+    scheme, q, k, v, qp, kp = _case(spec, layout, True, 4, n=150)
+    grad_out = torch.randn(*q.shape, device=DEVICE)
+
+    def attend():
+        torch.manual_seed(7)  # the kernel's dropout seed
+        training = p_drop > 0
+        return fused_attention(
+            q, k, v, scheme, qp, kp, causal=True, dropout_p=p_drop, training=training
+        )
+
+    out = attend()
+    want = (out, *_grads(out, scheme, q, k, v, grad_out))
+    with launch_config(tile=tile, num_warps=8):
+        out = attend()
+    got = (out, *_grads(out, scheme, q, k, v, grad_out))  # the backward keeps its tiles
+    for t, (g, w) in enumerate(zip(got, want, strict=True)):
+        _assert_close(g, w, 1e-5, f"{spec_id(spec)} {layout}: output/gradient {t}")
 
 
 def test_queries_with_no_key_get_zeros_and_finite_gradients():
