@@ -194,7 +194,8 @@ def test_fused_on_device_matches_eager(dtype, spec, causal, layout):
 def test_deterministic_mode_repeats_every_gradient_bit_for_bit(backend, spec, deterministic):
     """Under ``torch.use_deterministic_algorithms(True)`` a backend gives the same gradients, bit
     for bit, on a second run (the learned tables' included, which ``flex`` and ``fused`` sum
-    across pairs), or refuses: ``fused`` past its register rows, whose sums are atomic."""
+    across pairs), or refuses: ``fused`` past its register rows, whose sums are atomic (and a
+    refusal by PyTorch's own kernels is a skip that names it)."""
     causal = True
     if backend == "flex" and not _flex_runs(spec, causal):
         pytest.skip(f"flex does not run {spec_id(spec)} with gradients on {DEVICE}")
@@ -220,7 +221,13 @@ def test_deterministic_mode_repeats_every_gradient_bit_for_bit(backend, spec, de
         with pytest.raises(RuntimeError, match="not deterministic"):
             gradients()
         return
-    first, second = gradients(), gradients()
+    try:
+        first = gradients()
+    except RuntimeError as e:  # PyTorch's own kernels (sdpa's) may refuse the mode too
+        if "determinis" not in str(e):
+            raise
+        pytest.skip(f"{backend} refuses deterministic mode: {' '.join(str(e).split())[:200]}")
+    second = gradients()
     names = ["out", "dq", "dk", "dv", *(f"d{p}" for p, _ in scheme.named_parameters())]
     differ = [n for n, a, b in zip(names, first, second, strict=True) if not torch.equal(a, b)]
     assert not differ, f"{backend} repeats these only to rounding: {differ}"
