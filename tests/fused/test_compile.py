@@ -23,7 +23,8 @@ pytest.importorskip("triton")
 
 import triton
 
-from relpos.kernels.aot import VARIANTS, KernelReport, over_budget, variant_launches
+from relpos.kernels import interpreted
+from relpos.kernels.aot import VARIANTS, KernelReport, main, over_budget, variant_launches
 from relpos.kernels.relative_attention import (
     SHARED_BUDGET,
     launch_config,
@@ -65,6 +66,30 @@ def test_every_launch_compiles_within_its_budget(tmp_path, arches, tiles, dtypes
     for r in rows:
         kind = "float32" if r["dtype"] == "float32" else "half"
         assert 0 < r["shared"] <= SHARED_BUDGET[(r["tile"], kind)], r
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--arch", "sm_90"], "--arch: 'sm_90' is not a whole number"),
+        (["--tile", "48"], "--tile: 48 has no shared-memory budget"),
+        (["--dtype", "float64"], "--dtype: 'float64' is none of"),
+        (["--variants", "bogus"], "--variants: unknown 'bogus'"),
+    ],
+)
+def test_bad_flags_are_refused(capsys, flags, message):
+    with pytest.raises(SystemExit) as stop:
+        main(flags)
+    assert stop.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+@pytest.mark.skipif(not interpreted(), reason="Triton's interpreter is off")
+def test_the_interpreter_is_refused(capsys):
+    with pytest.raises(SystemExit) as stop:
+        main([])
+    assert stop.value.code == 2
+    assert "TRITON_INTERPRET is set" in capsys.readouterr().err
 
 
 def test_the_budget_check_can_fail():

@@ -214,8 +214,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--check", action="store_true", help="exit 1 past SHARED_BUDGET")
     parser.add_argument("--json", type=Path, help="also write the rows to this file")
     args = parser.parse_args(argv)
-    if interpreted():
-        parser.error("TRITON_INTERPRET is set: the kernels are Python functions, not compilable")
     for name in _list(args.variants):
         if name not in VARIANTS:
             parser.error(f"--variants: unknown {name!r}; choose from {', '.join(VARIANTS)}")
@@ -224,10 +222,16 @@ def main(argv: list[str] | None = None) -> int:
         if name not in ("bfloat16", "float16", "float32"):
             parser.error(f"--dtype: {name!r} is none of bfloat16, float16, float32")
         dtypes.append(getattr(torch, name))
+    for flag in ("arch", "tile", "warps"):
+        bad = [t for t in _list(getattr(args, flag)) if not t.isdigit()]
+        if bad:
+            parser.error(f"--{flag}: {bad[0]!r} is not a whole number (e.g. --arch 80,90)")
     tiles = [int(t) for t in _list(args.tile)]
     for tile in tiles:
         if not any(key[0] == tile for key in SHARED_BUDGET):
             parser.error(f"--tile: {tile} has no shared-memory budget (tiles: 64, 32)")
+    if interpreted():
+        parser.error("TRITON_INTERPRET is set: the kernels are Python functions, not compilable")
     warps = tuple(int(w) for w in _list(args.warps))
     arches = [int(a) for a in _list(args.arch)]
     rows = report(_list(args.variants), dtypes, tiles, arches, warps)
