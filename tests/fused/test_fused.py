@@ -274,6 +274,59 @@ def test_raw_kernel_without_a_logit_term_gives_plain_attention_and_its_mass():
     _assert_close(mass[..., 1], torch.diagonal(want, dim1=-2, dim2=-1), 1e-5, "diagonal mass")
 
 
+def _raw_inputs(**change):
+    """Valid arguments of :func:`relative_flash_attention` (b=2, h=3, i=5, j=7, d=8, R=4),
+    with ``change`` applied."""
+    args = {
+        "q": torch.randn(2, 3, 5, 8),
+        "k": torch.randn(2, 3, 7, 8),
+        "v": torch.randn(2, 3, 7, 8),
+        "rel": torch.randn(1, 3, 1, 4),
+        "lut": torch.arange(4, dtype=torch.int32),
+        "offset": 2,
+        "q_pos": torch.zeros(2, 5, dtype=torch.int32),
+        "q_seg": torch.zeros(2, 5, dtype=torch.int32),
+        "k_pos": torch.zeros(1, 7, dtype=torch.int32),
+        "k_seg": torch.zeros(1, 7, dtype=torch.int32),
+    }
+    return {
+        name: t.to(DEVICE) if torch.is_tensor(t) else t for name, t in {**args, **change}.items()
+    }
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"k": torch.randn(2, 3, 7, 16)}, r"k must have shape \(2, 3, j, 8\), got \(2, 3, 7, 16\)"),
+        ({"v": torch.randn(2, 3, 6, 8)}, r"v must have shape \(2, 3, 7, 8\) \(k's\)"),
+        ({"v": torch.randn(2, 3, 7, 8).half()}, "share a dtype"),
+        ({"q_pos": torch.zeros(3, 5, dtype=torch.int32)}, r"q_pos must have shape \(1\|2, 5\)"),
+        ({"k_seg": torch.zeros(2, 7, dtype=torch.int32)}, r"k_seg must have shape \(1, 7\)"),
+        ({"rel": torch.randn(1, 3, 4, 4)}, r"rel must have shape \(1\|2, 3, 1\|5, 4\)"),
+        ({"rel": torch.randn(1, 3, 1, 5)}, r"rel must have shape"),
+        ({"relk": torch.randn(2, 3, 5, 4)}, r"relk must have shape \(2, 3, 7, 4\)"),
+        ({"slopes": torch.rand(2)}, r"slopes must have shape \(3,\)"),
+    ],
+    ids=[
+        "k-dim",
+        "v-length",
+        "dtype",
+        "q_pos",
+        "k_seg",
+        "rel-queries",
+        "rel-rows",
+        "relk",
+        "slopes",
+    ],
+)
+def test_raw_kernel_refuses_shapes_it_would_misread(change, message):
+    """The kernels read every input through strides: a wrong shape is refused by name, with the
+    shape expected, before anything runs."""
+    with pytest.raises(ValueError, match=message):
+        relative_flash_attention(**_raw_inputs(**change), rows=4, causal=True, plain=False)
+    relative_flash_attention(**_raw_inputs(), rows=4, causal=True, plain=False)  # the valid ones
+
+
 @pytest.mark.parametrize(
     ("spec", "why"),
     [

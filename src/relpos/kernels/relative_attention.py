@@ -723,13 +723,14 @@ def relative_flash_attention(
         ``k``, ``v``, ``rel`` and ``mass``.
 
     Raises:
+        ValueError: an input whose shape or dtype does not fit ``q``'s and ``k``'s (named, with
+            the shape expected).
         RuntimeError: under ``torch.use_deterministic_algorithms(True)`` (a warning with
             ``warn_only``), when ``rel`` or ``relk`` needs a gradient over more than
             :data:`MAX_LOOP_ROWS` rows: those gradients are summed by atomic adds.
     """
     want_mass = bool(mass)
-    if rel is not None and rel.shape[-1] != rows:
-        raise ValueError(f"rel must have shape (b|1, h, i|1, {rows}), got {tuple(rel.shape)}")
+    _check_shapes(q, k, v, rel, relk, slopes, (q_pos, q_seg, k_pos, k_seg), rows)
     if lut.numel() == 0:
         raise ValueError("lut must have at least one entry, got shape (0,)")
     if not 0.0 <= dropout_p < 1.0:
@@ -754,11 +755,47 @@ def relative_flash_attention(
     q, k, v = (t.contiguous() for t in (q, k, v))
     rel = None if rel is None else rel.contiguous()  # the kernels read its rows with stride 1
     slopes = None if slopes is None else slopes.float().contiguous()
-    if relk is not None and tuple(relk.shape) != (*k.shape[:3], rows):
-        want = (*k.shape[:3], rows)
-        raise ValueError(f"relk must have shape {want}, got {tuple(relk.shape)}")
     relk = None if relk is None else relk.float().contiguous()
     return _RelativeFlash.apply(q, k, v, rel, relk, slopes, geometry, want_mass)
+
+
+def _check_shapes(q, k, v, rel, relk, slopes, positions: tuple, rows: int) -> None:
+    """Every input's shape against ``q``'s ``(b, h, i, d)`` and ``k``'s ``j``: the kernels read
+    them through strides, so a wrong one would be read out of place, not refused."""
+
+    def refuse(name: str, want: str, t: Tensor) -> None:
+        raise ValueError(f"{name} must have shape {want}, got {tuple(t.shape)}")
+
+    if q.dim() != 4:
+        refuse("q", "(b, h, i, d)", q)
+    b, h, i, d = q.shape
+    if k.dim() != 4 or (k.shape[0], k.shape[1], k.shape[3]) != (b, h, d):
+        refuse("k", f"({b}, {h}, j, {d})", k)
+    j = k.shape[2]
+    if v.shape != k.shape:
+        refuse("v", f"{tuple(k.shape)} (k's)", v)
+    if not q.dtype == k.dtype == v.dtype:
+        raise ValueError(f"q, k and v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    for name, t, n in zip(
+        ("q_pos", "q_seg", "k_pos", "k_seg"), positions, (i, i, j, j), strict=True
+    ):
+        if t.dim() != 2 or t.shape[0] not in (1, b) or t.shape[1] != n:
+            refuse(name, f"(1|{b}, {n})", t)
+    for pos, seg, name in ((0, 1, "q_seg"), (2, 3, "k_seg")):
+        if positions[seg].shape != positions[pos].shape:  # one stride reads both
+            refuse(name, f"{tuple(positions[pos].shape)} (its positions')", positions[seg])
+    if rel is not None and (
+        rel.dim() != 4
+        or rel.shape[0] not in (1, b)
+        or rel.shape[1] != h
+        or rel.shape[2] not in (1, i)
+        or rel.shape[3] != rows
+    ):
+        refuse("rel", f"(1|{b}, {h}, 1|{i}, {rows})", rel)
+    if relk is not None and tuple(relk.shape) != (b, h, j, rows):
+        refuse("relk", str((b, h, j, rows)), relk)
+    if slopes is not None and tuple(slopes.shape) != (h,):
+        refuse("slopes", f"({h},)", slopes)
 
 
 def _alert_atomic_row_sums(rows: int) -> None:
