@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import time
@@ -27,6 +26,7 @@ from pathlib import Path
 import torch
 
 import relpos
+from relpos.atomic import atomic_path
 from relpos.attention.fused import fused_supports
 from relpos.cli import bench
 from relpos.kernels.relative_attention import launch_config
@@ -47,16 +47,10 @@ def _config(text: str) -> tuple[int, int]:
 
 
 def _peak_mib(fn, setup: bench.Setup) -> float | None:
-    """Peak memory of one forward+backward pass above what is allocated before it (CUDA)."""
+    """Peak memory of one forward+backward pass above the inputs (CUDA; None elsewhere)."""
     if setup.q.device.type != "cuda":
         return None
-    torch.cuda.synchronize()
-    before = torch.cuda.memory_allocated()
-    torch.cuda.reset_peak_memory_stats()
-    out = fn(setup)
-    out.backward(torch.ones_like(out))
-    torch.cuda.synchronize()
-    return (torch.cuda.max_memory_allocated() - before) / 2**20
+    return bench.cuda_peak_bytes(fn, setup) / 2**20
 
 
 def measure(args: argparse.Namespace, scheme: str, n: int, tile: int, warps: int) -> dict:
@@ -105,9 +99,8 @@ def render(rows: list[dict], header: str) -> str:
 
 
 def _write(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    with atomic_path(path) as tmp:
+        tmp.write_text(text)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -62,6 +62,7 @@ __all__ = [
     "Result",
     "Setup",
     "backend_call",
+    "cuda_peak_bytes",
     "main",
     "make_setup",
     "measure_memory",
@@ -439,7 +440,7 @@ def _memory_child(spec: dict[str, Any]) -> dict[str, Any]:
         **kw,
     )
     if device.startswith("cuda"):
-        return {"peak_bytes": _cuda_peak_bytes(impl.run, s)}
+        return {"peak_bytes": cuda_peak_bytes(impl.run, s)}
     # The peak is the kernel's high-water mark of resident memory, reset once the inputs exist
     # (import-time peaks would hide small deltas); ru_maxrss is the fallback without a reset.
     reset = _reset_peak_rss()
@@ -452,7 +453,7 @@ def _memory_child(spec: dict[str, Any]) -> dict[str, Any]:
     return {"peak_bytes": max(0, peak - base)}
 
 
-def _cuda_peak_bytes(fn: Callable[[Setup], Tensor], s: Setup) -> int:
+def cuda_peak_bytes(fn: Callable[[Setup], Tensor], s: Setup) -> int:
     """Peak bytes the CUDA caching allocator handed out during one forward+backward pass of
     ``fn``, above what was allocated before it (the inputs)."""
     torch.cuda.synchronize()
@@ -625,7 +626,7 @@ def _run_one(
         s = make_setup(
             cfg.scheme, cfg.L, cfg.B, causal=cfg.causal, grad=True, layout=cfg.layout, **kw
         )
-        res.peak_mib = _cuda_peak_bytes(impl.run, s) / 2**20
+        res.peak_mib = cuda_peak_bytes(impl.run, s) / 2**20
         del s
     elif args.memory:
         spec = {

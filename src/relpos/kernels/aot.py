@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import os
 import re
 import subprocess
 import sys
@@ -35,6 +34,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
+from ..atomic import atomic_path
 from . import interpreted
 from .relative_attention import (
     SHARED_BUDGET,
@@ -245,9 +245,8 @@ def main(argv: list[str] | None = None) -> int:
             f"{r.shared:7d} {regs:>5} {spilled:>5}{mark}"
         )
     if args.json:
-        tmp = args.json.with_name(args.json.name + ".tmp")
-        tmp.write_text(json.dumps([r._asdict() for r in rows], indent=1))
-        os.replace(tmp, args.json)
+        with atomic_path(args.json) as tmp:
+            tmp.write_text(json.dumps([r._asdict() for r in rows], indent=1))
     if args.check and over:
         print(f"{len(over)} kernel(s) over their shared-memory budget", file=sys.stderr)
         return 1

@@ -551,13 +551,13 @@ def _blocks(device: torch.device, dtype: torch.dtype) -> tuple[int, int]:
     return tile, tile
 
 
-def _sizes(q: Tensor, rows: int) -> tuple[int, int, int, int, bool]:
-    """``(BM, BN, DP, RP, loop_rows)``: the tiles, the head dim and the row count padded to powers
-    of two, and whether the backward pass's row sums fit a register accumulator (else they run by
-    atomic adds)."""
+def _padded(q: Tensor, rows: int) -> tuple[int, int, bool]:
+    """``(DP, RP, loop_rows)``: the head dim and the row count padded to powers of two, and
+    whether the backward pass's row sums fit a register accumulator (else they run by atomic
+    adds)."""
     rp = max(16, triton.next_power_of_2(max(rows, 1)))
     dp = max(16, triton.next_power_of_2(q.shape[-1]))
-    return *_blocks(q.device, q.dtype), dp, rp, rp <= MAX_LOOP_ROWS
+    return dp, rp, rp <= MAX_LOOP_ROWS
 
 
 class _RelativeFlash(torch.autograd.Function):
@@ -569,7 +569,8 @@ class _RelativeFlash(torch.autograd.Function):
         qpos, qseg, kpos, kseg, lut, offset, causal, plain, r, p_drop, seed, linear = geometry
         b, h, i, d = q.shape
         j = k.shape[2]
-        bm, bn, dp, rp, _ = _sizes(q, r)
+        bm, bn = _blocks(q.device, q.dtype)
+        dp, rp, _ = _padded(q, r)
         out = q.new_empty(b, h, i, d, dtype=torch.float32)
         lse = q.new_empty(b, h, i, dtype=torch.float32)
         mass = q.new_zeros(b, h, i, r if want_mass else 0, dtype=torch.float32)
@@ -598,7 +599,7 @@ class _RelativeFlash(torch.autograd.Function):
         qpos, qseg, kpos, kseg, lut, offset, causal, plain, r, p_drop, seed, linear = ctx.geometry
         b, h, i, d = q.shape
         j = k.shape[2]
-        _, _, dp, rp, loop_rows = _sizes(q, r)
+        dp, rp, loop_rows = _padded(q, r)
         bm, bn = ctx.tiles
         dout = dout.float().contiguous()
         dlt = (dout * out).sum(-1)
