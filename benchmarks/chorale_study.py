@@ -103,19 +103,27 @@ def run_one(out: Path, name: str, seed: int, args: argparse.Namespace, env: dict
     return run.name
 
 
-def summarize(out: Path, names: list[str], seeds: list[int]) -> list[dict]:
-    """One row per scheme with at least one finished run: mean and spread (max - min) of the
-    valid and test NLL over its seeds."""
+def finished_seeds(out: Path, name: str) -> list[int]:
+    """The seeds of ``name``'s finished runs in ``out``, ascending (any invocation's)."""
+    seeds = []
+    for run in out.glob(f"{name}-seed*"):
+        suffix = run.name.removeprefix(f"{name}-seed")
+        if suffix.isdigit() and (run / "eval.json").exists():
+            seeds.append(int(suffix))
+    return sorted(seeds)
+
+
+def summarize(out: Path, names: list[str]) -> list[dict]:
+    """One row per scheme with at least one finished run in ``out`` (from any invocation): mean
+    and spread (max - min) of the valid and test NLL over its seeds."""
     rows = []
     for name in names:
-        results = []
-        for seed in seeds:
-            run = out / f"{name}-seed{seed}"
-            if (run / "eval.json").exists():
-                results.append(json.loads((run / "eval.json").read_text()))
-        if not results:
+        seeds = finished_seeds(out, name)
+        if not seeds:
             continue
-        state = torch.load(out / f"{name}-seed{seeds[0]}" / "best.pt", weights_only=True)
+        runs = [out / f"{name}-seed{seed}" for seed in seeds]
+        results = [json.loads((run / "eval.json").read_text()) for run in runs]
+        state = torch.load(runs[0] / "best.pt", weights_only=True)
         valid = [r["valid_nll"] for r in results]
         test = [r["test_nll"] for r in results]
         rows.append(
@@ -214,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
                 failed.append(str(e))
                 print(f"failed: {e}", file=sys.stderr, flush=True)
     # The table covers every finished run in --out (several invocations may share it).
-    rows = summarize(out, list(SCHEMES), args.seed_list)
+    rows = summarize(out, list(SCHEMES))
     table = render(rows)
     with atomic_path(out / "results.md") as tmp:
         tmp.write_text(table)

@@ -522,7 +522,7 @@ def test_trailing_padding_changes_no_loss():
 def test_the_study_script_runs_seeds_side_by_side_and_skips_finished_runs(tiny_data, tmp_path):
     """``benchmarks/chorale_study.py --config``: every scheme × seed is a run folder with its
     evaluation; the table has each scheme's mean and spread; a run stopped before its first
-    checkpoint starts over; a second call trains nothing."""
+    checkpoint starts over; a second call trains nothing; a call for some seeds tabulates all."""
     import importlib.util
 
     path = Path(__file__).parents[1] / "benchmarks" / "chorale_study.py"
@@ -570,3 +570,7 @@ def test_the_study_script_runs_seeds_side_by_side_and_skips_finished_runs(tiny_d
     stamp = (out / "nope-seed0" / "eval.json").stat().st_mtime_ns
     assert study.main(argv) == 0  # everything finished: nothing runs again
     assert (out / "nope-seed0" / "eval.json").stat().st_mtime_ns == stamp
+    # A call for one seed still tabulates every finished run in --out (the seeds ran apart).
+    (out / "results.json").unlink()
+    assert study.main([*argv, "--seeds", "1"]) == 0
+    assert json.loads((out / "results.json").read_text()) == rows
