@@ -30,6 +30,7 @@ from relpos.kernels.relative_attention import (
     launch_config,
     recorded_launches,
     tile_size,
+    warp_count,
 )
 
 KERNELS = ("_forward_kernel", "_backward_kv_kernel", "_backward_q_kernel")
@@ -66,6 +67,10 @@ def test_every_launch_compiles_within_its_budget(tmp_path, arches, tiles, dtypes
     for r in rows:
         kind = "float32" if r["dtype"] == "float32" else "half"
         assert 0 < r["shared"] <= SHARED_BUDGET[(r["tile"], kind)], r
+        assert r["warps"] == warp_count(getattr(torch, r["dtype"])), r
+        if r["dtype"] == "float32" and r["spilled"] is not None:
+            # At 4 warps the keys' backward kernel spilled 4.8-5.9 KB per thread (warp_count).
+            assert r["spilled"] < 4096, r
 
 
 @pytest.mark.parametrize(
@@ -108,6 +113,15 @@ def test_a_variant_records_one_launch_per_kernel_and_runs_none(variant):
     for launch in launches:
         assert launch.constexprs["BM"] == launch.constexprs["BN"] == 64
         assert launch.options == {"num_warps": 8}
+
+
+@pytest.mark.parametrize(("dtype", "warps"), [(torch.bfloat16, 4), (torch.float32, 8)])
+def test_each_dtype_launches_with_its_own_warps(dtype, warps):
+    """Without :func:`launch_config`, float32 takes 8 warps (its products spill at 4) and half
+    precision 4; the backward kernels keep the forward's."""
+    assert warp_count(dtype) == warps
+    launches = variant_launches("shaw-values-dropout", dtype, 32)
+    assert [launch.options for launch in launches] == [{"num_warps": warps}] * len(KERNELS)
 
 
 def test_launch_config_and_recording_refuse_bad_use():

@@ -96,11 +96,17 @@ class KernelReport(NamedTuple):
 
 
 def variant_launches(
-    variant: str, dtype: torch.dtype, tile: int, warps: int = 4, *, d: int = 64, n: int = 256
+    variant: str,
+    dtype: torch.dtype,
+    tile: int,
+    warps: int | None = None,
+    *,
+    d: int = 64,
+    n: int = 256,
 ) -> list[Launch]:
     """The launches of one forward and backward pass of ``variant`` (a key of :data:`VARIANTS`)
     with ``dtype`` inputs of head dim ``d`` and ``n`` tokens, ``tile``-square tiles and ``warps``
-    warps."""
+    warps (None: the kernels' default for ``dtype``, :func:`~.relative_attention.warp_count`)."""
     spec = dict(VARIANTS[variant])
     rows, rel = spec.pop("rows"), spec.pop("rel", None)
     b, h = 2, 4
@@ -181,7 +187,7 @@ def report(
     dtypes: list[torch.dtype],
     tiles: list[int],
     arches: list[int],
-    warps: tuple[int, ...] = (4,),
+    warps: tuple[int | None, ...] = (None,),
 ) -> list[KernelReport]:
     """Every kernel of every variant × dtype × tile × warps × architecture, compiled."""
     rows = []
@@ -191,7 +197,8 @@ def report(
         for arch, launch in itertools.product(arches, launches):
             found = compile_launch(launch, arch)
             kernel = launch.kernel.__name__
-            rows.append(KernelReport(variant, name, tile, w, arch, kernel, *found))
+            count = launch.options["num_warps"]
+            rows.append(KernelReport(variant, name, tile, count, arch, kernel, *found))
     return rows
 
 
@@ -209,7 +216,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--arch", default="80,90", help="CUDA architectures, e.g. 80,90")
     parser.add_argument("--tile", default="64,32", help="square tile sizes")
     parser.add_argument("--dtype", default="bfloat16", help="bfloat16, float16, float32")
-    parser.add_argument("--warps", default="4", help="warps per program, e.g. 4,8")
+    parser.add_argument(
+        "--warps", default="", help="warps per program, e.g. 4,8 (default: each dtype's own)"
+    )
     parser.add_argument("--variants", default=",".join(VARIANTS), help="keys of VARIANTS")
     parser.add_argument("--check", action="store_true", help="exit 1 past SHARED_BUDGET")
     parser.add_argument("--json", type=Path, help="also write the rows to this file")
@@ -232,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"--tile: {tile} has no shared-memory budget (tiles: 64, 32)")
     if interpreted():
         parser.error("TRITON_INTERPRET is set: the kernels are Python functions, not compilable")
-    warps = tuple(int(w) for w in _list(args.warps))
+    warps = tuple(int(w) for w in _list(args.warps)) or (None,)
     arches = [int(a) for a in _list(args.arch)]
     rows = report(_list(args.variants), dtypes, tiles, arches, warps)
     over = over_budget(rows)

@@ -75,6 +75,7 @@ __all__ = [
     "recorded_launches",
     "relative_flash_attention",
     "tile_size",
+    "warp_count",
 ]
 
 #: Whether the kernels run in Triton's interpreter (``TRITON_INTERPRET=1`` when ``triton`` was
@@ -106,6 +107,18 @@ def tile_size(dtype: torch.dtype, shared: int | None) -> int:
     return 64 if half and shared >= SHARED_BUDGET[(64, "half")] else 32
 
 
+def warp_count(dtype: torch.dtype) -> int:
+    """Warps per program (Triton's ``num_warps``) for inputs of ``dtype``.
+
+    8 for float32: its exact products (no tensor cores) need more registers than 4 warps' threads
+    have; the keys' backward kernel spills 4.8-5.9 KB per thread at 4 warps, at most 2.4 KB on
+    sm_80 and 0.6 KB on sm_90 at 8 (``python -m relpos.kernels.aot --dtype float32 --warps 4,8``).
+    4, Triton's default, for half precision, until a GPU times the candidates
+    (``benchmarks/fused_tiles.py``).
+    """
+    return 8 if dtype == torch.float32 else 4
+
+
 class Launch(NamedTuple):
     """One kernel launch as :func:`recorded_launches` keeps it."""
 
@@ -122,7 +135,7 @@ _config: dict[str, int | None] = {"tile": None, "num_warps": None}
 @contextlib.contextmanager
 def launch_config(tile: int | None = None, num_warps: int | None = None) -> Iterator[None]:
     """Within it the kernels use ``tile``-square tiles and ``num_warps`` warps whatever the
-    device (None keeps the default: :func:`tile_size`, Triton's 4 warps): for benchmarks and
+    device (None keeps the default: :func:`tile_size`, :func:`warp_count`): for benchmarks and
     :mod:`relpos.kernels.aot` to compare them. Not thread-safe."""
     if tile is not None and tile not in (16, 32, 64, 128):
         raise ValueError(f"tile must be 16, 32, 64 or 128, got {tile}")
@@ -151,8 +164,8 @@ def recorded_launches() -> Iterator[list[Launch]]:
         _recording = None
 
 
-def _launch(kernel, grid: tuple, *args, **constexprs) -> None:
-    options = {} if _config["num_warps"] is None else {"num_warps": _config["num_warps"]}
+def _launch(kernel, grid: tuple, *args, num_warps: int, **constexprs) -> None:
+    options = {"num_warps": num_warps}
     if _recording is not None:
         _recording.append(Launch(kernel, args, constexprs, options))
     else:
@@ -540,7 +553,9 @@ def _ranges(geometry: tuple, batch: int, bm: int, bn: int, *, queries: bool) -> 
     )  # fmt: skip
 
 
-def _blocks(device: torch.device, dtype: torch.dtype) -> tuple[int, int]:
+def _blocks(device: torch.device, dtype: torch.dtype) -> tuple[int, int, int]:
+    """``(BM, BN, num_warps)`` for ``dtype`` inputs on ``device`` (or :func:`launch_config`'s)."""
+    warps = _config["num_warps"] or warp_count(dtype)
     if _config["tile"] is not None:
         tile = _config["tile"]
     elif device.type == "cuda":
@@ -548,7 +563,7 @@ def _blocks(device: torch.device, dtype: torch.dtype) -> tuple[int, int]:
         tile = tile_size(dtype, getattr(props, "shared_memory_per_block_optin", 48 * 1024))
     else:
         tile = tile_size(dtype, None)
-    return tile, tile
+    return tile, tile, warps
 
 
 def _padded(q: Tensor, rows: int) -> tuple[int, int, bool]:
@@ -569,7 +584,7 @@ class _RelativeFlash(torch.autograd.Function):
         qpos, qseg, kpos, kseg, lut, offset, causal, plain, r, p_drop, seed, linear = geometry
         b, h, i, d = q.shape
         j = k.shape[2]
-        bm, bn = _blocks(q.device, q.dtype)
+        bm, bn, warps = _blocks(q.device, q.dtype)
         dp, rp, _ = _padded(q, r)
         out = q.new_empty(b, h, i, d, dtype=torch.float32)
         lse = q.new_empty(b, h, i, dtype=torch.float32)
@@ -584,11 +599,11 @@ class _RelativeFlash(torch.autograd.Function):
             q_ranges.shape[1],
             BM=bm, BN=bn, DP=dp, RP=rp, PLAIN=plain, CAUSAL=causal, HAS_REL=rel is not None,
             HAS_MASS=want_mass, HAS_KREL=relk is not None, DROPOUT=p_drop > 0, LINEAR=linear,
-            PRECISION=_precision(q),
+            PRECISION=_precision(q), num_warps=warps,
         )  # fmt: skip
         ctx.save_for_backward(q, k, v, rel, relk, slopes, out, lse, mass, q_ranges)
         # q_ranges are cut for these tiles: the backward pass keeps them (launch_config or not).
-        ctx.geometry, ctx.want_mass, ctx.tiles = geometry, want_mass, (bm, bn)
+        ctx.geometry, ctx.want_mass, ctx.tiles = geometry, want_mass, (bm, bn, warps)
         if not want_mass:
             ctx.mark_non_differentiable(mass)
         return out, mass
@@ -600,7 +615,7 @@ class _RelativeFlash(torch.autograd.Function):
         b, h, i, d = q.shape
         j = k.shape[2]
         dp, rp, loop_rows = _padded(q, r)
-        bm, bn = ctx.tiles
+        bm, bn, warps = ctx.tiles
         dout = dout.float().contiguous()
         dlt = (dout * out).sum(-1)
         has_mass = ctx.want_mass and dmass is not None
@@ -626,6 +641,7 @@ class _RelativeFlash(torch.autograd.Function):
             BM=bm, BN=bn, DP=dp, RP=rp if loop_rows else 16, PLAIN=plain, CAUSAL=causal,
             HAS_REL=rel is not None, HAS_MASS=has_mass, HAS_KREL=relk is not None,
             DROPOUT=p_drop > 0, LINEAR=linear, LOOP_ROWS=loop_rows, PRECISION=_precision(q),
+            num_warps=warps,
         )  # fmt: skip
         _launch(
             _backward_kv_kernel, (triton.cdiv(j, bn), b * h),
@@ -835,7 +851,8 @@ def dropout_keep(
     ``(b, h, i, j)`` (for tests and debugging: it is the ``(i, j)`` tensor the kernels avoid)."""
     b, h, i, j = shape
     keep = torch.empty(b, h, i, j, dtype=torch.int8, device=device)
-    bm, bn = _blocks(torch.device(device), torch.float32)
+    bm, bn, warps = _blocks(torch.device(device), torch.float32)
     grid = (triton.cdiv(i, bm), triton.cdiv(j, bn), b * h)
-    _launch(_keep_kernel, grid, keep, int(seed), float(dropout_p), i, j, BM=bm, BN=bn)
+    args = (keep, int(seed), float(dropout_p), i, j)
+    _launch(_keep_kernel, grid, *args, BM=bm, BN=bn, num_warps=warps)
     return keep.bool()
