@@ -33,6 +33,7 @@ import relpos
 from relpos.attention.backends import BACKENDS
 from relpos.attention.flex import flex_available, flex_supports
 from relpos.attention.fused import fused_supports
+from relpos.kernels import interpreted
 from tests.helpers import (
     BACKEND_SPECS,
     has_value_term,
@@ -175,6 +176,8 @@ def _fused_runs(spec: dict, causal: bool) -> bool:
 def test_fused_on_device_matches_eager(dtype, spec, causal, layout):
     if not _fused_runs(spec, causal):
         pytest.skip(f"fused does not run {spec_id(spec)} on {DEVICE}")
+    if dtype == torch.bfloat16 and interpreted():
+        pytest.skip("Triton's interpreter gets bfloat16 products wrong (tests/fused: float16)")
     check("fused", spec, causal, layout, dtype)
 
 
