@@ -28,7 +28,9 @@ from relpos.training import (
     evaluate_nll,
     load_checkpoint,
     lr_at,
+    param_groups,
     save_checkpoint,
+    set_lr,
     train,
 )
 from relpos.training import loop as training_loop
@@ -111,6 +113,53 @@ def test_lr_schedule_warms_up_then_decays_to_the_floor(tiny_data):
     assert lrs[0] == pytest.approx(1e-4) and lrs[9] == pytest.approx(1e-3)
     assert all(a >= b for a, b in itertools.pairwise(lrs[9:]))
     assert lr_at(100, cfg) == pytest.approx(1e-4)
+
+
+def test_the_positional_parameters_train_at_their_own_learning_rate(tiny_data, tmp_path):
+    """``position_lr_scale``: every parameter of a scheme (here T5's tables) sits in a group at
+    that multiple of the schedule, the rest at 1, weight decay still on matrices only; Adam's
+    first step moves each table entry by exactly that learning rate (its update is ±lr at step
+    1); a run, stopped and resumed, holds the scaled rate; at a scale of 1 the groups are the
+    usual two."""
+    torch.manual_seed(0)
+    t5 = {"name": "t5", "num_buckets": 8, "max_distance": 16}
+    cfg = tiny_config(tiny_data, position_lr_scale=10.0, weight_decay=0.0)
+    cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, scheme=t5))
+    model = Transformer(cfg.model)
+    tables = {id(p) for n, p in model.named_parameters() if n.endswith("scheme.table")}
+    groups = param_groups(model, cfg)
+    assert len(tables) == cfg.model.num_layers
+    assert sorted(id(p) for g in groups for p in g["params"]) == sorted(
+        id(p) for p in model.parameters()
+    )
+    for g in groups:
+        positional = {id(p) in tables for p in g["params"]}
+        assert positional == {g["lr_scale"] == 10.0}
+    opt = torch.optim.AdamW(groups, lr=cfg.lr)
+    set_lr(opt, 0, cfg)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    tokens = torch.randint(0, VOCAB_SIZE, (2, 16))
+    model(tokens).logsumexp(-1).sum().backward()
+    opt.step()
+    for n, p in model.named_parameters():
+        if n.endswith("scheme.table"):
+            moved = (p.detach() - before[n]).abs()
+            touched = p.grad != 0
+            assert touched.any()
+            torch.testing.assert_close(
+                moved[touched],
+                torch.full_like(moved[touched], 10 * lr_at(0, cfg)),
+                rtol=1e-2,
+                atol=0,
+            )
+    run, cfg = tmp_path / "run", dataclasses.replace(cfg, steps=4)
+    assert train(cfg, run, progress=False, stop_after=2)["interrupted"]
+    assert train(None, run, resume=True, progress=False)["step"] == 4  # the scale survives
+    saved = load_checkpoint(run / "last.pt")["optimizer"]["param_groups"]
+    ratios = sorted(g["lr"] / lr_at(3, cfg) for g in saved)
+    assert ratios == pytest.approx([1.0, 1.0, 10.0])  # T5's tables are matrices: one group
+    plain = param_groups(model, dataclasses.replace(cfg, position_lr_scale=1.0))
+    assert [(g["weight_decay"], g["lr_scale"]) for g in plain] == [(0.0, 1.0), (0.0, 1.0)]
 
 
 def test_a_run_writes_its_folder(tiny_data, tmp_path):
@@ -231,6 +280,7 @@ def test_sampling_keeps_the_satb_order(tiny_data, tmp_path):
         (["--d-model", "30", "--num-heads", "4"], r"d_model \(30\) must be divisible"),
         (["--steps", "0"], "steps must be >= 1"),
         (["--batch-size", "-2"], "batch_size must be >= 1"),
+        (["--position-lr-scale", "0"], "--position-lr-scale: position_lr_scale must be"),
     ],
 )
 def test_cli_bad_configuration(tiny_data, tmp_path, capsys, flags, message):
@@ -414,6 +464,8 @@ def test_a_non_causal_model_is_refused(tiny_data, tmp_path, capsys):
         ({"accumulate": 0}, "accumulate"),
         ({"accumulate": 3}, r"batch_size \(4\)"),
         ({"ema": 1.5}, "ema"),
+        ({"position_lr_scale": 0}, "position_lr_scale"),
+        ({"position_lr_scale": "10"}, "position_lr_scale"),
         ({"ema": 1}, "ema"),
         ({"patience": -1}, "patience"),
         ({"autocast": "yes"}, "autocast"),

@@ -96,6 +96,7 @@ _FIELD_FLAGS = {
     "steps": "--steps",
     "lr": "--lr",
     "warmup": "--warmup",
+    "position_lr_scale": "--position-lr-scale",
     "eval_every": "--eval-every",
     "accumulate": "--accumulate",
     "ema": "--ema",
@@ -192,6 +193,12 @@ _TRAINING_FLAGS = [
     _Flag("--steps", "steps", DEMO["steps"], {"type": int}),
     _Flag("--lr", "lr", DEMO["lr"], {"type": float}),
     _Flag("--warmup", "warmup", DEMO["warmup"], {"type": int}),
+    _Flag(
+        "--position-lr-scale",
+        "position_lr_scale",
+        1.0,
+        {"type": float, "help": "learning-rate multiple for the positional scheme's parameters"},
+    ),
     _Flag("--eval-every", "eval_every", DEMO["eval_every"], {"type": int}),
     _Flag(
         "--accumulate",

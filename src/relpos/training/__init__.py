@@ -15,6 +15,8 @@ from .loop import (
     accumulate_gradients,
     check_data,
     lr_at,
+    param_groups,
+    set_lr,
     train,
 )
 from .windows import WindowGrid, Windows, eval_windows, random_windows
@@ -33,8 +35,10 @@ __all__ = [
     "evaluate_nll",
     "load_checkpoint",
     "lr_at",
+    "param_groups",
     "random_windows",
     "save_checkpoint",
+    "set_lr",
     "train",
     "window_loss",
 ]

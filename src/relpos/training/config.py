@@ -98,6 +98,11 @@ class TrainConfig:
         steps: optimisation steps in total.
         lr, weight_decay, betas: AdamW.
         warmup: linear warm-up steps, then cosine decay to ``min_lr_ratio·lr`` (the floor).
+        position_lr_scale: the positional scheme's own parameters (every
+            :class:`~relpos.schemes.base.Scheme` in the model: a T5 or relative table, learned
+            slopes or absolute positions, an MLP of the distance) train at this multiple of the
+            learning rate. Adam moves a parameter by about the learning rate per step, so a
+            scalar bias such as T5's can grow only as fast as the schedule allows.
         grad_clip: clip the global gradient norm (0: off).
         accumulate: micro-batches per step: each step's ``batch_size`` windows run as this many
             forward/backward passes of ``batch_size / accumulate`` windows, the gradient summed
@@ -130,6 +135,7 @@ class TrainConfig:
     betas: tuple[float, float] = (0.9, 0.98)
     warmup: int = 100
     min_lr_ratio: float = 0.1
+    position_lr_scale: float = 1.0
     grad_clip: float = 1.0
     accumulate: int = 1
     ema: float = 0.0
@@ -164,6 +170,7 @@ class TrainConfig:
         number("lr", low=0.0, low_open=True)
         number("weight_decay", low=0.0)
         number("min_lr_ratio", low=0.0, high=1.0)
+        number("position_lr_scale", low=0.0, low_open=True)
         number("grad_clip", low=0.0)
         number("ema", low=0.0, high=1.0)
         if self.ema == 1.0:

@@ -43,6 +43,7 @@ from torch.nn.parallel import DistributedDataParallel
 from ..atomic import atomic_path, remove_stale_temporaries
 from ..models.transformer import Transformer
 from ..runtime import native_bf16
+from ..schemes import Scheme
 from .checkpoint import load_checkpoint, save_checkpoint
 from .config import TrainConfig
 from .dataset import TokenDataset
@@ -58,6 +59,8 @@ __all__ = [
     "accumulate_gradients",
     "check_data",
     "lr_at",
+    "param_groups",
+    "set_lr",
     "train",
 ]
 
@@ -124,6 +127,36 @@ def lr_at(step: int, cfg: TrainConfig) -> float:
     progress = min((step - cfg.warmup) / span, 1.0)
     floor = cfg.lr * cfg.min_lr_ratio
     return floor + (cfg.lr - floor) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+def param_groups(model: torch.nn.Module, cfg: TrainConfig) -> list[dict]:
+    """AdamW's parameter groups: weight decay on matrices only (``ndim >= 2``), and the
+    positional schemes' parameters (those of every :class:`~relpos.schemes.base.Scheme` in the
+    model) in groups of their own at ``lr_scale = position_lr_scale``, the rest at 1. Empty
+    groups are left out: at a scale of 1 the run has the two decay groups alone."""
+    positional: set[int] = set()
+    if cfg.position_lr_scale != 1.0:
+        for module in model.modules():
+            if isinstance(module, Scheme):
+                positional.update(id(p) for p in module.parameters())
+    groups = []
+    for scale, is_positional in ((1.0, False), (cfg.position_lr_scale, True)):
+        for decay in (True, False):
+            params = [
+                p
+                for p in model.parameters()
+                if (id(p) in positional) == is_positional and (p.ndim >= 2) == decay
+            ]
+            if params:
+                wd = cfg.weight_decay if decay else 0.0
+                groups.append({"params": params, "weight_decay": wd, "lr_scale": scale})
+    return groups
+
+
+def set_lr(opt: torch.optim.Optimizer, step: int, cfg: TrainConfig) -> None:
+    """Each group's learning rate for ``step``: :func:`lr_at` times its ``lr_scale``."""
+    for group in opt.param_groups:
+        group["lr"] = lr_at(step, cfg) * group.get("lr_scale", 1.0)
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -411,16 +444,7 @@ def train(
         data = load_token_data(cfg.data, max_shift=cfg.max_shift, progress=progress and ctx.main)
     check_data(data, cfg)
     model = Transformer(cfg.model).to(device)
-    decay = [p for p in model.parameters() if p.ndim >= 2]
-    no_decay = [p for p in model.parameters() if p.ndim < 2]
-    opt = torch.optim.AdamW(
-        [
-            {"params": decay, "weight_decay": cfg.weight_decay},
-            {"params": no_decay, "weight_decay": 0.0},
-        ],
-        lr=cfg.lr,
-        betas=cfg.betas,
-    )
+    opt = torch.optim.AdamW(param_groups(model, cfg), lr=cfg.lr, betas=cfg.betas)
     step, best, since_best = 0, math.inf, 0
     if state is not None:
         model.load_state_dict(state["model"])
@@ -520,8 +544,7 @@ def train(
     try:
         with _graceful_interrupt() as flag:
             while step < cfg.steps:
-                for group in opt.param_groups:
-                    group["lr"] = lr_at(step, cfg)
+                set_lr(opt, step, cfg)
                 w = random_windows(data.train, local_batch, cfg.context, rng, grid=data.grid)
                 tokens = torch.from_numpy(w.tokens).to(device)
                 mask = torch.from_numpy(w.mask).to(device)
