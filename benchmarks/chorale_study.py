@@ -5,10 +5,10 @@
         --out runs/study --steps 600
 
     # at the recipe's quality: every scheme with configs/jsb-music.json, a second seed for the
-    # headline rows, runs side by side (on a GPU, 11 small runs share it; on a CPU, give each run
+    # headline rows, runs side by side (on a GPU, 12 small runs share it; on a CPU, give each run
     # its own core)
     python benchmarks/chorale_study.py --config configs/jsb-music.json --seeds 0 \
-        --schemes music,shaw,t5,alibi,rope,learned,sinusoidal,nope --parallel 8 \
+        --schemes music,shaw,t5,t5-lr10,alibi,rope,learned,sinusoidal,nope --parallel 9 \
         --device cuda --out runs/study-recipe
     python benchmarks/chorale_study.py --config configs/jsb-music.json --seeds 1 \
         --schemes music,rope,sinusoidal --parallel 3 --device cuda --out runs/study-recipe
@@ -48,6 +48,9 @@ SCHEMES = {
     "music-256": ["--scheme", "music", "--scheme-arg", "max_distance=256"],
     "shaw": ["--scheme", "shaw"],
     "t5": ["--scheme", "t5"],
+    # Adam moves T5's scalar table by about the learning rate a step: ten times that rate for
+    # the table alone (docs/results.md, T5).
+    "t5-lr10": ["--scheme", "t5", "--position-lr-scale", "10"],
     "alibi": ["--scheme", "alibi"],
     "rope": ["--scheme", "rope"],
     "sinusoidal": ["--scheme", "sinusoidal"],

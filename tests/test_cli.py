@@ -574,3 +574,8 @@ def test_the_study_script_runs_seeds_side_by_side_and_skips_finished_runs(tiny_d
     (out / "results.json").unlink()
     assert study.main([*argv, "--seeds", "1"]) == 0
     assert json.loads((out / "results.json").read_text()) == rows
+    # A cell's own flags beside the file's: T5 with ten times the rate for its table.
+    assert study.main([*argv, "--seeds", "0", "--schemes", "t5-lr10"]) == 0
+    saved = json.loads((out / "t5-lr10-seed0" / "config.json").read_text())
+    assert saved["position_lr_scale"] == 10.0 and saved["model"]["scheme"]["name"] == "t5"
+    assert "| t5-lr10 | 1 |" in (out / "results.md").read_text()
