@@ -155,8 +155,9 @@ def param_groups(model: torch.nn.Module, cfg: TrainConfig) -> list[dict]:
 
 def set_lr(opt: torch.optim.Optimizer, step: int, cfg: TrainConfig) -> None:
     """Each group's learning rate for ``step``: :func:`lr_at` times its ``lr_scale``."""
+    rate = lr_at(step, cfg)
     for group in opt.param_groups:
-        group["lr"] = lr_at(step, cfg) * group.get("lr_scale", 1.0)
+        group["lr"] = rate * group.get("lr_scale", 1.0)
 
 
 # ----------------------------------------------------------------------------- helpers
