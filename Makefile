@@ -10,18 +10,18 @@ TRITON_STAMP := $(VENV)/.installed-triton
 
 $(STAMP): pyproject.toml constraints-cpu.txt
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -c constraints-cpu.txt -e '.[music,dev]'
+	$(BIN)/python -m pip install -q --no-cache-dir --upgrade pip
+	$(BIN)/python -m pip install -q --no-cache-dir -c constraints-cpu.txt -e '.[music,dev]'
 	touch $(STAMP)
 
 # Keras 3 and its three backends, for the Keras suite only (`make run` does not need them).
 $(KERAS_STAMP): $(STAMP)
-	$(BIN)/python -m pip install -q -c constraints-cpu.txt -e '.[keras-dev]'
+	$(BIN)/python -m pip install -q --no-cache-dir -c constraints-cpu.txt -e '.[keras-dev]'
 	touch $(KERAS_STAMP)
 
 # Triton, for the kernels' suite in its interpreter (tests/fused; a CPU needs no other use of it).
 $(TRITON_STAMP): $(STAMP)
-	$(BIN)/python -m pip install -q -c constraints-cpu.txt -e '.[kernels-dev]'
+	$(BIN)/python -m pip install -q --no-cache-dir -c constraints-cpu.txt -e '.[kernels-dev]'
 	touch $(TRITON_STAMP)
 
 run: $(STAMP)

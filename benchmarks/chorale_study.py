@@ -22,6 +22,9 @@ Each run is `relpos train` (the scheme, and with --config every other field from
 `relpos generate`. A run folder that finished is skipped and one that stopped is resumed, so the
 study can be stopped and started again. `results.md` and `results.json` (mean and spread over the
 seeds of each scheme) and `valid_curves.png` are written into --out, each atomically.
+`--table-only --out DIR` writes them again from the finished runs in DIR and trains nothing: a
+run's config.json, metrics.jsonl and eval.json are all it needs (benchmarks/results/study-recipe
+keeps just those).
 """
 
 from __future__ import annotations
@@ -116,6 +119,15 @@ def finished_seeds(out: Path, name: str) -> list[int]:
     return sorted(seeds)
 
 
+def count_parameters(run: Path, result: dict) -> int:
+    """The model's size: from its evaluation, or (evaluations before it was recorded) from its
+    best checkpoint. A folder of only config, metrics and evaluation tabulates without one."""
+    if "parameters" in result:
+        return result["parameters"]
+    state = torch.load(run / "best.pt", weights_only=True)
+    return sum(v.numel() for v in state["model"].values())
+
+
 def summarize(out: Path, names: list[str]) -> list[dict]:
     """One row per scheme with at least one finished run in ``out`` (from any invocation): mean
     and spread (max - min) of the valid and test NLL over its seeds."""
@@ -126,14 +138,13 @@ def summarize(out: Path, names: list[str]) -> list[dict]:
             continue
         runs = [out / f"{name}-seed{seed}" for seed in seeds]
         results = [json.loads((run / "eval.json").read_text()) for run in runs]
-        state = torch.load(runs[0] / "best.pt", weights_only=True)
         valid = [r["valid_nll"] for r in results]
         test = [r["test_nll"] for r in results]
         rows.append(
             {
                 "scheme": name,
                 "seeds": len(results),
-                "parameters": sum(v.numel() for v in state["model"].values()),
+                "parameters": count_parameters(runs[0], results[0]),
                 "best_steps": [r["step"] for r in results],
                 "valid_nll": statistics.fmean(valid),
                 "valid_spread": max(valid) - min(valid),
@@ -197,7 +208,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--threads", type=int, help="torch threads per run (default: the cores / --parallel)"
     )
+    p.add_argument(
+        "--table-only",
+        action="store_true",
+        help="train nothing: tabulate and plot the finished runs in --out (e.g. runs gathered "
+        "from several machines)",
+    )
     args = p.parse_args(argv)
+    out = Path(args.out)
+    if args.table_only:
+        if not out.is_dir():
+            p.error(f"--out: {out} is not a folder of study runs")
+        return 0 if write_table(out) else 1
     if not (args.data or args.config):
         p.error("give --data (the demo's model) or --config (a recipe)")
     names = [n for n in args.schemes.split(",") if n]
@@ -210,7 +232,6 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--seeds: expected comma-separated integers, got {args.seeds!r}")
     if not args.seed_list or args.parallel < 1 or (args.threads is not None and args.threads < 1):
         p.error("--seeds needs at least one seed, --parallel and --threads at least 1")
-    out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     threads = args.threads or max(1, (os.cpu_count() or 1) // args.parallel)
     env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
@@ -224,7 +245,13 @@ def main(argv: list[str] | None = None) -> int:
             except RuntimeError as e:
                 failed.append(str(e))
                 print(f"failed: {e}", file=sys.stderr, flush=True)
-    # The table covers every finished run in --out (several invocations may share it).
+    write_table(out)
+    return 1 if failed else 0
+
+
+def write_table(out: Path) -> list[dict]:
+    """``results.md``, ``results.json`` and ``valid_curves.png`` in ``out``, over every finished
+    run there (several invocations may share it); the rows, empty where none has finished."""
     rows = summarize(out, list(SCHEMES))
     table = render(rows)
     with atomic_path(out / "results.md") as tmp:
@@ -234,8 +261,8 @@ def main(argv: list[str] | None = None) -> int:
     finished = [r.name for r in sorted(out.glob("*-seed*")) if (r / "eval.json").exists()]
     if finished:
         plot_valid_curves(out, finished)
-    print(table)
-    return 1 if failed else 0
+    print(table if rows else f"no finished runs in {out}")
+    return rows
 
 
 if __name__ == "__main__":

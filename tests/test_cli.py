@@ -579,3 +579,22 @@ def test_the_study_script_runs_seeds_side_by_side_and_skips_finished_runs(tiny_d
     saved = json.loads((out / "t5-lr10-seed0" / "config.json").read_text())
     assert saved["position_lr_scale"] == 10.0 and saved["model"]["scheme"]["name"] == "t5"
     assert "| t5-lr10 | 1 |" in (out / "results.md").read_text()
+    rows = json.loads((out / "results.json").read_text())
+    # --table-only: the runs' config, metrics and evaluation alone (no checkpoint) give the same
+    # table; the model's size comes from the evaluation.
+    kept = tmp_path / "kept"
+    for run in out.glob("*-seed*"):
+        (kept / run.name).mkdir(parents=True)
+        for name in ("config.json", "metrics.jsonl", "eval.json"):
+            (kept / run.name / name).write_bytes((run / name).read_bytes())
+    state = torch.load(out / "nope-seed0" / "best.pt", weights_only=True)
+    size = sum(v.numel() for v in state["model"].values())
+    assert json.loads((kept / "nope-seed0" / "eval.json").read_text())["parameters"] == size
+    assert study.main(["--table-only", "--out", str(kept)]) == 0
+    assert json.loads((kept / "results.json").read_text()) == rows
+    assert (kept / "valid_curves.png").stat().st_size > 0
+    (tmp_path / "empty").mkdir()
+    assert study.main(["--table-only", "--out", str(tmp_path / "empty")]) == 1
+    with pytest.raises(SystemExit) as stop:
+        study.main(["--table-only", "--out", str(tmp_path / "missing")])
+    assert stop.value.code == 2
