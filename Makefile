@@ -5,23 +5,25 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 KERAS_STAMP := $(VENV)/.installed-keras
 TRITON_STAMP := $(VENV)/.installed-triton
+# No wheel cache: a second copy of TensorFlow, JAX and the rest would double the disk it needs.
+PIP_INSTALL := $(BIN)/python -m pip install -q --no-cache-dir
 
 .PHONY: run recipe test test-all lint bench clean
 
 $(STAMP): pyproject.toml constraints-cpu.txt
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --no-cache-dir --upgrade pip
-	$(BIN)/python -m pip install -q --no-cache-dir -c constraints-cpu.txt -e '.[music,dev]'
+	$(PIP_INSTALL) --upgrade pip
+	$(PIP_INSTALL) -c constraints-cpu.txt -e '.[music,dev]'
 	touch $(STAMP)
 
 # Keras 3 and its three backends, for the Keras suite only (`make run` does not need them).
 $(KERAS_STAMP): $(STAMP)
-	$(BIN)/python -m pip install -q --no-cache-dir -c constraints-cpu.txt -e '.[keras-dev]'
+	$(PIP_INSTALL) -c constraints-cpu.txt -e '.[keras-dev]'
 	touch $(KERAS_STAMP)
 
 # Triton, for the kernels' suite in its interpreter (tests/fused; a CPU needs no other use of it).
 $(TRITON_STAMP): $(STAMP)
-	$(BIN)/python -m pip install -q --no-cache-dir -c constraints-cpu.txt -e '.[kernels-dev]'
+	$(PIP_INSTALL) -c constraints-cpu.txt -e '.[kernels-dev]'
 	touch $(TRITON_STAMP)
 
 run: $(STAMP)

@@ -462,7 +462,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         "step": state["step"],
         "data": source,
         "scheme": cfg.model.scheme,
-        "parameters": sum(p.numel() for p in model.parameters()),
+        "parameters": model.num_parameters(),
     }
     for split in splits:
         seqs = data.split(split)
