@@ -38,10 +38,9 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import torch
-
 from relpos.atomic import atomic_path
-from relpos.training import RUN_FILES, load_checkpoint
+from relpos.models import Transformer
+from relpos.training import RUN_FILES, TrainConfig, load_checkpoint
 
 #: The flags that choose each scheme (with --config they replace the file's scheme).
 SCHEMES = {
@@ -120,12 +119,12 @@ def finished_seeds(out: Path, name: str) -> list[int]:
 
 
 def count_parameters(run: Path, result: dict) -> int:
-    """The model's size: from its evaluation, or (evaluations before it was recorded) from its
-    best checkpoint. A folder of only config, metrics and evaluation tabulates without one."""
+    """The model's size: from its evaluation, or (evaluations from before it was recorded) from
+    the model its saved config builds; no checkpoint is needed either way."""
     if "parameters" in result:
         return result["parameters"]
-    state = torch.load(run / "best.pt", weights_only=True)
-    return sum(v.numel() for v in state["model"].values())
+    config = TrainConfig.load(run / "config.json")
+    return Transformer(config.model).num_parameters()
 
 
 def summarize(out: Path, names: list[str]) -> list[dict]:
@@ -155,6 +154,11 @@ def summarize(out: Path, names: list[str]) -> list[dict]:
     return rows
 
 
+def spread(row: dict, key: str) -> str:
+    """`` (0.0123)`` for a scheme run with several seeds; nothing for one (no spread to show)."""
+    return f" ({row[key]:.4f})" if row["seeds"] > 1 else ""
+
+
 def render(rows: list[dict]) -> str:
     lines = [
         "| scheme | seeds | parameters | best step | valid NLL (spread) | test NLL (spread) |",
@@ -164,8 +168,8 @@ def render(rows: list[dict]) -> str:
         steps = ", ".join(str(s) for s in r["best_steps"])
         lines.append(
             f"| {r['scheme']} | {r['seeds']} | {r['parameters']:,} | {steps} "
-            f"| {r['valid_nll']:.4f} ({r['valid_spread']:.4f}) "
-            f"| {r['test_nll']:.4f} ({r['test_spread']:.4f}) |"
+            f"| {r['valid_nll']:.4f}{spread(r, 'valid_spread')} "
+            f"| {r['test_nll']:.4f}{spread(r, 'test_spread')} |"
         )
     return "\n".join(lines) + "\n"
 

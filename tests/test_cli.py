@@ -593,6 +593,16 @@ def test_the_study_script_runs_seeds_side_by_side_and_skips_finished_runs(tiny_d
     assert study.main(["--table-only", "--out", str(kept)]) == 0
     assert json.loads((kept / "results.json").read_text()) == rows
     assert (kept / "valid_curves.png").stat().st_size > 0
+    # An evaluation from before the size was recorded: the size of the model its config builds.
+    for run in kept.glob("*-seed*"):
+        result = json.loads((run / "eval.json").read_text())
+        del result["parameters"]
+        (run / "eval.json").write_text(json.dumps(result))
+    assert study.main(["--table-only", "--out", str(kept)]) == 0
+    assert json.loads((kept / "results.json").read_text()) == rows
+    # One seed shows no spread; two show it.
+    lines = {line.split(" | ")[0]: line for line in (kept / "results.md").read_text().splitlines()}
+    assert "(" not in lines["| t5-lr10"] and lines["| alibi"].count("(") == 2
     (tmp_path / "empty").mkdir()
     assert study.main(["--table-only", "--out", str(tmp_path / "empty")]) == 1
     with pytest.raises(SystemExit) as stop:
