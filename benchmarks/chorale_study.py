@@ -1,6 +1,6 @@
 """The scheme study: same model, same budget, different positions, on the standard JSB split.
 
-    # the 600-step study (docs/results.md): the demo's model, flags for the budget
+    # the first look (docs/results.md): the demo's model for 600 steps, flags for the budget
     python benchmarks/chorale_study.py --data ../shared/data/jsb-chorales/Jsb16thSeparated.json \
         --out runs/study --steps 600
 
@@ -59,7 +59,7 @@ SCHEMES = {
     "learned": ["--scheme", "learned", "--scheme-arg", "max_len=512"],
     "nope": ["--scheme", "nope"],
 }
-DEFAULT = "music,music-256,sinusoidal,learned,nope"  # the 600-step study's rows
+DEFAULT = "music,shaw,t5,alibi,rope,learned,sinusoidal,nope"  # the study's eight schemes
 
 
 def relpos_command(*args: str) -> list[str]:
