@@ -175,20 +175,36 @@ def render(rows: list[dict]) -> str:
 
 
 def plot_valid_curves(out: Path, runs: list[str]) -> None:
-    """Validation NLL against step, one line per run, into ``out/valid_curves.png``."""
+    """Validation NLL against step into ``out/valid_curves.png``: one colour per scheme, a dashed
+    line for each further seed; the right panel zooms on the second half, where the leading
+    schemes lie within a few hundredths of each other."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4), dpi=110)
+    curves = {}
     for name in runs:
         records = [json.loads(x) for x in (out / name / "metrics.jsonl").read_text().splitlines()]
-        points = [(r["step"], r["valid_nll"]) for r in records if "valid_nll" in r]
-        ax.plot(*zip(*points, strict=True), "o-", label=name, markersize=3)
-    ax.set(xlabel="step", ylabel="valid NLL (nats per token)", title="JSB chorales, same budget")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
+        curves[name] = [(r["step"], r["valid_nll"]) for r in records if "valid_nll" in r]
+    schemes = sorted({name.rsplit("-seed", 1)[0] for name in runs})
+    colour = {s: plt.get_cmap("tab10")(k % 10) for k, s in enumerate(schemes)}
+    fig, (full, zoom) = plt.subplots(1, 2, figsize=(11, 4.2), dpi=110)
+    half = max(step for points in curves.values() for step, _ in points) / 2
+    late = [nll for points in curves.values() for step, nll in points if step >= half]
+    for name, points in curves.items():
+        scheme = name.rsplit("-seed", 1)[0]
+        style = "o-" if name == f"{scheme}-seed{min(finished_seeds(out, scheme) or [0])}" else "s--"
+        for ax in (full, zoom):
+            ax.plot(
+                *zip(*points, strict=True), style, color=colour[scheme], label=name, markersize=3
+            )
+    full.set(xlabel="step", ylabel="valid NLL (nats per token)", title="JSB chorales, same budget")
+    zoom.set(xlabel="step", title="second half, leading runs", xlim=(half, None))
+    zoom.set_ylim(min(late) - 0.005, min(late) + 0.12)
+    for ax in (full, zoom):
+        ax.grid(alpha=0.3)
+    full.legend(fontsize=7)
     fig.tight_layout()
     with atomic_path(out / "valid_curves.png", suffix=".png") as tmp:
         fig.savefig(tmp, format="png")
