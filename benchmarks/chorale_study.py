@@ -187,14 +187,17 @@ def plot_valid_curves(out: Path, runs: list[str]) -> None:
     for name in runs:
         records = [json.loads(x) for x in (out / name / "metrics.jsonl").read_text().splitlines()]
         curves[name] = [(r["step"], r["valid_nll"]) for r in records if "valid_nll" in r]
-    schemes = sorted({name.rsplit("-seed", 1)[0] for name in runs})
+    scheme_of = {name: name.rsplit("-seed", 1)[0] for name in runs}
+    schemes = sorted(set(scheme_of.values()))
     colour = {s: plt.get_cmap("tab10")(k % 10) for k, s in enumerate(schemes)}
+    # Each scheme's lowest seed draws a solid line, its further seeds dashed ones.
+    first = {s: f"{s}-seed{seeds[0]}" for s in schemes if (seeds := finished_seeds(out, s))}
     fig, (full, zoom) = plt.subplots(1, 2, figsize=(11, 4.2), dpi=110)
     half = max(step for points in curves.values() for step, _ in points) / 2
     late = [nll for points in curves.values() for step, nll in points if step >= half]
     for name, points in curves.items():
-        scheme = name.rsplit("-seed", 1)[0]
-        style = "o-" if name == f"{scheme}-seed{min(finished_seeds(out, scheme) or [0])}" else "s--"
+        scheme = scheme_of[name]
+        style = "o-" if first.get(scheme) == name else "s--"
         for ax in (full, zoom):
             ax.plot(
                 *zip(*points, strict=True), style, color=colour[scheme], label=name, markersize=3
