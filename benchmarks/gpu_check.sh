@@ -7,12 +7,14 @@
 # OUT gets the logs and results.tgz (tables, JSON, plots, the run's metrics; no checkpoints);
 # the folders themselves are written under WORK (default: a temporary folder).
 #
-# Phase 1 (in parallel): the CUDA tests (pytest-xdist workers: FlexAttention compiles are CPU
-# work; the fused Triton kernel's suite, tests/fused, first), one bench process per scheme × mask that compiles every FlexAttention shape once (its
-# "first call s" is the cold compile, measured under that load; Inductor's on-disk caches then
-# serve phase 2), and `relpos train` of configs/jsb-music-paper.json for TRAIN_S seconds, then
-# `relpos eval`. Phase 2, with nothing else on the GPU: benchmarks/fused_tiles.py (the fused
-# kernel's TILE_CONFIGS against flash SDPA at L=4096), then `relpos bench --device cuda`.
+# Phase 1 (in parallel): the CUDA tests (pytest-xdist workers: FlexAttention and Triton compiles
+# are CPU work; the fused Triton kernel's suite, tests/fused, beside the rest); the cold compiles:
+# one bench process per backend (flex, fused) × scheme × mask and one fused_tiles.py process, each
+# compiling its shapes once (their "first call s" is the cold compile, measured under that load;
+# Inductor's and Triton's on-disk caches then serve phase 2); and `relpos train` of
+# configs/jsb-music-paper.json for TRAIN_S seconds (0: no training), then `relpos eval`. Phase 2,
+# with nothing else on the GPU: benchmarks/fused_tiles.py (the fused kernel's TILE_CONFIGS against
+# flash SDPA at L=4096), then `relpos bench --device cuda` of BENCH_IMPLS.
 # Budgets (seconds): TEST_S, TRAIN_S, TILES_S, BENCH_S. DATA: the JSB JSON where the config's
 # ../shared path does not exist (a GPU machine gets only the checkout: carry a copy in it).
 set -u
@@ -28,7 +30,9 @@ WORKERS=${WORKERS:-8}  # 0: no pytest-xdist
 LENGTHS=${LENGTHS:-1024,4096,16384}  # ascending: each L estimates the next one's time
 TOKENS=${TOKENS:-16384}
 FLEX_SCHEMES=${FLEX_SCHEMES:-alibi t5 music kerple}
+FUSED_SCHEMES=${FUSED_SCHEMES:-alibi t5 shaw music}
 BENCH_SCHEMES=${BENCH_SCHEMES:-alibi,t5,shaw,music,kerple}
+BENCH_IMPLS=${BENCH_IMPLS:-sdpa,chunked,flex,fused,sdpa-bias}
 DEVICE=${DEVICE:-cuda}
 
 { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1
@@ -39,20 +43,26 @@ DEVICE=${DEVICE:-cuda}
 # ---- phase 1: tests (two pytest runs of WORKERS each), cold compiles and training side by side
 # (one thread and one compile worker each)
 export OMP_NUM_THREADS=1 TORCHINDUCTOR_COMPILE_THREADS=1
-( timeout "$TRAIN_S" $PY -m relpos.cli train --config configs/jsb-music-paper.json \
+[ "$TRAIN_S" -gt 0 ] && ( timeout "$TRAIN_S" $PY -m relpos.cli train --config configs/jsb-music-paper.json \
     ${DATA:+--data "$DATA"} --run-dir "$WORK/jsb" --device "$DEVICE" --no-progress
   $PY -m relpos.cli eval --run-dir "$WORK/jsb" --device "$DEVICE" --no-progress ||
     $PY -m relpos.cli eval --run-dir "$WORK/jsb" --device "$DEVICE" --no-progress --checkpoint last
 ) > "$OUT/train.log" 2>&1 &
 TRAIN=$!
 
-for scheme in $FLEX_SCHEMES; do
-  for mask in causal bidirectional; do
-    timeout "$TEST_S" $PY -m relpos.cli.bench --device "$DEVICE" --impls flex --schemes "$scheme" \
-      --mask "$mask" --lengths "$LENGTHS" --tokens "$TOKENS" --repeats 5 --warmup 1 --no-memory \
-      --no-plot --out "$WORK/cold/$scheme-$mask" > "$WORK/cold-$scheme-$mask.log" 2>&1 &
+cold() {  # cold IMPL SCHEMES: one bench process per scheme and mask
+  for scheme in $2; do
+    for mask in causal bidirectional; do
+      timeout "$TEST_S" $PY -m relpos.cli.bench --device "$DEVICE" --impls "$1" --schemes "$scheme" \
+        --mask "$mask" --lengths "$LENGTHS" --tokens "$TOKENS" --repeats 5 --warmup 1 --no-memory \
+        --no-plot --out "$WORK/cold/$1-$scheme-$mask" > "$WORK/cold-$1-$scheme-$mask.log" 2>&1 &
+    done
   done
-done
+}
+cold flex "$FLEX_SCHEMES"
+cold fused "$FUSED_SCHEMES"
+timeout "$TEST_S" $PY benchmarks/fused_tiles.py --out "$WORK/tiles-cold" --lengths 4096 \
+  --tokens "$TOKENS" --configs "$TILE_CONFIGS" --repeats 1 --warmup 0 > "$WORK/cold-tiles.log" 2>&1 &
 
 XDIST=(); [ "$WORKERS" -gt 0 ] && XDIST=(-n "$WORKERS")
 # The fused kernel's own suite (compiled on the GPU: no TRITON_INTERPRET, every case: -m slow
@@ -71,7 +81,7 @@ grep -E "FAILED|ERROR" "$OUT/tests-fused.log" | head -n 30
 grep -E "FAILED|ERROR" "$OUT/tests.log" | head -n 30
 tail -n 3 "$OUT/tests.log"
 wait
-tail -n 5 "$OUT/train.log"
+[ "$TRAIN_S" -gt 0 ] && tail -n 5 "$OUT/train.log"
 cat "$WORK"/cold-*.log > "$OUT/cold.log"
 
 # ---- phase 2: the fused kernel's tiles and warps, then the bench, alone on the GPU
@@ -80,7 +90,7 @@ timeout "$TILES_S" $PY benchmarks/fused_tiles.py --out "$WORK/tiles" --lengths 4
   --tokens "$TOKENS" --configs "$TILE_CONFIGS" 2>&1 | tee "$OUT/tiles.log"
 timeout "$BENCH_S" $PY -m relpos.cli.bench --device "$DEVICE" --dtype bfloat16 \
   --lengths "$LENGTHS" --tokens "$TOKENS" --mask both --schemes "$BENCH_SCHEMES" \
-  --impls sdpa,chunked,flex,fused,sdpa-bias --repeats 10 --warmup 3 --max-config-seconds 10 \
+  --impls "$BENCH_IMPLS" --repeats 10 --warmup 3 --max-config-seconds 10 \
   --out "$WORK/bench" 2>&1 | tee "$OUT/bench.log"
 echo "bench: exit ${PIPESTATUS[0]}"
 

@@ -1,6 +1,8 @@
 """pytest configuration: hypothesis profile (deterministic, no deadline: oracles are slow), and
 no test leaks process-wide floating-point state into the next."""
 
+import os
+
 import pytest
 import torch
 from hypothesis import settings
@@ -8,6 +10,10 @@ from hypothesis import settings
 settings.register_profile("default", deadline=None, max_examples=15, derandomize=True)
 settings.register_profile("thorough", deadline=None, max_examples=200)
 settings.load_profile("default")
+
+# cuBLAS is deterministic only with a fixed workspace (the tests that turn on deterministic mode
+# on CUDA), which must be set before its first use in the process.
+os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 
 
 @pytest.fixture(autouse=True)

@@ -43,11 +43,15 @@ def _runs(backend: str, spec: dict) -> bool:
 @pytest.mark.parametrize("layout", ["left-pad", "packed", "cached"])
 @pytest.mark.parametrize("spec", DIRECT, ids=spec_id)
 @pytest.mark.parametrize("backend", sorted(set(BACKENDS) - {"flex", "fused"}))  # fused: tests/fused
-def test_a_backend_computes_the_same_under_autocast(backend, spec, layout, device):
+def test_a_backend_computes_the_same_under_autocast(backend, spec, layout, device, deterministic):
     """Outputs and every gradient bit for bit. A ``backward`` inside the autocast block runs too
-    (torch advises against it: its own backward matmuls then run in bfloat16, so only finite)."""
+    (torch advises against it: its own backward matmuls then run in bfloat16, so only finite).
+    On CUDA in deterministic mode: a gradient summed by atomic adds (a gather's backward) differs
+    from run to run in its last bits, autocast or not."""
     if not _runs(backend, spec):
         pytest.skip(f"{backend} refuses this scheme")
+    if device == "cuda":
+        deterministic(True)
     rng = random.Random(f"{spec_id(spec)}{layout}")
     torch.manual_seed(rng.randrange(1 << 30))
     b, h, d, n = 2, 2, 8, 40
@@ -63,13 +67,18 @@ def test_a_backend_computes_the_same_under_autocast(backend, spec, layout, devic
     grad_out = torch.randn(b, h, len(qp), d, **half)
     results = []
     for on, backward_inside in ((False, False), (True, False), (True, True)):
-        with torch.autocast(device, torch.bfloat16, enabled=on):
-            qr, kr = scheme.rotate(q, k, qp, kp)
-            out = BACKENDS[backend](qr, kr, v, scheme, qp, kp, causal=True)
-            if backward_inside:
+        try:
+            with torch.autocast(device, torch.bfloat16, enabled=on):
+                qr, kr = scheme.rotate(q, k, qp, kp)
+                out = BACKENDS[backend](qr, kr, v, scheme, qp, kp, causal=True)
+                if backward_inside:
+                    grads = torch.autograd.grad(out, inputs, grad_out, allow_unused=True)
+            if not backward_inside:
                 grads = torch.autograd.grad(out, inputs, grad_out, allow_unused=True)
-        if not backward_inside:
-            grads = torch.autograd.grad(out, inputs, grad_out, allow_unused=True)
+        except RuntimeError as e:  # an op PyTorch has no deterministic CUDA kernel for
+            if "determinis" not in str(e):
+                raise
+            pytest.skip(f"not deterministic on {device}: {' '.join(str(e).split())[:200]}")
         results.append((out, grads))
     (out, grads), (out_ac, grads_ac), (_, grads_in) = results
     assert out_ac.dtype == torch.bfloat16

@@ -606,7 +606,9 @@ class CudaQuery:
         ("music", 4096, "plain", True, False, True),  # past the mask budget
         ("music", 256, "plain", True, False, False),  # a small mask: sdpa
         ("shaw", 4096, "plain", True, False, False),  # a value term: flex cannot
-        ("t5", 4096, "plain", True, False, False),  # one shared table: atomics (measured slower)
+        ("t5", 4096, "plain", True, False, True),  # its table read per distance
+        ("t5", 512, "plain", True, False, True),  # sdpa's mask gradient: the math kernel
+        ("t5", 256, "plain", True, False, False),  # short: sdpa
         ("kerple", 4096, "plain", True, False, False),  # not measured on a GPU
         ("deberta", 4096, "plain", True, False, False),  # a key term
     ],
@@ -621,6 +623,39 @@ def test_auto_takes_flex_on_cuda_where_it_was_measured_to_win(
     assert got is expected
     cpu = torch.zeros(4, 2, len(qp), 16)  # never on the CPU, where flex has no backward
     assert not auto_mod.flex_wins_on_cuda(scheme, cpu, qp, kp, needs_grad=True, dropout=False)
+
+
+def test_auto_keeps_flex_off_a_frozen_table_and_learned_terms_in_deterministic_mode(deterministic):
+    pos = Positions.from_length(4096)
+    q = CudaQuery(4, 2, 4096, 16)
+    t5 = relpos.make_scheme("t5", d_model=32, num_heads=2, causal=True)
+    t5.requires_grad_(False)  # sdpa's fused kernel takes a float mask it needs no gradient of
+    assert not auto_mod.flex_wins_on_cuda(t5, q, pos, pos, needs_grad=True, dropout=False)
+    deterministic(True)  # flex would sum a learned term's gradient by atomic adds (it refuses)
+    for name in ("t5", "music"):
+        scheme = relpos.make_scheme(name, d_model=32, num_heads=2, causal=True)
+        assert not auto_mod.flex_wins_on_cuda(scheme, q, pos, pos, needs_grad=True, dropout=False)
+    alibi = relpos.make_scheme("alibi", d_model=32, num_heads=2, causal=True)  # nothing summed
+    assert auto_mod.flex_wins_on_cuda(alibi, q, pos, pos, needs_grad=True, dropout=False)
+
+
+@pytest.mark.parametrize(
+    ("spec", "dtype", "expected"),
+    [
+        ({"name": "shaw"}, torch.bfloat16, True),  # a value term: sdpa and flex cannot
+        ({"name": "shaw"}, torch.float32, True),
+        ({"name": "shaw", "values": False}, torch.bfloat16, False),  # keys only: flex
+        ({"name": "shaw", "max_distance": 100}, torch.bfloat16, False),  # past MAX_LOOP_ROWS
+        ({"name": "shaw"}, torch.float64, False),  # not a dtype the kernel takes
+        ({"name": "music"}, torch.bfloat16, False),  # flex measured faster
+        ({"name": "alibi"}, torch.bfloat16, False),
+    ],
+)
+def test_auto_takes_fused_on_cuda_for_a_value_term(spec, dtype, expected):
+    pytest.importorskip("triton")
+    scheme = relpos.make_scheme(spec, d_model=32, num_heads=2, causal=True)
+    assert auto_mod.fused_wins_on_cuda(scheme, CudaQuery(4, 2, 64, 16, dtype)) is expected
+    assert not auto_mod.fused_wins_on_cuda(scheme, torch.zeros(4, 2, 64, 16, dtype=dtype))
 
 
 def test_auto_keeps_learned_tables_off_flex_before_the_torch_it_was_measured_with(monkeypatch):

@@ -33,18 +33,26 @@ then differentiates its float mask with the math kernel) or when the term depend
 (``sdpa`` builds a ``(b, h, i, j)`` bias). Plain positions: self-attention over one contiguous
 sequence per row (``Positions.from_length``). On a device other than CPU, ``chunked`` has no
 fused parts, so ``auto`` takes ``sdpa`` whenever it supports the scheme and ``chunked`` otherwise,
-except for training on CUDA (:func:`flex_wins_on_cuda`, measured on an H100 in bf16):
+except where a GPU measured otherwise (an H100 in bf16, ``docs/performance.md``, "On a GPU";
+:func:`flex_wins_on_cuda`, :func:`fused_wins_on_cuda`):
 
 ==============================  ================================================================
-scheme (CUDA, with gradients)   picks
+scheme (CUDA)                   picks
 ==============================  ================================================================
-ALiBi                           ``flex`` past 512² (L=4096: 1.9× flash SDPA vs 15× for ``sdpa``)
+Shaw with a value term          ``fused``, with or without gradients (L=4096: 8.3–11× flash
+                                SDPA fwd+bwd vs 59× for ``chunked``)
+ALiBi, with gradients           ``flex`` past 512² (L=4096: 1.9× vs 2.5× ``fused``, 15× ``sdpa``)
+T5 with a learned table, with   ``flex`` from 512² (L=4096: 5.7–6.7× vs 10–13× ``fused``,
+gradients                       263× ``chunked``, 1557× ``sdpa``)
 Shaw keys, Music Transformer,   ``flex`` where ``sdpa``'s mask would pass the budget below
-Transformer-XL                  (L=4096, B=4: 36 ms, 81 MiB vs ``chunked`` 57 ms, 429 MiB)
+Transformer-XL, with gradients  (Music Transformer, L=4096: 11–13× vs 13–17× ``fused``,
+                                31× ``sdpa``, 75× ``chunked``)
 ==============================  ================================================================
 
 ``flex`` compiles once per shape (seconds), which training pays once; without gradients (a new
-shape at every decoding step) ``auto`` never picks it.
+shape at every decoding step) ``auto`` never picks it, nor in deterministic mode where a term it
+differentiates would be summed by atomic adds. ``fused`` compiles once per kind of call, not per
+shape.
 
 **Memory first.** Wherever ``sdpa`` would have to build its float mask — a ``(b|1, h|1, i, j)``
 tensor, for padded, packed or cached positions or for a score bias — and that mask would exceed
@@ -74,6 +82,7 @@ from .chunked import chunked_attention, chunked_path, chunked_supports
 from .contract import AttentionBackend, needs_grad, validate_attention_inputs
 from .eager import eager_attention
 from .flex import flex_attention_backend, flex_available, flex_supports
+from .fused import fused_attention, fused_supports
 from .sdpa import is_plain, sdpa_attention, sdpa_supports
 
 __all__ = [
@@ -84,6 +93,7 @@ __all__ = [
     "auto_attention",
     "choose_backend",
     "flex_wins_on_cuda",
+    "fused_wins_on_cuda",
     "sdpa_mask_bytes",
 ]
 
@@ -106,6 +116,7 @@ _PICKS: dict[str, AttentionBackend] = {
     "chunked": chunked_attention,
     "eager": eager_attention,
     "flex": flex_attention_backend,
+    "fused": fused_attention,
 }
 
 
@@ -164,26 +175,44 @@ def flex_wins_on_cuda(
 ) -> bool:
     """Whether ``auto`` takes ``flex`` for this call: on CUDA, for training (gradients; no
     attention dropout, which FlexAttention lacks), where it was measured to win
-    (``docs/performance.md``, "On a GPU"): ALiBi with fixed slopes past ``i·j > 512²``, and a
-    query-dependent relative term (Shaw's keys, the Music Transformer, Transformer-XL) wherever
-    ``sdpa``'s float mask would exceed :data:`SDPA_MASK_BUDGET`. Training runs one shape, so the
-    compile (seconds, once per shape) is paid once; inference (a new shape per decoding step)
-    stays on ``sdpa``/``chunked``. The relative terms (learned tables ``flex`` differentiates)
-    only from torch :data:`FLEX_LEARNED_TORCH`, the release they were tested with."""
+    (``docs/performance.md``, "On a GPU"): ALiBi with fixed slopes past ``i·j > 512²``; T5's
+    learned table from ``i·j = 512²`` (the shortest measured: 5.9× flash SDPA against 32× for
+    ``sdpa``); a query-dependent relative term (Shaw's keys, the Music
+    Transformer, Transformer-XL) wherever ``sdpa``'s float mask would exceed
+    :data:`SDPA_MASK_BUDGET`. Training runs one shape, so the compile (seconds, once per shape)
+    is paid once; inference (a new shape per decoding step) stays on ``sdpa``/``chunked``. The
+    learned terms only from torch :data:`FLEX_LEARNED_TORCH`, the release they were tested with,
+    and not in deterministic mode (their gradients are summed by atomic adds)."""
     if q.device.type != "cuda" or not needs_grad or dropout or not flex_available():
         return False
     if not flex_supports(scheme, device=q.device, needs_grad=True):
         return False
+    size = len(q_positions) * len(k_positions)
     if isinstance(scheme, LinearBiasScheme):  # fixed slopes (learned ALiBi is a distance bias)
-        return len(q_positions) * len(k_positions) > SMALL
+        return size > SMALL
     if (
-        isinstance(scheme, RelativeScheme)
-        and not scheme.query_independent
-        and "key_bias" not in scheme.hooks
-        and TorchVersion(torch.__version__) >= FLEX_LEARNED_TORCH
+        not isinstance(scheme, RelativeScheme)
+        or "key_bias" in scheme.hooks
+        or TorchVersion(torch.__version__) < FLEX_LEARNED_TORCH
+        or torch.are_deterministic_algorithms_enabled()
     ):
-        return sdpa_mask_bytes(scheme, q, q_positions, k_positions) > SDPA_MASK_BUDGET
-    return False
+        return False
+    if scheme.query_independent:  # T5: sdpa's mask is small, but its gradient is the math kernel
+        return size >= SMALL and any(p.requires_grad for p in scheme.parameters())
+    return sdpa_mask_bytes(scheme, q, q_positions, k_positions) > SDPA_MASK_BUDGET
+
+
+def fused_wins_on_cuda(scheme: Scheme, q: Tensor) -> bool:
+    """Whether ``auto`` takes ``fused`` for this call: on CUDA, for a relative scheme with a value
+    term (Shaw's), which ``sdpa`` and ``flex`` cannot run and ``chunked`` runs as PyTorch tiles
+    (measured, ``docs/performance.md``, "On a GPU"); with or without gradients, dropout included.
+    Elsewhere ``flex`` measured faster than ``fused``."""
+    return (
+        q.device.type == "cuda"
+        and "value_term" in scheme.hooks
+        and q.dtype in (torch.float32, torch.bfloat16, torch.float16)
+        and fused_supports(scheme, device=q.device)
+    )
 
 
 def choose_backend(
@@ -203,6 +232,8 @@ def choose_backend(
         needs_grad: whether a backward pass will follow (gradients of q, k, v or the scheme).
         causal: the call's masking, if known (:func:`sdpa_mask_bytes`).
     """
+    if fused_wins_on_cuda(scheme, q):
+        return "fused"
     if not chunked_supports(scheme):
         return "sdpa" if sdpa_supports(scheme) else "eager"
     if not sdpa_supports(scheme):

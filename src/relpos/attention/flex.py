@@ -53,6 +53,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
+from ..determinism import alert_atomic_sums
 from ..functional.dtypes import outside_autocast
 from ..positions import PAD_SEGMENT, Positions
 from ..schemes.base import (
@@ -183,9 +184,11 @@ def _block_mask(q_positions: Positions, k_positions: Positions, causal: bool, de
 
 def _score_mod(
     scheme: Scheme, q: Tensor, k: Tensor, q_positions: Positions, k_positions: Positions
-):
+) -> tuple[Callable | None, list[Tensor]]:
+    """The scheme's ``score_mod`` and the tensors it reads (whose gradients FlexAttention's
+    backward pass sums by atomic adds)."""
     if not scheme.hooks & LOGIT_HOOKS:
-        return None
+        return None, []
     qb, kb = q_positions.batch, k_positions.batch
     qpos, kpos = q_positions.pos, k_positions.pos
 
@@ -208,7 +211,7 @@ def _score_mod(
             dist = dist if causal else -dist.abs()
             return score + slopes[h] * dist
 
-        return alibi_mod
+        return alibi_mod, [slopes]
     if isinstance(scheme, DecayBiasScheme):
         cq, ck = scheme.decays(q_positions, k_positions)  # (b, h, i), (b, h, j): float64
 
@@ -216,7 +219,7 @@ def _score_mod(
             c_i, c_j = cq[b if qb > 1 else 0, h, q_idx], ck[b if kb > 1 else 0, h, kv_idx]
             return score + (c_i - c_j).to(score.dtype)
 
-        return decay_mod
+        return decay_mod, [cq, ck]
     if isinstance(scheme, DistanceBiasScheme):
         lo, table = scheme.distance_table(q_positions, k_positions)  # (h, D)
         table = table.to(device=q.device, dtype=torch.float32)
@@ -224,7 +227,7 @@ def _score_mod(
         def distance_mod(score, b, h, q_idx, kv_idx):
             return score + table[h, distance(b, q_idx, kv_idx) - lo]
 
-        return distance_mod
+        return distance_mod, [table]
     lut, offset = relative_rows(scheme, q_positions, k_positions, q.device)
     rel_k = None
     if "key_bias" in scheme.hooks:
@@ -234,7 +237,7 @@ def _score_mod(
             return score + rel_k[b, h, kv_idx, lut[distance(b, q_idx, kv_idx) + offset]]
 
         if "score_bias" not in scheme.hooks:
-            return key_mod
+            return key_mod, [rel_k]
     rel = scheme.relative_logits(q).float()  # (b|1, h, i|1, R)
     per_query, rb = rel.shape[2] > 1, rel.shape[0]
     if not per_query and rb == 1 and rel_k is None:
@@ -245,19 +248,19 @@ def _score_mod(
         def bucket_mod(score, b, h, q_idx, kv_idx):
             return score + by_distance[h, distance(b, q_idx, kv_idx) + offset]
 
-        return bucket_mod
+        return bucket_mod, [by_distance]
 
     def relative_mod(score, b, h, q_idx, kv_idx):
         row = lut[distance(b, q_idx, kv_idx) + offset]
         return score + rel[b if rb > 1 else 0, h, q_idx if per_query else 0, row]
 
     if rel_k is None:
-        return relative_mod
+        return relative_mod, [rel]
 
     def both_mod(score, b, h, q_idx, kv_idx):
         return key_mod(relative_mod(score, b, h, q_idx, kv_idx), b, h, q_idx, kv_idx)
 
-    return both_mod
+    return both_mod, [rel, rel_k]
 
 
 @outside_autocast
@@ -281,6 +284,9 @@ def flex_attention_backend(
 
     Raises:
         ValueError: unsupported scheme, gradients on CPU, or dropout in training.
+        RuntimeError: under ``torch.use_deterministic_algorithms(True)`` (a warning with
+            ``warn_only``), when a tensor the ``score_mod`` reads needs a gradient: FlexAttention
+            sums it by atomic adds.
     """
     validate_attention_inputs(q, k, v, q_positions, k_positions)
     k, v = zero_padding_keys(k, v, k_positions)
@@ -301,7 +307,11 @@ def flex_attention_backend(
     dtype = q.dtype if q.dtype in (torch.float32, torch.float16, torch.bfloat16) else torch.float32
     qc, kc, vc = (t.to(dtype) for t in (q, k, v))
     mask = _block_mask(q_positions, k_positions, causal, q.device)
-    score_mod = _score_mod(scheme, qc, kc, q_positions, k_positions)  # from the unpadded q, k
+    score_mod, captured = _score_mod(scheme, qc, kc, q_positions, k_positions)  # unpadded q, k
+    if torch.is_grad_enabled() and any(t.requires_grad for t in captured):
+        alert_atomic_sums(
+            "the flex backend's backward pass sums the positional term's gradient by atomic adds"
+        )
     qc, kc, vc = _pad_head_dim(qc, kc, vc)
     options = _kernel_options(scheme, q.device, grad)
     while True:

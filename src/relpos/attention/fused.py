@@ -20,8 +20,9 @@ What it runs: every relative scheme (a logit term, a key term, a value term or a
 ALiBi and learned ALiBi; a value term, or a table shared by every query (T5), with at most
 :data:`~relpos.kernels.relative_attention.MAX_LOOP_ROWS` rows; float32, bfloat16 or float16;
 attention dropout in training (the kernel redraws its mask in the backward pass from a seed taken
-from PyTorch's CPU generator, so ``torch.manual_seed`` makes it reproducible). ``auto`` does not
-pick it yet: it has not been timed on a GPU.
+from PyTorch's CPU generator, so ``torch.manual_seed`` makes it reproducible). On an H100 ``auto``
+picks it for Shaw's value term, which no other backend runs fast (:func:`.auto.fused_wins_on_cuda`);
+for the other schemes ``flex`` measured faster (``docs/performance.md``, "On a GPU").
 
 On CPU it runs only where Triton's interpreter is on (``TRITON_INTERPRET=1``): the test suite
 checks the kernel that way on machines without a GPU.

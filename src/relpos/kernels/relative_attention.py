@@ -53,7 +53,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import warnings
 from collections.abc import Iterator
 from typing import NamedTuple
 
@@ -62,6 +61,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from ..determinism import alert_atomic_sums
 from . import interpreted
 
 __all__ = [
@@ -113,8 +113,8 @@ def warp_count(dtype: torch.dtype) -> int:
     8 for float32: its exact products (no tensor cores) need more registers than 4 warps' threads
     have; the keys' backward kernel spills 4.8-5.9 KB per thread at 4 warps, at most 2.4 KB on
     sm_80 and 0.6 KB on sm_90 at 8 (``python -m relpos.kernels.aot --dtype float32 --warps 4,8``).
-    4, Triton's default, for half precision, until a GPU times the candidates
-    (``benchmarks/fused_tiles.py``).
+    4 for half precision: on an H100 at 64×64 tiles, 4 warps beat 8 for ALiBi, T5, Shaw and the
+    Music Transformer (``benchmarks/fused_tiles.py``; ``docs/performance.md``, "On a GPU").
     """
     return 8 if dtype == torch.float32 else 4
 
@@ -816,21 +816,12 @@ def _check_shapes(q, k, v, rel, relk, slopes, positions: tuple, rows: int) -> No
 
 
 def _alert_atomic_row_sums(rows: int) -> None:
-    """Under ``torch.use_deterministic_algorithms(True)``: the backward pass's atomic row sums add
-    in an order that varies from run to run on a GPU, so refuse (or warn, with ``warn_only``), as
-    PyTorch does for its own such ops. Checked on every device, so tests see it on a CPU."""
-    if not torch.are_deterministic_algorithms_enabled():
-        return
-    message = (
+    """The backward pass's atomic row sums in deterministic mode (:func:`.alert_atomic_sums`).
+    Checked on every device, so tests see it on a CPU."""
+    alert_atomic_sums(
         f"the fused kernel's backward pass sums the relative table's gradient by atomic adds for "
-        f"{rows} rows (more than MAX_LOOP_ROWS = {MAX_LOOP_ROWS}), which is not deterministic; "
-        "use another backend (eager, chunked, sdpa) for this scheme, or "
-        "torch.use_deterministic_algorithms(True, warn_only=True)"
+        f"{rows} rows (more than MAX_LOOP_ROWS = {MAX_LOOP_ROWS})"
     )
-    if torch.is_deterministic_algorithms_warn_only_enabled():
-        warnings.warn(message, UserWarning, stacklevel=3)
-    else:
-        raise RuntimeError(message)
 
 
 @triton.jit
