@@ -3,9 +3,10 @@ forward+backward time against flash SDPA with no positions, measured in the same
 (docs/performance.md, "fused").
 
     PYTHONPATH=src python benchmarks/fused_tiles.py --out DIR [--lengths 4096] [--tokens 16384]
-        [--schemes alibi,t5,shaw,music] [--configs 64x4,64x8,32x4] [--device cuda]
+        [--schemes alibi,t5,shaw,music] [--configs 64x4,64x4+one,64x8,32x4] [--device cuda]
 
-For each scheme, length and candidate (``TILExWARPS``: ``relative_attention.launch_config``),
+For each scheme, length and candidate (``TILExWARPS``, ``+one`` for ``one_row``:
+``relative_attention.launch_config``),
 causal, ``B·L = tokens``, bf16 on CUDA: the first call (it compiles), then ``--repeats`` passes
 alternated run by run with SDPA (``relpos bench``'s paired timing; the ratio is the median of
 the run-by-run ratios) and, on CUDA, the peak memory of one pass beside SDPA's. A candidate that
@@ -31,19 +32,22 @@ from relpos.attention.fused import fused_supports
 from relpos.cli import bench
 from relpos.kernels.relative_attention import launch_config
 
-DEFAULT_CONFIGS = "64x4,64x8,32x4"
+DEFAULT_CONFIGS = "64x4,64x4+one,64x8,32x4"
 
 
-def _config(text: str) -> tuple[int, int]:
-    tile, _, warps = text.partition("x")
-    if not (tile.isdigit() and warps.isdigit()):
-        raise argparse.ArgumentTypeError(f"a candidate is TILExWARPS (e.g. 64x8), got {text!r}")
+def _config(text: str) -> tuple[int, int, bool]:
+    shape, plus, option = text.partition("+")
+    tile, _, warps = shape.partition("x")
+    if not (tile.isdigit() and warps.isdigit()) or (plus and option != "one"):
+        raise argparse.ArgumentTypeError(
+            f"a candidate is TILExWARPS[+one] (e.g. 64x8, 64x4+one), got {text!r}"
+        )
     try:
         with launch_config(int(tile), int(warps)):  # its checks of both
             pass
     except ValueError as e:
         raise argparse.ArgumentTypeError(f"{text}: {e}") from None
-    return int(tile), int(warps)
+    return int(tile), int(warps), bool(plus)
 
 
 def _peak_mib(fn, setup: bench.Setup) -> float | None:
@@ -53,7 +57,9 @@ def _peak_mib(fn, setup: bench.Setup) -> float | None:
     return bench.cuda_peak_bytes(fn, setup) / 2**20
 
 
-def measure(args: argparse.Namespace, scheme: str, n: int, tile: int, warps: int) -> dict:
+def measure(
+    args: argparse.Namespace, scheme: str, n: int, tile: int, warps: int, one_row: bool
+) -> dict:
     dtype = torch.bfloat16 if args.device == "cuda" else torch.float32
     shape = dict(causal=True, heads=args.heads, head_dim=args.head_dim, device=args.device)
     batch = max(args.tokens // n, 1)
@@ -61,8 +67,9 @@ def measure(args: argparse.Namespace, scheme: str, n: int, tile: int, warps: int
     base = bench.make_setup("none", n, batch, dtype=dtype, grad=True, **shape)
     run = bench.backend_call("fused")
     row = {"scheme": scheme, "length": n, "batch": batch, "tile": tile, "warps": warps}
+    row["one_row"] = one_row
     try:
-        with launch_config(tile=tile, num_warps=warps):
+        with launch_config(tile=tile, num_warps=warps, one_row=one_row):
             start = time.perf_counter()
             bench.measure_time(run, setup, backward=True, repeats=1, warmup=0, device=args.device)
             row["first_s"] = time.perf_counter() - start
@@ -85,7 +92,7 @@ def render(rows: list[dict], header: str) -> str:
     lines = [header, "", "| scheme | L | B | tile × warps | first call s | fwd+bwd ms | × SDPA "
              "| peak MiB (SDPA) |", "|---|---:|---:|---|---:|---:|---:|---:|"]  # fmt: skip
     for r in rows:
-        config = f"{r['tile']}×{r['warps']}"
+        config = f"{r['tile']}×{r['warps']}" + (" one-row" if r.get("one_row") else "")
         if "error" in r:
             lines.append(f"| {r['scheme']} | {r['length']} | {r['batch']} | {config} | "
                          f"{r['error']} | | | |")  # fmt: skip
@@ -137,11 +144,12 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for scheme in schemes:
         for n in args.lengths:
-            for tile, warps in configs:
-                rows.append(measure(args, scheme, n, tile, warps))
+            for tile, warps, one_row in configs:
+                rows.append(measure(args, scheme, n, tile, warps, one_row))
                 r = rows[-1]
                 shown = r.get("error") or f"{r['ms']:.2f} ms, {r['ratio']:.2f}× SDPA"
-                print(f"{scheme} L={n} {tile}x{warps}: {shown}", flush=True)
+                name = f"{tile}x{warps}" + ("+one" if one_row else "")
+                print(f"{scheme} L={n} {name}: {shown}", flush=True)
                 # after every row: a run stopped by a time limit keeps what it measured
                 _write(args.out / "tiles.json", json.dumps(rows, indent=1))
                 _write(args.out / "tiles.md", render(rows, header))

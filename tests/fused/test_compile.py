@@ -48,19 +48,20 @@ def _compile(tmp_path: Path, *flags: str) -> list[dict]:
 
 @pytest.mark.skipif(not PTXAS.exists(), reason="Triton without its NVIDIA backend")
 @pytest.mark.parametrize(
-    ("arches", "tiles", "dtypes"),
+    ("arches", "tiles", "dtypes", "extra"),
     [
-        ("90", "64", "bfloat16"),  # the large tiles: H100 (and A100)
-        ("89", "32", "bfloat16"),  # the small ones: RTX 4090, L4, L40 (and sm_86)
-        pytest.param("80,90", "32", "float32", marks=pytest.mark.slow),
-        pytest.param("80", "64,32", "float16", marks=pytest.mark.slow),
+        ("90", "64", "bfloat16", ()),  # the large tiles: H100 (and A100)
+        ("89", "32", "bfloat16", ()),  # the small ones: RTX 4090, L4, L40 (and sm_86)
+        ("90", "64", "bfloat16", ("--one-row",)),  # launch_config(one_row=True)
+        pytest.param("80,90", "32", "float32", (), marks=pytest.mark.slow),
+        pytest.param("80", "64,32", "float16", (), marks=pytest.mark.slow),
     ],
 )
-def test_every_launch_compiles_within_its_budget(tmp_path, arches, tiles, dtypes):
+def test_every_launch_compiles_within_its_budget(tmp_path, arches, tiles, dtypes, extra):
     """Each kind of launch compiles for the architecture (the interpreter would not tell) and asks
     for no more shared memory than :data:`SHARED_BUDGET` grants its tile, so
     :func:`tile_size`'s choice launches on the GPUs it is made for."""
-    rows = _compile(tmp_path, "--arch", arches, "--tile", tiles, "--dtype", dtypes)
+    rows = _compile(tmp_path, "--arch", arches, "--tile", tiles, "--dtype", dtypes, *extra)
     sizes = [len(flag.split(",")) for flag in (arches, tiles, dtypes)]
     assert len(rows) == len(VARIANTS) * len(KERNELS) * sizes[0] * sizes[1] * sizes[2]
     assert {r["kernel"] for r in rows} == set(KERNELS)

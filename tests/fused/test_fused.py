@@ -32,6 +32,7 @@ from relpos.kernels.relative_attention import (
     block_ranges,
     dropout_keep,
     launch_config,
+    lut_with_runs,
     relative_flash_attention,
 )
 from tests import oracles
@@ -51,6 +52,8 @@ FUSED_SPECS = [
     if fused_supports(relpos.make_scheme(s, d_model=8, num_heads=2, causal=True), device=DEVICE)
 ]
 LAYOUTS = ["plain", "left-pad", "packed", "cached"]
+#: The specs with a relative table (not ALiBi's slopes).
+RELATIVE_SPECS = [s for s in FUSED_SPECS if s["name"] not in ("alibi", "learned_alibi")]
 
 
 def _rows(p: relpos.Positions, b: int) -> tuple[list, list]:
@@ -181,6 +184,26 @@ def test_block_ranges_hold_every_allowed_pair(layout, causal):
                     assert q[b, blk].tolist() == [0, 0]
 
 
+@pytest.mark.parametrize("spec", RELATIVE_SPECS, ids=spec_id)
+def test_lut_runs_end_where_the_row_changes(spec):
+    """A tile whose distances lie in one run reads one row (``_one_row``): each entry's run end
+    is the last entry of equal rows from it on, against a loop, for every relative scheme's
+    table, and a tile has one row exactly when its ends share a run."""
+    scheme = relpos.make_scheme(spec, d_model=8, num_heads=2, causal=False)
+    lut = scheme.rows_by_distance(-40, 40, "cpu").to(torch.int32)
+    rows, ends = lut_with_runs(lut).tolist()
+    assert rows == lut.tolist()
+    n = len(rows)
+    for x in range(n):
+        y = x
+        while y + 1 < n and rows[y + 1] == rows[x]:
+            y += 1
+        assert ends[x] == y, f"entry {x}"
+    for lo in range(n):
+        for hi in range(lo, n):
+            assert (ends[lo] >= hi) == (len(set(rows[lo : hi + 1])) == 1)
+
+
 def test_packed_documents_equal_each_alone():
     """Two documents in one row give what each gives in a row of its own."""
     spec = {"name": "shaw", "max_distance": 3}
@@ -227,6 +250,53 @@ def test_every_tile_size_gives_the_same_numbers(tile, layout, spec, p_drop):
     got = (out, *_grads(out, scheme, q, k, v, grad_out))  # the backward keeps its tiles
     for t, (g, w) in enumerate(zip(got, want, strict=True)):
         _assert_close(g, w, 1e-5, f"{spec_id(spec)} {layout}: output/gradient {t}")
+
+
+def _one_row_tiles(scheme, n: int, tile: int) -> int:
+    """How many of a plain ``n``-token sequence's tile pairs read one relative row (their
+    distances in one run of ``lut_with_runs``): the cases below must have some, or they test
+    nothing of that path."""
+    _, ends = lut_with_runs(scheme.rows_by_distance(1 - n, n - 1, "cpu")).tolist()
+    count = 0
+    for m in range(0, n, tile):
+        for j in range(0, n, tile):
+            lo = j - min(m + tile, n) + 1 + n - 1  # the tile's distances, as entries
+            hi = min(j + tile, n) - 1 - m + n - 1
+            count += ends[lo] >= hi
+    return count
+
+
+def _one_row_cases() -> list:
+    """Plain positions for every spec; packed and cached for one (``-m slow``: for all)."""
+    return [
+        pytest.param(spec, layout, id=f"{spec_id(spec)}-{layout}", marks=() if fast else slow)
+        for n, spec in enumerate(RELATIVE_SPECS)
+        for layout in ("plain", "packed", "cached")
+        for fast in [layout == "plain" or n == 0]
+        for slow in [pytest.mark.slow]
+    ]
+
+
+@pytest.mark.parametrize(("spec", "layout"), _one_row_cases())
+def test_one_row_tiles_give_the_same_numbers(spec, layout):
+    """``launch_config(one_row=True)`` reads a tile whose distances share a row once: outputs and
+    every gradient as the per-pair path gives them (itself checked against the oracle above), on
+    sequences long enough for far-field tiles, causal and not, plain positions and not."""
+    for causal in (True, False):
+        scheme, q, k, v, qp, kp = _case(spec, layout, causal, 5, n=110)
+        assert _one_row_tiles(scheme, 110, 32) > 0
+        grad_out = torch.randn(*q.shape, device=DEVICE)
+        with launch_config(tile=32):
+            out = fused_attention(q, k, v, scheme, qp, kp, causal=causal)
+            want = (out, *_grads(out, scheme, q, k, v, grad_out))
+        with launch_config(tile=32, one_row=True):
+            out = fused_attention(q, k, v, scheme, qp, kp, causal=causal)
+            got = (out, *_grads(out, scheme, q, k, v, grad_out))
+        for t, (g, w) in enumerate(zip(got, want, strict=True)):
+            if w is None:
+                assert g is None
+                continue
+            _assert_close(g, w, 1e-5, f"{spec_id(spec)} {layout} causal={causal}: tensor {t}")
 
 
 def test_queries_with_no_key_get_zeros_and_finite_gradients():

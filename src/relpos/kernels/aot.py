@@ -103,10 +103,12 @@ def variant_launches(
     *,
     d: int = 64,
     n: int = 256,
+    one_row: bool = False,
 ) -> list[Launch]:
     """The launches of one forward and backward pass of ``variant`` (a key of :data:`VARIANTS`)
     with ``dtype`` inputs of head dim ``d`` and ``n`` tokens, ``tile``-square tiles and ``warps``
-    warps (None: the kernels' default for ``dtype``, :func:`~.relative_attention.warp_count`)."""
+    warps (None: the kernels' default for ``dtype``, :func:`~.relative_attention.warp_count`), and
+    ``one_row`` (:func:`~.relative_attention.launch_config`)."""
     spec = dict(VARIANTS[variant])
     rows, rel = spec.pop("rows"), spec.pop("rel", None)
     b, h = 2, 4
@@ -124,7 +126,7 @@ def variant_launches(
     spec.setdefault("causal", True)
     spec.setdefault("plain", True)
     spec["dropout_p"] = spec.pop("dropout", 0.0)
-    with launch_config(tile, warps), recorded_launches() as launches:
+    with launch_config(tile, warps, one_row=one_row), recorded_launches() as launches:
         out, mass = relative_flash_attention(
             q, k, v, table, lut, rows // 2, pos, pos, pos, pos, rows=rows, seed=1,
             slopes=slopes, relk=relk, **spec,
@@ -188,12 +190,13 @@ def report(
     tiles: list[int],
     arches: list[int],
     warps: tuple[int | None, ...] = (None,),
+    one_row: bool = False,
 ) -> list[KernelReport]:
     """Every kernel of every variant × dtype × tile × warps × architecture, compiled."""
     rows = []
     for variant, dtype, tile, w in itertools.product(variants, dtypes, tiles, warps):
         name = str(dtype).removeprefix("torch.")
-        launches = variant_launches(variant, dtype, tile, w)
+        launches = variant_launches(variant, dtype, tile, w, one_row=one_row)
         for arch, launch in itertools.product(arches, launches):
             found = compile_launch(launch, arch)
             kernel = launch.kernel.__name__
@@ -220,6 +223,7 @@ def main(argv: list[str] | None = None) -> int:
         "--warps", default="", help="warps per program, e.g. 4,8 (default: each dtype's own)"
     )
     parser.add_argument("--variants", default=",".join(VARIANTS), help="keys of VARIANTS")
+    parser.add_argument("--one-row", action="store_true", help="with launch_config(one_row=True)")
     parser.add_argument("--check", action="store_true", help="exit 1 past SHARED_BUDGET")
     parser.add_argument("--json", type=Path, help="also write the rows to this file")
     args = parser.parse_args(argv)
@@ -243,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("TRITON_INTERPRET is set: the kernels are Python functions, not compilable")
     warps = tuple(int(w) for w in _list(args.warps)) or (None,)
     arches = [int(a) for a in _list(args.arch)]
-    rows = report(_list(args.variants), dtypes, tiles, arches, warps)
+    rows = report(_list(args.variants), dtypes, tiles, arches, warps, one_row=args.one_row)
     over = over_budget(rows)
     print("variant               dtype     tile warps  sm  kernel               shared  regs spill")
     for r in rows:

@@ -72,6 +72,7 @@ __all__ = [
     "block_ranges",
     "dropout_keep",
     "launch_config",
+    "lut_with_runs",
     "recorded_launches",
     "relative_flash_attention",
     "tile_size",
@@ -129,20 +130,24 @@ class Launch(NamedTuple):
 
 
 _recording: list[Launch] | None = None
-_config: dict[str, int | None] = {"tile": None, "num_warps": None}
+_config: dict[str, int | bool | None] = {"tile": None, "num_warps": None, "one_row": False}
 
 
 @contextlib.contextmanager
-def launch_config(tile: int | None = None, num_warps: int | None = None) -> Iterator[None]:
+def launch_config(
+    tile: int | None = None, num_warps: int | None = None, *, one_row: bool = False
+) -> Iterator[None]:
     """Within it the kernels use ``tile``-square tiles and ``num_warps`` warps whatever the
-    device (None keeps the default: :func:`tile_size`, :func:`warp_count`): for benchmarks and
-    :mod:`relpos.kernels.aot` to compare them. Not thread-safe."""
+    device (None keeps the default: :func:`tile_size`, :func:`warp_count`), and with ``one_row``
+    read a tile whose distances share one relative row once (:func:`_one_row`; built, not yet
+    timed on a GPU, so off by default): for benchmarks and :mod:`relpos.kernels.aot` to compare
+    them. Not thread-safe."""
     if tile is not None and tile not in (16, 32, 64, 128):
         raise ValueError(f"tile must be 16, 32, 64 or 128, got {tile}")
     if num_warps is not None and num_warps not in (1, 2, 4, 8, 16):
         raise ValueError(f"num_warps must be 1, 2, 4, 8 or 16, got {num_warps}")
     before = dict(_config)
-    _config.update(tile=tile, num_warps=num_warps)
+    _config.update(tile=tile, num_warps=num_warps, one_row=bool(one_row))
     try:
         yield
     finally:
@@ -176,18 +181,24 @@ def _launch(kernel, grid: tuple, *args, num_warps: int, **constexprs) -> None:
 def _pairs(
     offs_m, offs_n, m_ok, n_ok, qp, qs, KPOS, KSEG, PLAIN: tl.constexpr, CAUSAL: tl.constexpr
 ):
-    """``(delta, allowed)`` of a tile: ``p_j - p_i`` and which pairs may attend."""
+    """``(delta, allowed, lo, hi)`` of a tile: ``p_j - p_i``, which pairs may attend, and bounds
+    of ``delta`` over the tile (every pair's distance lies in ``[lo, hi]``; tokens past the ends
+    count as position 0, which can only widen them)."""
     if PLAIN:
         delta = offs_n[None, :] - offs_m[:, None]
         allowed = m_ok[:, None] & n_ok[None, :]
+        lo = tl.min(offs_n, axis=0) - tl.max(offs_m, axis=0)
+        hi = tl.max(offs_n, axis=0) - tl.min(offs_m, axis=0)
     else:
         kp = tl.load(KPOS + offs_n, mask=n_ok, other=0)
         ks = tl.load(KSEG + offs_n, mask=n_ok, other=-1)
         delta = kp[None, :] - qp[:, None]
         allowed = (ks[None, :] == qs[:, None]) & (qs[:, None] != -1) & n_ok[None, :]
+        lo = tl.min(kp, axis=0) - tl.max(qp, axis=0)
+        hi = tl.max(kp, axis=0) - tl.min(qp, axis=0)
     if CAUSAL:
         allowed = allowed & (delta <= 0)
-    return delta, allowed
+    return delta, allowed, lo, hi
 
 
 @triton.jit
@@ -208,6 +219,37 @@ def _rows(delta, LUT, offset, nlut):
 
 
 @triton.jit
+def _one_row(lo, hi, LUT, offset, nlut):
+    """The row every pair of a tile reads when its distances ``[lo, hi]`` lie in one run of equal
+    rows (the far field of a clipped table: most tiles of a long sequence), else -1. ``LUT``'s
+    second row holds, for each entry, the last entry of its run (:func:`lut_with_runs`)."""
+    at_lo = tl.minimum(tl.maximum(lo + offset, 0), nlut - 1)
+    at_hi = tl.minimum(tl.maximum(hi + offset, 0), nlut - 1)
+    return tl.where(tl.load(LUT + nlut + at_lo) >= at_hi, tl.load(LUT + at_lo), -1)
+
+
+@triton.jit
+def _tile_rows_of(delta, one, LUT, offset, nlut):
+    """The pairs' rows: ``one`` everywhere for a one-row tile, else :func:`_rows`."""
+    if one >= 0:
+        row = tl.zeros_like(delta) + one
+    else:
+        row = _rows(delta, LUT, offset, nlut)
+    return row
+
+
+@triton.jit
+def _add_at_rows(acc, base, row, one, allowed, ok):
+    """``acc + base[row]`` on the allowed pairs: for a one-row tile ``base[one]``, one value per
+    query (``base`` and ``ok`` of shape ``(BM, 1)``) or key (``(1, BN)``), no gather."""
+    if one >= 0:
+        acc += tl.load(base + one, mask=ok, other=0.0)
+    else:
+        acc += tl.load(base + row, mask=allowed, other=0.0)
+    return acc
+
+
+@triton.jit
 def _row_range(row, allowed):
     """The smallest and largest row among the allowed pairs (``2**30, -1`` for none)."""
     lo = tl.min(tl.min(tl.where(allowed, row, 1 << 30), axis=1), axis=0)
@@ -224,6 +266,28 @@ def _add_by_row(acc, x, row, lo, hi, RP: tl.constexpr):
         if (r >= lo) & (r <= hi):
             part = tl.sum(tl.where(row == r, x, 0.0), axis=1)
             acc += tl.where(cols[None, :] == r, part[:, None], 0.0)
+    return acc
+
+
+@triton.jit
+def _tile_rows(row, allowed, one):
+    """:func:`_row_range`, or ``(one, one)`` for a tile that reads one row."""
+    lo = one
+    hi = one
+    if one < 0:
+        lo, hi = _row_range(row, allowed)
+    return lo, hi
+
+
+@triton.jit
+def _sum_by_row(acc, x, row, allowed, one, RP: tl.constexpr):
+    """:func:`_add_by_row` over the tile's rows; for a tile that reads one row, one sum."""
+    if one >= 0:
+        cols = tl.arange(0, RP)
+        acc += tl.where(cols[None, :] == one, tl.sum(x, axis=1)[:, None], 0.0)
+    else:
+        lo, hi = _row_range(row, allowed)
+        acc = _add_by_row(acc, x, row, lo, hi, RP)
     return acc
 
 
@@ -299,6 +363,7 @@ def _forward_kernel(
     BM: tl.constexpr, BN: tl.constexpr, DP: tl.constexpr, RP: tl.constexpr,
     PLAIN: tl.constexpr, CAUSAL: tl.constexpr, HAS_REL: tl.constexpr, HAS_MASS: tl.constexpr,
     HAS_KREL: tl.constexpr, DROPOUT: tl.constexpr, LINEAR: tl.constexpr, PRECISION: tl.constexpr,
+    ONE_ROW: tl.constexpr,
 ):  # fmt: skip
     start_m, bh, b, h, offs_m, offs_d, m_ok, d_ok = _program(H, NI, D, BM, DP)
     q, qp, qs = _load_queries(Q, QPOS, QSEG, b, h, offs_m, offs_d, m_ok, d_ok, sqb, sqh, sqi, spq)
@@ -314,15 +379,19 @@ def _forward_kernel(
         n_ok = offs_n < NJ
         k, v = _load_keys(K, V, b, h, offs_n, offs_d, n_ok, d_ok, skb, skh, skj)
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale
-        delta, allowed = _pairs(
+        delta, allowed, dlo, dhi = _pairs(
             offs_m, offs_n, m_ok, n_ok, qp, qs, KPOS + b * spk, KSEG + b * spk, PLAIN, CAUSAL
         )
+        one = -1
         if HAS_REL or HAS_MASS or HAS_KREL:
-            row = _rows(delta, LUT, offset, nlut)
-        if HAS_REL:
-            s += tl.load(rel_base + row, mask=allowed, other=0.0)
-        if HAS_KREL:
-            s += tl.load(RELK + (bh * NJ + offs_n[None, :]) * R + row, mask=allowed, other=0.0)
+            if ONE_ROW:
+                one = _one_row(dlo, dhi, LUT, offset, nlut)
+            row = _tile_rows_of(delta, one, LUT, offset, nlut)
+            if HAS_REL:
+                s = _add_at_rows(s, rel_base, row, one, allowed, m_ok[:, None])
+            if HAS_KREL:
+                relk_base = RELK + (bh * NJ + offs_n[None, :]) * R
+                s = _add_at_rows(s, relk_base, row, one, allowed, n_ok[None, :])
         if LINEAR:
             s += tl.load(SLOPES + h) * _linear_distance(delta, LINEAR)
         s = tl.where(allowed, s, float("-inf"))
@@ -335,8 +404,7 @@ def _forward_kernel(
             p = _dropped(p, seed, row_at, offs_n, NJ, p_drop)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
         if HAS_MASS:
-            lo, hi = _row_range(row, allowed)
-            macc = _add_by_row(macc * alpha[:, None], p, row, lo, hi, RP)
+            macc = _sum_by_row(macc * alpha[:, None], p, row, allowed, one, RP)
         m_i = m_new
     has_keys = l_i > 0
     l_use = tl.where(has_keys, l_i, 1.0)
@@ -358,30 +426,35 @@ def _probs_and_dp(
     LUT, offset, nlut, scale, seed, p_drop, row_at, NJ, slope, relk_base,
     PLAIN: tl.constexpr, CAUSAL: tl.constexpr, HAS_REL: tl.constexpr, HAS_MASS: tl.constexpr,
     HAS_KREL: tl.constexpr, DROPOUT: tl.constexpr, LINEAR: tl.constexpr, PRECISION: tl.constexpr,
+    ONE_ROW: tl.constexpr,
 ):  # fmt: skip
     """A tile's probabilities as the output used them (rebuilt from ``lse``, dropout applied),
-    ``dS = p·(dP - dlt)``, the pairs' rows, which may attend, and their distances."""
+    ``dS = p·(dP - dlt)``, the pairs' rows, which may attend, their distances, and the tile's one
+    row (:func:`_one_row`; -1 if none)."""
     s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale
-    delta, allowed = _pairs(offs_m, offs_n, m_ok, n_ok, qp, qs, KPOS, KSEG, PLAIN, CAUSAL)
+    delta, allowed, dlo, dhi = _pairs(offs_m, offs_n, m_ok, n_ok, qp, qs, KPOS, KSEG, PLAIN, CAUSAL)
+    dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
     row = delta  # unused without a relative term
+    one = -1
     if HAS_REL or HAS_MASS or HAS_KREL:
-        row = _rows(delta, LUT, offset, nlut)
-    if HAS_REL:
-        s += tl.load(rel_base + row, mask=allowed, other=0.0)
-    if HAS_KREL:
-        s += tl.load(relk_base + row, mask=allowed, other=0.0)
+        if ONE_ROW:
+            one = _one_row(dlo, dhi, LUT, offset, nlut)
+        row = _tile_rows_of(delta, one, LUT, offset, nlut)
+        if HAS_REL:
+            s = _add_at_rows(s, rel_base, row, one, allowed, m_ok[:, None])
+        if HAS_KREL:
+            s = _add_at_rows(s, relk_base, row, one, allowed, n_ok[None, :])
+        if HAS_MASS:
+            dp = _add_at_rows(dp, dmass_base, row, one, allowed, m_ok[:, None])
     if LINEAR:
         s += slope * _linear_distance(delta, LINEAR)
     p = tl.where(allowed, tl.exp(s - lse[:, None]), 0.0)
-    dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
-    if HAS_MASS:
-        dp += tl.load(dmass_base + row, mask=allowed, other=0.0)
     used = p
     if DROPOUT:  # the output read p·keep/(1 - p_drop): so does its gradient
         used = _dropped(p, seed, row_at, offs_n, NJ, p_drop)
         dp = _dropped(dp, seed, row_at, offs_n, NJ, p_drop)
     ds = p * (dp - dlt[:, None])
-    return used, ds, row, allowed, delta
+    return used, ds, row, allowed, delta, one
 
 
 @triton.jit
@@ -393,6 +466,7 @@ def _backward_kv_kernel(
     PLAIN: tl.constexpr, CAUSAL: tl.constexpr, HAS_REL: tl.constexpr, HAS_MASS: tl.constexpr,
     HAS_KREL: tl.constexpr, DROPOUT: tl.constexpr, LINEAR: tl.constexpr,
     KREL_GRAD: tl.constexpr, LOOP_ROWS: tl.constexpr, PRECISION: tl.constexpr,
+    ONE_ROW: tl.constexpr,
 ):  # fmt: skip
     start_n, bh, b, h, offs_n, offs_d, n_ok, d_ok = _program(H, NJ, D, BN, DP)
     k, v = _load_keys(K, V, b, h, offs_n, offs_d, n_ok, d_ok, skb, skh, skj)
@@ -418,23 +492,24 @@ def _backward_kv_kernel(
         )
         row_at = bh * NI + offs_m
         do, lse, dlt = _load_output_grads(DO, LSE, DLT, row_at, offs_d, m_ok, d_ok, D, q.dtype)
-        p, ds, row, allowed, _ = _probs_and_dp(
+        p, ds, row, allowed, _, one = _probs_and_dp(
             q, k, v, do, lse, dlt, offs_m, offs_n, m_ok, n_ok, qp, qs, KPOS + b * spk,
             KSEG + b * spk, REL + b * srb + h * srh + offs_m[:, None] * sri,
             DMASS + row_at[:, None] * R, LUT, offset, nlut, scale, seed, p_drop, row_at, NJ,
             slope, RELK + (bh * NJ + offs_n[None, :]) * R,
-            PLAIN, CAUSAL, HAS_REL, HAS_MASS, HAS_KREL, DROPOUT, LINEAR, PRECISION,
+            PLAIN, CAUSAL, HAS_REL, HAS_MASS, HAS_KREL, DROPOUT, LINEAR, PRECISION, ONE_ROW,
         )  # fmt: skip
         dv += tl.dot(tl.trans(p.to(q.dtype)), do, input_precision=PRECISION)
         dk += tl.dot(tl.trans(ds.to(q.dtype)), q, input_precision=PRECISION)
         if KREL_GRAD:  # d relk[j, r] = Σ_i dS[i, j]·[row = r]: this program owns key block j
-            lo, hi = _row_range(row, allowed)
             if LOOP_ROWS:
-                dkacc = _add_by_row(dkacc, tl.trans(ds), tl.trans(row), lo, hi, RP)
-            elif lo == hi:  # the whole tile reads one row: one add per key
-                tl.atomic_add(drelk_base + lo, tl.sum(ds, axis=0)[None, :], mask=n_ok[None, :])
-            elif lo < hi:
-                tl.atomic_add(drelk_base + row, ds, mask=allowed)
+                dkacc = _sum_by_row(dkacc, tl.trans(ds), tl.trans(row), tl.trans(allowed), one, RP)
+            else:
+                lo, hi = _tile_rows(row, allowed, one)
+                if lo == hi:  # the whole tile reads one row: one add per key
+                    tl.atomic_add(drelk_base + lo, tl.sum(ds, axis=0)[None, :], mask=n_ok[None, :])
+                elif lo < hi:
+                    tl.atomic_add(drelk_base + row, ds, mask=allowed)
     out_at = (bh * NJ + offs_n[:, None]) * D + offs_d[None, :]
     kv_ok = n_ok[:, None] & d_ok[None, :]
     tl.store(DK + out_at, dk * scale, mask=kv_ok)
@@ -455,6 +530,7 @@ def _backward_q_kernel(
     PLAIN: tl.constexpr, CAUSAL: tl.constexpr, HAS_REL: tl.constexpr, HAS_MASS: tl.constexpr,
     HAS_KREL: tl.constexpr, DROPOUT: tl.constexpr, LINEAR: tl.constexpr, REL_GRAD: tl.constexpr,
     LOOP_ROWS: tl.constexpr, SLOPE_GRAD: tl.constexpr, PRECISION: tl.constexpr,
+    ONE_ROW: tl.constexpr,
 ):  # fmt: skip
     start_m, bh, b, h, offs_m, offs_d, m_ok, d_ok = _program(H, NI, D, BM, DP)
     q, qp, qs = _load_queries(Q, QPOS, QSEG, b, h, offs_m, offs_d, m_ok, d_ok, sqb, sqh, sqi, spq)
@@ -472,24 +548,25 @@ def _backward_q_kernel(
         offs_n = start_n + tl.arange(0, BN)
         n_ok = offs_n < NJ
         k, v = _load_keys(K, V, b, h, offs_n, offs_d, n_ok, d_ok, skb, skh, skj)
-        _, ds, row, allowed, delta = _probs_and_dp(
+        _, ds, row, allowed, delta, one = _probs_and_dp(
             q, k, v, do, lse, dlt, offs_m, offs_n, m_ok, n_ok, qp, qs, KPOS + b * spk,
             KSEG + b * spk, REL + b * srb + h * srh + offs_m[:, None] * sri,
             DMASS + row_at[:, None] * R, LUT, offset, nlut, scale, seed, p_drop, row_at, NJ,
             slope, RELK + (bh * NJ + offs_n[None, :]) * R,
-            PLAIN, CAUSAL, HAS_REL, HAS_MASS, HAS_KREL, DROPOUT, LINEAR, PRECISION,
+            PLAIN, CAUSAL, HAS_REL, HAS_MASS, HAS_KREL, DROPOUT, LINEAR, PRECISION, ONE_ROW,
         )  # fmt: skip
         dq += tl.dot(ds.to(q.dtype), k, input_precision=PRECISION)
         if SLOPE_GRAD:
             dslope += tl.sum(ds * _linear_distance(delta, LINEAR), axis=1)
         if REL_GRAD:
-            lo, hi = _row_range(row, allowed)
             if LOOP_ROWS:
-                dracc = _add_by_row(dracc, ds, row, lo, hi, RP)
-            elif lo == hi:  # the whole tile reads one row: one add per query
-                tl.atomic_add(drel_base + lo, tl.sum(ds, axis=1)[:, None], mask=m_ok[:, None])
-            elif lo < hi:
-                tl.atomic_add(drel_base + row, ds, mask=allowed)
+                dracc = _sum_by_row(dracc, ds, row, allowed, one, RP)
+            else:
+                lo, hi = _tile_rows(row, allowed, one)
+                if lo == hi:  # the whole tile reads one row: one add per query
+                    tl.atomic_add(drel_base + lo, tl.sum(ds, axis=1)[:, None], mask=m_ok[:, None])
+                elif lo < hi:
+                    tl.atomic_add(drel_base + row, ds, mask=allowed)
     q_ok = m_ok[:, None] & d_ok[None, :]
     tl.store(DQ + row_at[:, None] * D + offs_d[None, :], dq * scale, mask=q_ok)
     if SLOPE_GRAD:  # per query; summed over batch and queries by the caller
@@ -585,6 +662,7 @@ class _RelativeFlash(torch.autograd.Function):
         b, h, i, d = q.shape
         j = k.shape[2]
         bm, bn, warps = _blocks(q.device, q.dtype)
+        one_row = bool(_config["one_row"])
         dp, rp, _ = _padded(q, r)
         out = q.new_empty(b, h, i, d, dtype=torch.float32)
         lse = q.new_empty(b, h, i, dtype=torch.float32)
@@ -595,15 +673,15 @@ class _RelativeFlash(torch.autograd.Function):
             _forward_kernel, (triton.cdiv(i, bm), b * h),
             q, k, v, qpos, qseg, kpos, kseg, *tables, lut, out, lse, mass,
             *_strides(q, k, qpos, kpos, rel),
-            h, i, j, d, r, lut.numel(), offset, 1.0 / math.sqrt(d), seed, p_drop, q_ranges,
+            h, i, j, d, r, lut.shape[1], offset, 1.0 / math.sqrt(d), seed, p_drop, q_ranges,
             q_ranges.shape[1],
             BM=bm, BN=bn, DP=dp, RP=rp, PLAIN=plain, CAUSAL=causal, HAS_REL=rel is not None,
             HAS_MASS=want_mass, HAS_KREL=relk is not None, DROPOUT=p_drop > 0, LINEAR=linear,
-            PRECISION=_precision(q), num_warps=warps,
+            PRECISION=_precision(q), ONE_ROW=one_row, num_warps=warps,
         )  # fmt: skip
         ctx.save_for_backward(q, k, v, rel, relk, slopes, out, lse, mass, q_ranges)
         # q_ranges are cut for these tiles: the backward pass keeps them (launch_config or not).
-        ctx.geometry, ctx.want_mass, ctx.tiles = geometry, want_mass, (bm, bn, warps)
+        ctx.geometry, ctx.want_mass, ctx.tiles = geometry, want_mass, (bm, bn, warps, one_row)
         if not want_mass:
             ctx.mark_non_differentiable(mass)
         return out, mass
@@ -615,7 +693,7 @@ class _RelativeFlash(torch.autograd.Function):
         b, h, i, d = q.shape
         j = k.shape[2]
         dp, rp, loop_rows = _padded(q, r)
-        bm, bn, warps = ctx.tiles
+        bm, bn, warps, one_row = ctx.tiles
         dout = dout.float().contiguous()
         dlt = (dout * out).sum(-1)
         has_mass = ctx.want_mass and dmass is not None
@@ -635,13 +713,13 @@ class _RelativeFlash(torch.autograd.Function):
         dv = torch.empty_like(dk)
         tables = [t if t is not None else out for t in (rel, relk, slopes)]  # None: never read
         strides = _strides(q, k, qpos, kpos, rel)
-        common = (h, i, j, d, r, lut.numel(), offset, 1.0 / math.sqrt(d), seed, p_drop)
+        common = (h, i, j, d, r, lut.shape[1], offset, 1.0 / math.sqrt(d), seed, p_drop)
         k_ranges = _ranges(ctx.geometry, b, bm, bn, queries=False)
         flags = dict(
             BM=bm, BN=bn, DP=dp, RP=rp if loop_rows else 16, PLAIN=plain, CAUSAL=causal,
             HAS_REL=rel is not None, HAS_MASS=has_mass, HAS_KREL=relk is not None,
             DROPOUT=p_drop > 0, LINEAR=linear, LOOP_ROWS=loop_rows, PRECISION=_precision(q),
-            num_warps=warps,
+            ONE_ROW=one_row, num_warps=warps,
         )  # fmt: skip
         _launch(
             _backward_kv_kernel, (triton.cdiv(j, bn), b * h),
@@ -760,7 +838,7 @@ def relative_flash_attention(
         q_seg.contiguous(),
         k_pos.contiguous(),
         k_seg.contiguous(),
-        lut.contiguous(),
+        lut_with_runs(lut.contiguous()),
         int(offset),
         bool(causal),
         bool(plain),
@@ -774,6 +852,17 @@ def relative_flash_attention(
     slopes = None if slopes is None else slopes.float().contiguous()
     relk = None if relk is None else relk.float().contiguous()
     return _RelativeFlash.apply(q, k, v, rel, relk, slopes, geometry, want_mass)
+
+
+def lut_with_runs(lut: Tensor) -> Tensor:
+    """``(2, n)``: ``lut`` and, for each entry, the last entry of its run of equal rows, so that a
+    kernel sees in two loads whether a whole tile reads one row (:func:`_one_row`)."""
+    n = lut.numel()
+    at = torch.arange(n, dtype=lut.dtype, device=lut.device)
+    last = torch.ones(n, dtype=torch.bool, device=lut.device)
+    last[:-1] = lut[1:] != lut[:-1]
+    ends = torch.where(last, at, torch.full_like(at, n))
+    return torch.stack([lut, ends.flip(0).cummin(0).values.flip(0)])
 
 
 def _check_shapes(q, k, v, rel, relk, slopes, positions: tuple, rows: int) -> None:
