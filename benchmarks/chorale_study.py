@@ -53,6 +53,15 @@ SCHEMES = {
     # Adam moves T5's scalar table by about the learning rate a step: ten times that rate for
     # the table alone (docs/results.md, T5).
     "t5-lr10": ["--scheme", "t5", "--position-lr-scale", "10"],
+    # The same for the Music Transformer's relative embeddings (the recipe's table of 513 rows).
+    "music-lr10": [
+        "--scheme",
+        "music",
+        "--scheme-arg",
+        "max_distance=512",
+        "--position-lr-scale",
+        "10",
+    ],
     "alibi": ["--scheme", "alibi"],
     "rope": ["--scheme", "rope"],
     "sinusoidal": ["--scheme", "sinusoidal"],

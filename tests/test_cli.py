@@ -574,11 +574,16 @@ def test_the_study_script_runs_seeds_side_by_side_and_skips_finished_runs(tiny_d
     (out / "results.json").unlink()
     assert study.main([*argv, "--seeds", "1"]) == 0
     assert json.loads((out / "results.json").read_text()) == rows
-    # A cell's own flags beside the file's: T5 with ten times the rate for its table.
-    assert study.main([*argv, "--seeds", "0", "--schemes", "t5-lr10"]) == 0
+    # A cell's own flags beside the file's: T5 and the Music Transformer (the recipe's table)
+    # with ten times the rate for their tables.
+    assert study.main([*argv, "--seeds", "0", "--schemes", "t5-lr10,music-lr10"]) == 0
     saved = json.loads((out / "t5-lr10-seed0" / "config.json").read_text())
     assert saved["position_lr_scale"] == 10.0 and saved["model"]["scheme"]["name"] == "t5"
+    saved = json.loads((out / "music-lr10-seed0" / "config.json").read_text())
+    assert saved["position_lr_scale"] == 10.0
+    assert saved["model"]["scheme"] == {"name": "music", "max_distance": 512}
     assert "| t5-lr10 | 1 |" in (out / "results.md").read_text()
+    assert "| music-lr10 | 1 |" in (out / "results.md").read_text()
     rows = json.loads((out / "results.json").read_text())
     # --table-only: the runs' config, metrics and evaluation alone (no checkpoint) give the same
     # table; the model's size comes from the evaluation.
