@@ -662,7 +662,7 @@ class _RelativeFlash(torch.autograd.Function):
         b, h, i, d = q.shape
         j = k.shape[2]
         bm, bn, warps = _blocks(q.device, q.dtype)
-        one_row = bool(_config["one_row"])
+        one_row = lut.shape[0] == 2  # with its runs (relative_flash_attention)
         dp, rp, _ = _padded(q, r)
         out = q.new_empty(b, h, i, d, dtype=torch.float32)
         lse = q.new_empty(b, h, i, dtype=torch.float32)
@@ -681,7 +681,7 @@ class _RelativeFlash(torch.autograd.Function):
         )  # fmt: skip
         ctx.save_for_backward(q, k, v, rel, relk, slopes, out, lse, mass, q_ranges)
         # q_ranges are cut for these tiles: the backward pass keeps them (launch_config or not).
-        ctx.geometry, ctx.want_mass, ctx.tiles = geometry, want_mass, (bm, bn, warps, one_row)
+        ctx.geometry, ctx.want_mass, ctx.tiles = geometry, want_mass, (bm, bn, warps)
         if not want_mass:
             ctx.mark_non_differentiable(mass)
         return out, mass
@@ -693,7 +693,8 @@ class _RelativeFlash(torch.autograd.Function):
         b, h, i, d = q.shape
         j = k.shape[2]
         dp, rp, loop_rows = _padded(q, r)
-        bm, bn, warps, one_row = ctx.tiles
+        bm, bn, warps = ctx.tiles
+        one_row = lut.shape[0] == 2
         dout = dout.float().contiguous()
         dlt = (dout * out).sum(-1)
         has_mass = ctx.want_mass and dmass is not None
@@ -838,7 +839,9 @@ def relative_flash_attention(
         q_seg.contiguous(),
         k_pos.contiguous(),
         k_seg.contiguous(),
-        lut_with_runs(lut.contiguous()),
+        # (2, n) with its runs where one-row tiles are on (launch_config), else (1, n): the
+        # runs cost a few launches per call, which the default kernels would not read.
+        lut_with_runs(lut.contiguous()) if _config["one_row"] else lut.contiguous()[None],
         int(offset),
         bool(causal),
         bool(plain),
