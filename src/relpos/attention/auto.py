@@ -82,7 +82,7 @@ from .chunked import chunked_attention, chunked_path, chunked_supports
 from .contract import AttentionBackend, needs_grad, validate_attention_inputs
 from .eager import eager_attention
 from .flex import flex_attention_backend, flex_available, flex_supports
-from .fused import fused_attention, fused_supports
+from .fused import FUSED_DTYPES, fused_attention, fused_supports
 from .sdpa import is_plain, sdpa_attention, sdpa_supports
 
 __all__ = [
@@ -210,7 +210,7 @@ def fused_wins_on_cuda(scheme: Scheme, q: Tensor) -> bool:
     return (
         q.device.type == "cuda"
         and "value_term" in scheme.hooks
-        and q.dtype in (torch.float32, torch.bfloat16, torch.float16)
+        and q.dtype in FUSED_DTYPES
         and fused_supports(scheme, device=q.device)
     )
 

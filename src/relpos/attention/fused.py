@@ -46,9 +46,10 @@ from .contract import (
     zero_padding_keys,
 )
 
-__all__ = ["fused_attention", "fused_available", "fused_supports"]
+__all__ = ["FUSED_DTYPES", "fused_attention", "fused_available", "fused_supports"]
 
-_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+#: The input dtypes the kernel takes.
+FUSED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
 def fused_available() -> bool:
@@ -119,7 +120,7 @@ def fused_attention(
             f"the fused backend does not support scheme {type(scheme).__name__} on "
             f"{q.device.type} (a relative scheme or ALiBi, on CUDA)"
         )
-    if q.dtype not in _DTYPES:
+    if q.dtype not in FUSED_DTYPES:
         raise ValueError(f"the fused backend takes float32, bfloat16 or float16, got {q.dtype}")
     k, v = zero_padding_keys(k, v, k_positions)
     if is_empty(q, k):
