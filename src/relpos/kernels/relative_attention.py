@@ -250,6 +250,21 @@ def _add_at_rows(acc, base, row, one, allowed, ok):
 
 
 @triton.jit
+def _relative_logits(
+    s, delta, one, allowed, m_ok, n_ok, rel_base, relk_base, LUT, offset, nlut,
+    HAS_REL: tl.constexpr, HAS_KREL: tl.constexpr,
+):  # fmt: skip
+    """``(s, row)``: the logits with the tile's relative terms added (``rel`` per query,
+    ``relk`` per key, at each pair's row) and the pairs' rows (:func:`_tile_rows_of`)."""
+    row = _tile_rows_of(delta, one, LUT, offset, nlut)
+    if HAS_REL:
+        s = _add_at_rows(s, rel_base, row, one, allowed, m_ok[:, None])
+    if HAS_KREL:
+        s = _add_at_rows(s, relk_base, row, one, allowed, n_ok[None, :])
+    return s, row
+
+
+@triton.jit
 def _row_range(row, allowed):
     """The smallest and largest row among the allowed pairs (``2**30, -1`` for none)."""
     lo = tl.min(tl.min(tl.where(allowed, row, 1 << 30), axis=1), axis=0)
@@ -386,12 +401,11 @@ def _forward_kernel(
         if HAS_REL or HAS_MASS or HAS_KREL:
             if ONE_ROW:
                 one = _one_row(dlo, dhi, LUT, offset, nlut)
-            row = _tile_rows_of(delta, one, LUT, offset, nlut)
-            if HAS_REL:
-                s = _add_at_rows(s, rel_base, row, one, allowed, m_ok[:, None])
-            if HAS_KREL:
-                relk_base = RELK + (bh * NJ + offs_n[None, :]) * R
-                s = _add_at_rows(s, relk_base, row, one, allowed, n_ok[None, :])
+            relk_base = RELK + (bh * NJ + offs_n[None, :]) * R
+            s, row = _relative_logits(
+                s, delta, one, allowed, m_ok, n_ok, rel_base, relk_base, LUT, offset, nlut,
+                HAS_REL, HAS_KREL,
+            )  # fmt: skip
         if LINEAR:
             s += tl.load(SLOPES + h) * _linear_distance(delta, LINEAR)
         s = tl.where(allowed, s, float("-inf"))
@@ -439,11 +453,10 @@ def _probs_and_dp(
     if HAS_REL or HAS_MASS or HAS_KREL:
         if ONE_ROW:
             one = _one_row(dlo, dhi, LUT, offset, nlut)
-        row = _tile_rows_of(delta, one, LUT, offset, nlut)
-        if HAS_REL:
-            s = _add_at_rows(s, rel_base, row, one, allowed, m_ok[:, None])
-        if HAS_KREL:
-            s = _add_at_rows(s, relk_base, row, one, allowed, n_ok[None, :])
+        s, row = _relative_logits(
+            s, delta, one, allowed, m_ok, n_ok, rel_base, relk_base, LUT, offset, nlut,
+            HAS_REL, HAS_KREL,
+        )  # fmt: skip
         if HAS_MASS:
             dp = _add_at_rows(dp, dmass_base, row, one, allowed, m_ok[:, None])
     if LINEAR:
