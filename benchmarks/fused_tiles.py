@@ -3,10 +3,11 @@ forward+backward time against flash SDPA with no positions, measured in the same
 (docs/performance.md, "fused").
 
     PYTHONPATH=src python benchmarks/fused_tiles.py --out DIR [--lengths 4096] [--tokens 16384]
-        [--schemes alibi,t5,shaw,music] [--configs 64x4,64x4+one,64x8,32x4] [--device cuda]
+        [--schemes alibi,t5,shaw,music] [--configs 64x4,64x4+one,64x4+lut,64x8,32x4]
+        [--device cuda]
 
-For each scheme, length and candidate (``TILExWARPS``, ``+one`` for ``one_row``:
-``relative_attention.launch_config``),
+For each scheme, length and candidate (``TILExWARPS``, ``+one`` for ``one_row``, ``+lut`` for
+``lut_only``: ``relative_attention.launch_config``),
 causal, ``B·L = tokens``, bf16 on CUDA: the first call (it compiles), then ``--repeats`` passes
 alternated run by run with SDPA (``relpos bench``'s paired timing; the ratio is the median of
 the run-by-run ratios) and, on CUDA, the peak memory of one pass beside SDPA's. A candidate that
@@ -32,22 +33,24 @@ from relpos.attention.fused import fused_supports
 from relpos.cli import bench
 from relpos.kernels.relative_attention import launch_config
 
-DEFAULT_CONFIGS = "64x4,64x4+one,64x8,32x4"
+DEFAULT_CONFIGS = "64x4,64x4+one,64x4+lut,64x8,32x4"
+#: A candidate's options after ``+``, as ``launch_config``'s keywords.
+OPTIONS = {"one": "one_row", "lut": "lut_only"}
 
 
-def _config(text: str) -> tuple[int, int, bool]:
-    shape, plus, option = text.partition("+")
+def _config(text: str) -> tuple[int, int, dict[str, bool]]:
+    shape, *options = text.split("+")
     tile, _, warps = shape.partition("x")
-    if not (tile.isdigit() and warps.isdigit()) or (plus and option != "one"):
+    if not (tile.isdigit() and warps.isdigit()) or not set(options) <= OPTIONS.keys():
         raise argparse.ArgumentTypeError(
-            f"a candidate is TILExWARPS[+one] (e.g. 64x8, 64x4+one), got {text!r}"
+            f"a candidate is TILExWARPS[+one][+lut] (e.g. 64x8, 64x4+one), got {text!r}"
         )
     try:
         with launch_config(int(tile), int(warps)):  # its checks of both
             pass
     except ValueError as e:
         raise argparse.ArgumentTypeError(f"{text}: {e}") from None
-    return int(tile), int(warps), bool(plus)
+    return int(tile), int(warps), {key: name in options for name, key in OPTIONS.items()}
 
 
 def _peak_mib(fn, setup: bench.Setup) -> float | None:
@@ -58,7 +61,7 @@ def _peak_mib(fn, setup: bench.Setup) -> float | None:
 
 
 def measure(
-    args: argparse.Namespace, scheme: str, n: int, tile: int, warps: int, one_row: bool
+    args: argparse.Namespace, scheme: str, n: int, tile: int, warps: int, options: dict[str, bool]
 ) -> dict:
     dtype = torch.bfloat16 if args.device == "cuda" else torch.float32
     shape = dict(causal=True, heads=args.heads, head_dim=args.head_dim, device=args.device)
@@ -67,9 +70,9 @@ def measure(
     base = bench.make_setup("none", n, batch, dtype=dtype, grad=True, **shape)
     run = bench.backend_call("fused")
     row = {"scheme": scheme, "length": n, "batch": batch, "tile": tile, "warps": warps}
-    row["one_row"] = one_row
+    row |= options
     try:
-        with launch_config(tile=tile, num_warps=warps, one_row=one_row):
+        with launch_config(tile=tile, num_warps=warps, **options):
             start = time.perf_counter()
             bench.measure_time(run, setup, backward=True, repeats=1, warmup=0, device=args.device)
             row["first_s"] = time.perf_counter() - start
@@ -92,7 +95,9 @@ def render(rows: list[dict], header: str) -> str:
     lines = [header, "", "| scheme | L | B | tile × warps | first call s | fwd+bwd ms | × SDPA "
              "| peak MiB (SDPA) |", "|---|---:|---:|---|---:|---:|---:|---:|"]  # fmt: skip
     for r in rows:
-        config = f"{r['tile']}×{r['warps']}" + (" one-row" if r.get("one_row") else "")
+        config = f"{r['tile']}×{r['warps']}" + "".join(
+            f" {key.replace('_', '-')}" for key in OPTIONS.values() if r.get(key)
+        )
         if "error" in r:
             lines.append(f"| {r['scheme']} | {r['length']} | {r['batch']} | {config} | "
                          f"{r['error']} | | | |")  # fmt: skip
@@ -144,11 +149,13 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for scheme in schemes:
         for n in args.lengths:
-            for tile, warps, one_row in configs:
-                rows.append(measure(args, scheme, n, tile, warps, one_row))
+            for tile, warps, options in configs:
+                rows.append(measure(args, scheme, n, tile, warps, options))
                 r = rows[-1]
                 shown = r.get("error") or f"{r['ms']:.2f} ms, {r['ratio']:.2f}× SDPA"
-                name = f"{tile}x{warps}" + ("+one" if one_row else "")
+                name = f"{tile}x{warps}" + "".join(
+                    f"+{flag}" for flag, key in OPTIONS.items() if options[key]
+                )
                 print(f"{scheme} L={n} {name}: {shown}", flush=True)
                 # after every row: a run stopped by a time limit keeps what it measured
                 _write(args.out / "tiles.json", json.dumps(rows, indent=1))

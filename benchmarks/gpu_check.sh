@@ -15,7 +15,8 @@
 # configs/jsb-music-paper.json for TRAIN_S seconds (0: no training), then `relpos eval`. Phase 2,
 # with nothing else on the GPU: benchmarks/fused_tiles.py (the fused kernel's TILE_CONFIGS against
 # flash SDPA at L=4096), then `relpos bench --device cuda` of BENCH_IMPLS.
-# Budgets (seconds): TEST_S, TRAIN_S, TILES_S, BENCH_S. DATA: the JSB JSON where the config's
+# Budgets (seconds): TEST_S (0: no tests, no cold compiles), TRAIN_S, TILES_S (0: no tiles),
+# BENCH_S. LAYOUT: the bench's positions (plain, padded, packed). DATA: the JSB JSON where the config's
 # ../shared path does not exist (a GPU machine gets only the checkout: carry a copy in it).
 set -u
 OUT=${1:?usage: benchmarks/gpu_check.sh OUT}
@@ -25,7 +26,7 @@ PY=${PYTHON:-python3}
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 # Within the device tool's 600 s a command: phase 1 takes max(TEST_S, TRAIN_S + eval).
 TEST_S=${TEST_S:-240} TRAIN_S=${TRAIN_S:-210} TILES_S=${TILES_S:-90} BENCH_S=${BENCH_S:-230}
-TILE_CONFIGS=${TILE_CONFIGS:-64x4,64x4+one,64x8,32x4}  # benchmarks/fused_tiles.py candidates
+TILE_CONFIGS=${TILE_CONFIGS:-64x4,64x4+one,64x4+lut,64x8,32x4}  # benchmarks/fused_tiles.py candidates
 WORKERS=${WORKERS:-8}  # 0: no pytest-xdist
 LENGTHS=${LENGTHS:-1024,4096,16384}  # ascending: each L estimates the next one's time
 TOKENS=${TOKENS:-16384}
@@ -34,6 +35,7 @@ FUSED_SCHEMES=${FUSED_SCHEMES:-alibi t5 shaw music}
 BENCH_SCHEMES=${BENCH_SCHEMES:-alibi,t5,shaw,music,kerple}
 BENCH_IMPLS=${BENCH_IMPLS:-sdpa,chunked,flex,fused,sdpa-bias}
 DEVICE=${DEVICE:-cuda}
+LAYOUT=${LAYOUT:-plain}
 
 { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1
   $PY -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__,
@@ -50,6 +52,7 @@ export OMP_NUM_THREADS=1 TORCHINDUCTOR_COMPILE_THREADS=1
 ) > "$OUT/train.log" 2>&1 &
 TRAIN=$!
 
+if [ "$TEST_S" -gt 0 ]; then
 cold() {  # cold IMPL SCHEMES: one bench process per scheme and mask
   for scheme in $2; do
     for mask in causal bidirectional; do
@@ -80,16 +83,17 @@ wait $FUSED
 grep -E "FAILED|ERROR" "$OUT/tests-fused.log" | head -n 30
 grep -E "FAILED|ERROR" "$OUT/tests.log" | head -n 30
 tail -n 3 "$OUT/tests.log"
+fi
 wait
 [ "$TRAIN_S" -gt 0 ] && tail -n 5 "$OUT/train.log"
-cat "$WORK"/cold-*.log > "$OUT/cold.log"
+cat "$WORK"/cold-*.log > "$OUT/cold.log" 2>/dev/null
 
 # ---- phase 2: the fused kernel's tiles and warps, then the bench, alone on the GPU
 unset OMP_NUM_THREADS TORCHINDUCTOR_COMPILE_THREADS
-timeout "$TILES_S" $PY benchmarks/fused_tiles.py --out "$WORK/tiles" --lengths 4096 \
-  --tokens "$TOKENS" --configs "$TILE_CONFIGS" 2>&1 | tee "$OUT/tiles.log"
+[ "$TILES_S" -gt 0 ] && timeout "$TILES_S" $PY benchmarks/fused_tiles.py --out "$WORK/tiles" \
+  --lengths 4096 --tokens "$TOKENS" --configs "$TILE_CONFIGS" 2>&1 | tee "$OUT/tiles.log"
 timeout "$BENCH_S" $PY -m relpos.cli.bench --device "$DEVICE" --dtype bfloat16 \
-  --lengths "$LENGTHS" --tokens "$TOKENS" --mask both --schemes "$BENCH_SCHEMES" \
+  --lengths "$LENGTHS" --tokens "$TOKENS" --mask both --layout "$LAYOUT" --schemes "$BENCH_SCHEMES" \
   --impls "$BENCH_IMPLS" --repeats 10 --warmup 3 --max-config-seconds 10 \
   --out "$WORK/bench" 2>&1 | tee "$OUT/bench.log"
 echo "bench: exit ${PIPESTATUS[0]}"

@@ -61,6 +61,29 @@ def test_relative_schemes_keep_their_declared_contract(spec, causal):
 
 
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
+@pytest.mark.parametrize("spec", RELATIVE_SPECS, ids=spec_id)
+def test_distance_clip_is_where_the_rows_stop_changing(spec, causal):
+    """Past a declared ``distance_clip`` every distance reads the nearer end's row (far past it:
+    the kernels clamp to the cut table), and ``shifted`` rows are the clipped distance itself,
+    the table's every row. The schemes with a clipped or saturating table declare one (a clip
+    too tight fails here; one too loose only costs the kernels a longer table)."""
+    scheme = relpos.make_scheme(spec, d_model=8, num_heads=2, causal=causal)
+    clip = scheme.distance_clip
+    if clip is None:
+        assert spec["name"] == "deberta"  # log buckets past a clamp: not declared
+        return
+    assert clip.lo <= 0 <= clip.hi
+    far = 3 * max(-clip.lo, clip.hi, 1) + 5
+    rows = scheme.rows_by_distance(-far, far)
+    cut = scheme.rows_by_distance(clip.lo, clip.hi)
+    at = (torch.arange(-far, far + 1).clamp(clip.lo, clip.hi) - clip.lo).long()
+    assert torch.equal(rows, cut[at])
+    if clip.shifted:
+        assert torch.equal(cut, torch.arange(clip.hi - clip.lo + 1))
+        assert scheme.num_relative == clip.hi - clip.lo + 1
+
+
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
 def test_a_new_scheme_that_follows_the_contract_gets_the_fast_paths(causal):
     """A scheme written only against :class:`RelativeScheme` (num_relative, relative_index,
     relative_keys, relative_value) runs on the region path and equals eager, gradients too."""

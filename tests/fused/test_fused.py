@@ -33,6 +33,7 @@ from relpos.kernels.relative_attention import (
     dropout_keep,
     launch_config,
     lut_with_runs,
+    recorded_launches,
     relative_flash_attention,
 )
 from tests import oracles
@@ -297,6 +298,39 @@ def test_one_row_tiles_give_the_same_numbers(spec, layout):
                 assert g is None
                 continue
             _assert_close(g, w, 1e-5, f"{spec_id(spec)} {layout} causal={causal}: tensor {t}")
+
+
+@pytest.mark.parametrize("spec", RELATIVE_SPECS, ids=spec_id)
+def test_one_load_forms_match_the_table_path(spec):
+    """A pair's logit in one load: clipped distances' rows computed (``SHIFTED``: Shaw's keys, the
+    Music Transformer, Transformer-XL; not with a value term), a table shared by every query read
+    per distance (``BY_DISTANCE``: T5). The kernels are launched so (recorded), and give the
+    numbers of the path that reads the row from ``lut`` and then the logit
+    (``launch_config(lut_only=True)``), outputs and every gradient, on sequences past the clip,
+    plain and packed."""
+    for layout, causal in (("plain", True), ("packed", False)):
+        scheme, q, k, v, qp, kp = _case(spec, layout, causal, 6, n=50)
+        clip, mass = scheme.distance_clip, "value_term" in scheme.hooks  # mass: the lut path
+        shifted = clip is not None and clip.shifted and not mass
+        by_distance = scheme.query_independent and not {"value_term", "key_bias"} & scheme.hooks
+        assert clip is None or clip.hi - clip.lo < 49, "the case must reach past the clip"
+        for lut_only in (False, True):
+            with torch.no_grad(), launch_config(lut_only=lut_only), recorded_launches() as runs:
+                fused_attention(q, k, v, scheme, qp, kp, causal=causal)
+            flags = runs[0].constexprs
+            assert flags["SHIFTED"] == (shifted and not lut_only)
+            assert flags["BY_DISTANCE"] == (by_distance and not lut_only)
+        grad_out = torch.randn(*q.shape, device=DEVICE)
+        results = []
+        for lut_only in (False, True):
+            with launch_config(lut_only=lut_only):
+                out = fused_attention(q, k, v, scheme, qp, kp, causal=causal)
+                results.append((out, *_grads(out, scheme, q, k, v, grad_out)))
+        for t, (g, w) in enumerate(zip(*results, strict=True)):
+            if w is None:
+                assert g is None
+                continue
+            _assert_close(g, w, 1e-6, f"{spec_id(spec)} {layout}: tensor {t}")
 
 
 def test_queries_with_no_key_get_zeros_and_finite_gradients():

@@ -29,21 +29,23 @@ def _script():
 
 def test_every_candidate_is_timed_against_sdpa(tmp_path):
     argv = ["--out", str(tmp_path), "--lengths", "40", "--tokens", "80", "--schemes", "t5,shaw"]
-    argv += ["--configs", "32x4,16x2+one", "--heads", "2", "--head-dim", "16", "--repeats", "1"]
+    argv += ["--configs", "32x4,16x2+one+lut", "--heads", "2", "--head-dim", "16"]
+    argv += ["--repeats", "1"]
     argv += ["--warmup", "0"]
     assert _script().main(argv) == 0
     rows = json.loads((tmp_path / "tiles.json").read_text())
-    got = [(r["scheme"], r["tile"], r["warps"], r["one_row"], r["batch"]) for r in rows]
+    got = [(r["scheme"], r["tile"], r["warps"], r["one_row"], r["lut_only"]) for r in rows]
     assert got == [
-        ("t5", 32, 4, False, 2),
-        ("t5", 16, 2, True, 2),
-        ("shaw", 32, 4, False, 2),
-        ("shaw", 16, 2, True, 2),
+        ("t5", 32, 4, False, False),
+        ("t5", 16, 2, True, True),
+        ("shaw", 32, 4, False, False),
+        ("shaw", 16, 2, True, True),
     ]
+    assert {r["batch"] for r in rows} == {2}
     assert all("error" not in r and r["ratio"] > 0 and r["ms"] > 0 for r in rows)
     table = (tmp_path / "tiles.md").read_text()
     assert "benchmarks/fused_tiles.py --out" in table
-    assert "| shaw | 40 | 2 | 16×2 one-row |" in table
+    assert "| shaw | 40 | 2 | 16×2 one-row lut-only |" in table
 
 
 @pytest.mark.parametrize(
@@ -51,7 +53,7 @@ def test_every_candidate_is_timed_against_sdpa(tmp_path):
     [
         (["--configs", "48x4"], "tile must be 16, 32, 64 or 128"),
         (["--configs", "64"], "TILExWARPS"),
-        (["--configs", "64x4+two"], "TILExWARPS[+one]"),
+        (["--configs", "64x4+two"], "TILExWARPS[+one][+lut]"),
         (["--schemes", "kerple"], "does not run kerple"),
         (["--schemes", "bogus"], "unknown scheme"),
     ],

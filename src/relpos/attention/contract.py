@@ -86,14 +86,26 @@ def is_contiguous_self(q_positions: Positions, k_positions: Positions) -> bool:
 
 
 def relative_rows(
-    scheme: RelativeScheme, q_positions: Positions, k_positions: Positions, device
+    scheme: RelativeScheme,
+    q_positions: Positions,
+    k_positions: Positions,
+    device,
+    *,
+    clipped: bool = False,
 ) -> tuple[Tensor, int]:
     """``(lut, offset)``: the relative row of distance ``δ = p_j - p_i`` is ``lut[δ + offset]``,
     for every distance these queries and keys have. Plain positions read the range from the
-    length (no device sync); others from the extreme positions (one)."""
+    length (no device sync); others from the extreme positions (one).
+
+    With ``clipped``, for a caller that clamps ``δ + offset`` to the table's ends: the table
+    stops at the scheme's :attr:`~relpos.schemes.RelativeScheme.distance_clip` (rows past it
+    repeat), so it holds at most ``hi - lo + 1`` entries whatever the length."""
     n = len(q_positions)
     plain = is_contiguous_self(q_positions, k_positions)
     lo, hi = (1 - n, n - 1) if plain else distance_range(q_positions, k_positions)
+    clip = scheme.distance_clip if clipped else None
+    if clip is not None:
+        lo, hi = (min(max(x, clip.lo), clip.hi) for x in (lo, hi))
     return scheme.rows_by_distance(lo, hi, device), -lo
 
 

@@ -9,7 +9,8 @@ with ``rel = relative_logits(q)`` (``(b, h, i, R)``: ``q·Eᵀ`` for Shaw's keys
 Transformer and Transformer-XL; ``(1, h, 1, R)``: T5's buckets) and the value term
 ``relative_value(mass)`` from the attention mass per row; a key term (DeBERTa's
 position-to-content) is ``relk[b, h, j, row(p_j - p_i)]`` with ``relk = relative_key_logits(k)``.
-The kernel (:mod:`relpos.kernels.relative_attention`) reads ``rel`` per pair, accumulates
+The kernel (:mod:`relpos.kernels.relative_attention`) reads ``rel`` per pair (one load: the
+row of a clipped distance is computed, a shared table is read per distance), accumulates
 ``mass`` per row and returns both gradients, so nothing ``(b, h, i, j)`` is built, Shaw's value
 term included (which ``flex`` cannot express). Padding, packed documents and a KV cache come from
 the positions and segments, read per tile. The products ``q·Eᵀ`` and ``mass·E^V`` stay in
@@ -127,11 +128,15 @@ def fused_attention(
         return empty_attention(q, k, v)
     linear = _is_linear(scheme)
     plain = is_contiguous_self(q_positions, k_positions)
+    row_base = None
     if linear:  # the slopes, no table: one row
         lut, offset, rows, rel = torch.zeros(1, dtype=torch.long, device=q.device), 0, 1, None
         relk = None
     else:
-        lut, offset = relative_rows(scheme, q_positions, k_positions, q.device)
+        lut, offset = relative_rows(scheme, q_positions, k_positions, q.device, clipped=True)
+        clip = scheme.distance_clip
+        if clip is not None and clip.shifted:  # lut[x] = x - offset - clip.lo: no table to read
+            row_base = -offset - clip.lo
         rows = scheme.num_relative
         rel = scheme.relative_logits(q) if "score_bias" in scheme.hooks else None
         relk = scheme.relative_key_logits(k) if "key_bias" in scheme.hooks else None
@@ -159,6 +164,7 @@ def fused_attention(
         slopes=scheme.linear_slopes() if linear else None,
         symmetric=linear and not scheme.causal,
         relk=relk,
+        row_base=row_base,
     )
     if value:
         out = out + scheme.relative_value(mass).float()

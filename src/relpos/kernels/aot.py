@@ -9,7 +9,7 @@ on ``meta`` tensors by :func:`~.relative_attention.recorded_launches`.
 .. code-block:: text
 
     python -m relpos.kernels.aot --arch 80,90 --tile 64 --dtype bfloat16 [--warps 4,8]
-                                 [--check] [--json F]
+                                 [--one-row] [--lut-only] [--check] [--json F]
 
 ``--check`` exits 1 when a kernel needs more shared memory than
 :data:`~.relative_attention.SHARED_BUDGET` allows its tile and dtype
@@ -55,17 +55,17 @@ __all__ = [
 ]
 
 #: One call of :func:`~.relative_attention.relative_flash_attention` per kind of launch the
-#: ``fused`` backend makes: the table shared by every query (T5), per query with the mass (Shaw's
-#: keys and values) or past the register rows (the Music Transformer: atomic row sums), a key term
-#: (DeBERTa), ALiBi's slopes (learned: their gradient), dropout, and general positions (padding,
-#: packing, a cache: ``plain=False``).
+#: ``fused`` backend makes: the table shared by every query (T5: read per distance), per query with
+#: the mass (Shaw's keys and values) or past the register rows (the Music Transformer: atomic row
+#: sums, its rows computed from clipped distances), a key term (DeBERTa), ALiBi's slopes (learned:
+#: their gradient), dropout, and general positions (padding, packing, a cache: ``plain=False``).
 VARIANTS: dict[str, dict] = {
     "t5": dict(rel="shared", rows=32),
     "t5-positions": dict(rel="shared", rows=32, causal=False, plain=False),
-    "shaw-values": dict(rel="query", rows=33, mass=True),
-    "shaw-values-dropout": dict(rel="query", rows=33, mass=True, dropout=0.1),
-    "music": dict(rel="query", rows=513),
-    "music-positions": dict(rel="query", rows=513, plain=False),
+    "shaw-values": dict(rel="query", rows=33, mass=True, row_base=0),
+    "shaw-values-dropout": dict(rel="query", rows=33, mass=True, dropout=0.1, row_base=0),
+    "music": dict(rel="query", rows=513, row_base=0),
+    "music-positions": dict(rel="query", rows=513, plain=False, row_base=0),
     "deberta": dict(rel="query", rows=256, relk=True, causal=False),
     "alibi": dict(rows=1, slopes=True),
     "alibi-bidirectional": dict(rows=1, slopes=True, symmetric=True, causal=False),
@@ -104,11 +104,12 @@ def variant_launches(
     d: int = 64,
     n: int = 256,
     one_row: bool = False,
+    lut_only: bool = False,
 ) -> list[Launch]:
     """The launches of one forward and backward pass of ``variant`` (a key of :data:`VARIANTS`)
     with ``dtype`` inputs of head dim ``d`` and ``n`` tokens, ``tile``-square tiles and ``warps``
     warps (None: the kernels' default for ``dtype``, :func:`~.relative_attention.warp_count`), and
-    ``one_row`` (:func:`~.relative_attention.launch_config`)."""
+    ``one_row`` and ``lut_only`` (:func:`~.relative_attention.launch_config`)."""
     spec = dict(VARIANTS[variant])
     rows, rel = spec.pop("rows"), spec.pop("rel", None)
     b, h = 2, 4
@@ -126,7 +127,8 @@ def variant_launches(
     spec.setdefault("causal", True)
     spec.setdefault("plain", True)
     spec["dropout_p"] = spec.pop("dropout", 0.0)
-    with launch_config(tile, warps, one_row=one_row), recorded_launches() as launches:
+    config = launch_config(tile, warps, one_row=one_row, lut_only=lut_only)
+    with config, recorded_launches() as launches:
         out, mass = relative_flash_attention(
             q, k, v, table, lut, rows // 2, pos, pos, pos, pos, rows=rows, seed=1,
             slopes=slopes, relk=relk, **spec,
@@ -191,12 +193,13 @@ def report(
     arches: list[int],
     warps: tuple[int | None, ...] = (None,),
     one_row: bool = False,
+    lut_only: bool = False,
 ) -> list[KernelReport]:
     """Every kernel of every variant × dtype × tile × warps × architecture, compiled."""
     rows = []
     for variant, dtype, tile, w in itertools.product(variants, dtypes, tiles, warps):
         name = str(dtype).removeprefix("torch.")
-        launches = variant_launches(variant, dtype, tile, w, one_row=one_row)
+        launches = variant_launches(variant, dtype, tile, w, one_row=one_row, lut_only=lut_only)
         for arch, launch in itertools.product(arches, launches):
             found = compile_launch(launch, arch)
             kernel = launch.kernel.__name__
@@ -224,6 +227,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--variants", default=",".join(VARIANTS), help="keys of VARIANTS")
     parser.add_argument("--one-row", action="store_true", help="with launch_config(one_row=True)")
+    parser.add_argument("--lut-only", action="store_true", help="with launch_config(lut_only=True)")
     parser.add_argument("--check", action="store_true", help="exit 1 past SHARED_BUDGET")
     parser.add_argument("--json", type=Path, help="also write the rows to this file")
     args = parser.parse_args(argv)
@@ -247,7 +251,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("TRITON_INTERPRET is set: the kernels are Python functions, not compilable")
     warps = tuple(int(w) for w in _list(args.warps)) or (None,)
     arches = [int(a) for a in _list(args.arch)]
-    rows = report(_list(args.variants), dtypes, tiles, arches, warps, one_row=args.one_row)
+    rows = report(
+        _list(args.variants), dtypes, tiles, arches, warps, one_row=args.one_row,
+        lut_only=args.lut_only,
+    )  # fmt: skip
     over = over_budget(rows)
     print("variant               dtype     tile warps  sm  kernel               shared  regs spill")
     for r in rows:

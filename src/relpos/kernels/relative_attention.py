@@ -38,6 +38,12 @@ backward):
   (key block ``j``), so no two programs contend; one add per query (key) where the whole tile
   reads one row.
 
+A pair's logit term is one load where the table allows it: the rows of clipped distances (Shaw,
+the Music Transformer, Transformer-XL: ``row_base``) are computed from the distance, and a table
+shared by every query (T5) is read per distance; otherwise the row comes from ``lut`` and then its
+entry, two dependent loads (which the profile on an H100 found the table schemes bound by).
+``lut`` stops where the scheme's rows stop changing, so it is short whatever the length.
+
 Plain positions (one contiguous sequence per batch row, queries = keys) read ``p_j - p_i`` as
 ``j - i`` and skip the causal future's tiles.
 
@@ -88,8 +94,9 @@ INTERPRETED = interpreted()
 MAX_LOOP_ROWS = 128
 #: The shared memory (bytes) any of the kernels needs at most, per square tile size and dtype
 #: class: compiled for sm_80 and sm_90 by Triton 3.6 and 3.9 (``python -m relpos.kernels.aot``;
-#: ``tests/fused/test_compile.py`` keeps every variant within it).
-SHARED_BUDGET = {(64, "half"): 120 * 1024, (32, "half"): 48 * 1024, (32, "float32"): 60 * 1024}
+#: ``tests/fused/test_compile.py`` keeps every variant within it). float32's 64 KiB (the Music
+#: Transformer's queries' backward kernel) is what the smallest GPUs Triton runs on grant a block.
+SHARED_BUDGET = {(64, "half"): 120 * 1024, (32, "half"): 48 * 1024, (32, "float32"): 64 * 1024}
 #: Tiles in the interpreter: test shapes span several; fewer, larger ones cost it less time.
 _INTERPRETED_BLOCK = 32
 
@@ -130,24 +137,32 @@ class Launch(NamedTuple):
 
 
 _recording: list[Launch] | None = None
-_config: dict[str, int | bool | None] = {"tile": None, "num_warps": None, "one_row": False}
+_config: dict[str, int | bool | None] = {
+    "tile": None, "num_warps": None, "one_row": False, "lut_only": False
+}  # fmt: skip
 
 
 @contextlib.contextmanager
 def launch_config(
-    tile: int | None = None, num_warps: int | None = None, *, one_row: bool = False
+    tile: int | None = None,
+    num_warps: int | None = None,
+    *,
+    one_row: bool = False,
+    lut_only: bool = False,
 ) -> Iterator[None]:
     """Within it the kernels use ``tile``-square tiles and ``num_warps`` warps whatever the
-    device (None keeps the default: :func:`tile_size`, :func:`warp_count`), and with ``one_row``
-    read a tile whose distances share one relative row once (:func:`_one_row`; built, not yet
-    timed on a GPU, so off by default): for benchmarks and :mod:`relpos.kernels.aot` to compare
-    them. Not thread-safe."""
+    device (None keeps the default: :func:`tile_size`, :func:`warp_count`); with ``one_row``
+    they read a tile whose distances share one relative row once (:func:`_one_row`; built, not
+    yet timed on a GPU, so off by default), and with ``lut_only`` every pair's row from ``lut``
+    and then its logit (two dependent loads) even where :func:`relative_flash_attention` has a
+    one-load form (``row_base``, a shared table): for benchmarks and :mod:`relpos.kernels.aot`
+    to compare them. Not thread-safe."""
     if tile is not None and tile not in (16, 32, 64, 128):
         raise ValueError(f"tile must be 16, 32, 64 or 128, got {tile}")
     if num_warps is not None and num_warps not in (1, 2, 4, 8, 16):
         raise ValueError(f"num_warps must be 1, 2, 4, 8 or 16, got {num_warps}")
     before = dict(_config)
-    _config.update(tile=tile, num_warps=num_warps, one_row=bool(one_row))
+    _config.update(tile=tile, num_warps=num_warps, one_row=bool(one_row), lut_only=bool(lut_only))
     try:
         yield
     finally:
@@ -212,10 +227,20 @@ def _linear_distance(delta, LINEAR: tl.constexpr):
 
 
 @triton.jit
-def _rows(delta, LUT, offset, nlut):
-    """The relative row of each pair (distances outside the table clamp to its ends)."""
-    at = tl.minimum(tl.maximum(delta + offset, 0), nlut - 1)
-    return tl.load(LUT + at)
+def _entries(delta, offset, nlut):
+    """Each pair's entry of the distance table (distances outside it clamp to its ends)."""
+    return tl.minimum(tl.maximum(delta + offset, 0), nlut - 1)
+
+
+@triton.jit
+def _rows(at, LUT, row_base, SHIFTED: tl.constexpr):
+    """The relative row of each entry ``at``: ``at + row_base`` where the rows are clipped
+    distances (``SHIFTED``: no load), else read from ``LUT``."""
+    if SHIFTED:
+        row = at + row_base
+    else:
+        row = tl.load(LUT + at)
+    return row
 
 
 @triton.jit
@@ -226,16 +251,6 @@ def _one_row(lo, hi, LUT, offset, nlut):
     at_lo = tl.minimum(tl.maximum(lo + offset, 0), nlut - 1)
     at_hi = tl.minimum(tl.maximum(hi + offset, 0), nlut - 1)
     return tl.where(tl.load(LUT + nlut + at_lo) >= at_hi, tl.load(LUT + at_lo), -1)
-
-
-@triton.jit
-def _tile_rows_of(delta, one, LUT, offset, nlut):
-    """The pairs' rows: ``one`` everywhere for a one-row tile, else :func:`_rows`."""
-    if one >= 0:
-        row = tl.zeros_like(delta) + one
-    else:
-        row = _rows(delta, LUT, offset, nlut)
-    return row
 
 
 @triton.jit
@@ -251,16 +266,32 @@ def _add_at_rows(acc, base, row, one, allowed, ok):
 
 @triton.jit
 def _relative_logits(
-    s, delta, one, allowed, m_ok, n_ok, rel_base, relk_base, LUT, offset, nlut,
-    HAS_REL: tl.constexpr, HAS_KREL: tl.constexpr,
+    s, delta, one, allowed, m_ok, n_ok, rel_base, relk_base, dist_base, LUT, offset, nlut,
+    row_base, HAS_REL: tl.constexpr, HAS_KREL: tl.constexpr, SHIFTED: tl.constexpr,
+    BY_DISTANCE: tl.constexpr, NEED_ROW: tl.constexpr,
 ):  # fmt: skip
     """``(s, row)``: the logits with the tile's relative terms added (``rel`` per query,
-    ``relk`` per key, at each pair's row) and the pairs' rows (:func:`_tile_rows_of`)."""
-    row = _tile_rows_of(delta, one, LUT, offset, nlut)
-    if HAS_REL:
-        s = _add_at_rows(s, rel_base, row, one, allowed, m_ok[:, None])
-    if HAS_KREL:
-        s = _add_at_rows(s, relk_base, row, one, allowed, n_ok[None, :])
+    ``relk`` per key, at each pair's row) and the pairs' rows: ``one`` everywhere for a one-row
+    tile, else :func:`_rows`. ``BY_DISTANCE`` (a table shared by every query) reads the logit
+    from ``dist_base``, already indexed by entry: one load per pair, not a row then its logit;
+    the rows are then read only where ``NEED_ROW`` (a reduction by row follows)."""
+    if one >= 0:
+        row = tl.zeros_like(delta) + one
+        if HAS_REL:
+            s += tl.load(rel_base + one, mask=m_ok[:, None], other=0.0)
+        if HAS_KREL:
+            s += tl.load(relk_base + one, mask=n_ok[None, :], other=0.0)
+    else:
+        at = _entries(delta, offset, nlut)
+        row = at  # unread where BY_DISTANCE and not NEED_ROW
+        if NEED_ROW or not BY_DISTANCE:
+            row = _rows(at, LUT, row_base, SHIFTED)
+        if BY_DISTANCE:
+            s += tl.load(dist_base + at, mask=allowed, other=0.0)
+        elif HAS_REL:
+            s += tl.load(rel_base + row, mask=allowed, other=0.0)
+        if HAS_KREL:
+            s += tl.load(relk_base + row, mask=allowed, other=0.0)
     return s, row
 
 
@@ -372,17 +403,18 @@ def _load_output_grads(DO, LSE, DLT, row_at, offs_d, m_ok, d_ok, D, dtype):
 
 @triton.jit
 def _forward_kernel(
-    Q, K, V, QPOS, QSEG, KPOS, KSEG, REL, RELK, SLOPES, LUT, OUT, LSE, MASS,
+    Q, K, V, QPOS, QSEG, KPOS, KSEG, REL, RELK, SLOPES, LUT, DIST, row_base, OUT, LSE, MASS,
     sqb, sqh, sqi, skb, skh, skj, spq, spk, srb, srh, sri,
     H, NI, NJ, D, R, nlut, offset, scale, seed, p_drop, RANGES, n_ranges,
     BM: tl.constexpr, BN: tl.constexpr, DP: tl.constexpr, RP: tl.constexpr,
     PLAIN: tl.constexpr, CAUSAL: tl.constexpr, HAS_REL: tl.constexpr, HAS_MASS: tl.constexpr,
     HAS_KREL: tl.constexpr, DROPOUT: tl.constexpr, LINEAR: tl.constexpr, PRECISION: tl.constexpr,
-    ONE_ROW: tl.constexpr,
+    ONE_ROW: tl.constexpr, SHIFTED: tl.constexpr, BY_DISTANCE: tl.constexpr,
 ):  # fmt: skip
     start_m, bh, b, h, offs_m, offs_d, m_ok, d_ok = _program(H, NI, D, BM, DP)
     q, qp, qs = _load_queries(Q, QPOS, QSEG, b, h, offs_m, offs_d, m_ok, d_ok, sqb, sqh, sqi, spq)
     rel_base = REL + b * srb + h * srh + offs_m[:, None] * sri
+    dist_base = DIST + h * nlut
     row_at = bh * NI + offs_m
     m_i = tl.full([BM], float("-inf"), tl.float32)
     l_i = tl.zeros([BM], tl.float32)
@@ -403,8 +435,8 @@ def _forward_kernel(
                 one = _one_row(dlo, dhi, LUT, offset, nlut)
             relk_base = RELK + (bh * NJ + offs_n[None, :]) * R
             s, row = _relative_logits(
-                s, delta, one, allowed, m_ok, n_ok, rel_base, relk_base, LUT, offset, nlut,
-                HAS_REL, HAS_KREL,
+                s, delta, one, allowed, m_ok, n_ok, rel_base, relk_base, dist_base, LUT, offset,
+                nlut, row_base, HAS_REL, HAS_KREL, SHIFTED, BY_DISTANCE, HAS_MASS or HAS_KREL,
             )  # fmt: skip
         if LINEAR:
             s += tl.load(SLOPES + h) * _linear_distance(delta, LINEAR)
@@ -437,14 +469,15 @@ def _forward_kernel(
 @triton.jit
 def _probs_and_dp(
     q, k, v, do, lse, dlt, offs_m, offs_n, m_ok, n_ok, qp, qs, KPOS, KSEG, rel_base, dmass_base,
-    LUT, offset, nlut, scale, seed, p_drop, row_at, NJ, slope, relk_base,
+    LUT, offset, nlut, scale, seed, p_drop, row_at, NJ, slope, relk_base, dist_base, row_base,
     PLAIN: tl.constexpr, CAUSAL: tl.constexpr, HAS_REL: tl.constexpr, HAS_MASS: tl.constexpr,
     HAS_KREL: tl.constexpr, DROPOUT: tl.constexpr, LINEAR: tl.constexpr, PRECISION: tl.constexpr,
-    ONE_ROW: tl.constexpr,
+    ONE_ROW: tl.constexpr, SHIFTED: tl.constexpr, BY_DISTANCE: tl.constexpr,
+    NEED_ROW: tl.constexpr,
 ):  # fmt: skip
     """A tile's probabilities as the output used them (rebuilt from ``lse``, dropout applied),
-    ``dS = p·(dP - dlt)``, the pairs' rows, which may attend, their distances, and the tile's one
-    row (:func:`_one_row`; -1 if none)."""
+    ``dS = p·(dP - dlt)``, the pairs' rows (where ``NEED_ROW`` or the logits read them), which
+    may attend, their distances, and the tile's one row (:func:`_one_row`; -1 if none)."""
     s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale
     delta, allowed, dlo, dhi = _pairs(offs_m, offs_n, m_ok, n_ok, qp, qs, KPOS, KSEG, PLAIN, CAUSAL)
     dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
@@ -454,8 +487,8 @@ def _probs_and_dp(
         if ONE_ROW:
             one = _one_row(dlo, dhi, LUT, offset, nlut)
         s, row = _relative_logits(
-            s, delta, one, allowed, m_ok, n_ok, rel_base, relk_base, LUT, offset, nlut,
-            HAS_REL, HAS_KREL,
+            s, delta, one, allowed, m_ok, n_ok, rel_base, relk_base, dist_base, LUT, offset,
+            nlut, row_base, HAS_REL, HAS_KREL, SHIFTED, BY_DISTANCE, NEED_ROW or HAS_MASS,
         )  # fmt: skip
         if HAS_MASS:
             dp = _add_at_rows(dp, dmass_base, row, one, allowed, m_ok[:, None])
@@ -472,14 +505,15 @@ def _probs_and_dp(
 
 @triton.jit
 def _backward_kv_kernel(
-    Q, K, V, DO, LSE, DLT, QPOS, QSEG, KPOS, KSEG, REL, RELK, SLOPES, LUT, DMASS, DK, DV, DRELK,
+    Q, K, V, DO, LSE, DLT, QPOS, QSEG, KPOS, KSEG, REL, RELK, SLOPES, LUT, DIST, row_base, DMASS,
+    DK, DV, DRELK,
     sqb, sqh, sqi, skb, skh, skj, spq, spk, srb, srh, sri,
     H, NI, NJ, D, R, nlut, offset, scale, seed, p_drop, RANGES, n_ranges,
     BM: tl.constexpr, BN: tl.constexpr, DP: tl.constexpr, RP: tl.constexpr,
     PLAIN: tl.constexpr, CAUSAL: tl.constexpr, HAS_REL: tl.constexpr, HAS_MASS: tl.constexpr,
     HAS_KREL: tl.constexpr, DROPOUT: tl.constexpr, LINEAR: tl.constexpr,
     KREL_GRAD: tl.constexpr, LOOP_ROWS: tl.constexpr, PRECISION: tl.constexpr,
-    ONE_ROW: tl.constexpr,
+    ONE_ROW: tl.constexpr, SHIFTED: tl.constexpr, BY_DISTANCE: tl.constexpr,
 ):  # fmt: skip
     start_n, bh, b, h, offs_n, offs_d, n_ok, d_ok = _program(H, NJ, D, BN, DP)
     k, v = _load_keys(K, V, b, h, offs_n, offs_d, n_ok, d_ok, skb, skh, skj)
@@ -509,8 +543,9 @@ def _backward_kv_kernel(
             q, k, v, do, lse, dlt, offs_m, offs_n, m_ok, n_ok, qp, qs, KPOS + b * spk,
             KSEG + b * spk, REL + b * srb + h * srh + offs_m[:, None] * sri,
             DMASS + row_at[:, None] * R, LUT, offset, nlut, scale, seed, p_drop, row_at, NJ,
-            slope, RELK + (bh * NJ + offs_n[None, :]) * R,
+            slope, RELK + (bh * NJ + offs_n[None, :]) * R, DIST + h * nlut, row_base,
             PLAIN, CAUSAL, HAS_REL, HAS_MASS, HAS_KREL, DROPOUT, LINEAR, PRECISION, ONE_ROW,
+            SHIFTED, BY_DISTANCE, KREL_GRAD,
         )  # fmt: skip
         dv += tl.dot(tl.trans(p.to(q.dtype)), do, input_precision=PRECISION)
         dk += tl.dot(tl.trans(ds.to(q.dtype)), q, input_precision=PRECISION)
@@ -535,15 +570,15 @@ def _backward_kv_kernel(
 
 @triton.jit
 def _backward_q_kernel(
-    Q, K, V, DO, LSE, DLT, QPOS, QSEG, KPOS, KSEG, REL, RELK, SLOPES, LUT, DMASS, DQ, DREL,
-    DSLOPE,
+    Q, K, V, DO, LSE, DLT, QPOS, QSEG, KPOS, KSEG, REL, RELK, SLOPES, LUT, DIST, row_base, DMASS,
+    DQ, DREL, DSLOPE,
     sqb, sqh, sqi, skb, skh, skj, spq, spk, srb, srh, sri,
     H, NI, NJ, D, R, nlut, offset, scale, seed, p_drop, RANGES, n_ranges,
     BM: tl.constexpr, BN: tl.constexpr, DP: tl.constexpr, RP: tl.constexpr,
     PLAIN: tl.constexpr, CAUSAL: tl.constexpr, HAS_REL: tl.constexpr, HAS_MASS: tl.constexpr,
     HAS_KREL: tl.constexpr, DROPOUT: tl.constexpr, LINEAR: tl.constexpr, REL_GRAD: tl.constexpr,
     LOOP_ROWS: tl.constexpr, SLOPE_GRAD: tl.constexpr, PRECISION: tl.constexpr,
-    ONE_ROW: tl.constexpr,
+    ONE_ROW: tl.constexpr, SHIFTED: tl.constexpr, BY_DISTANCE: tl.constexpr,
 ):  # fmt: skip
     start_m, bh, b, h, offs_m, offs_d, m_ok, d_ok = _program(H, NI, D, BM, DP)
     q, qp, qs = _load_queries(Q, QPOS, QSEG, b, h, offs_m, offs_d, m_ok, d_ok, sqb, sqh, sqi, spq)
@@ -565,8 +600,9 @@ def _backward_q_kernel(
             q, k, v, do, lse, dlt, offs_m, offs_n, m_ok, n_ok, qp, qs, KPOS + b * spk,
             KSEG + b * spk, REL + b * srb + h * srh + offs_m[:, None] * sri,
             DMASS + row_at[:, None] * R, LUT, offset, nlut, scale, seed, p_drop, row_at, NJ,
-            slope, RELK + (bh * NJ + offs_n[None, :]) * R,
+            slope, RELK + (bh * NJ + offs_n[None, :]) * R, DIST + h * nlut, row_base,
             PLAIN, CAUSAL, HAS_REL, HAS_MASS, HAS_KREL, DROPOUT, LINEAR, PRECISION, ONE_ROW,
+            SHIFTED, BY_DISTANCE, REL_GRAD,
         )  # fmt: skip
         dq += tl.dot(ds.to(q.dtype), k, input_precision=PRECISION)
         if SLOPE_GRAD:
@@ -671,7 +707,8 @@ class _RelativeFlash(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, rel, relk, slopes, geometry, want_mass):
-        qpos, qseg, kpos, kseg, lut, offset, causal, plain, r, p_drop, seed, linear = geometry
+        qpos, qseg, kpos, kseg, lut, offset, causal, plain = geometry[:8]
+        r, p_drop, seed, linear, dist, row_base = geometry[8:]
         b, h, i, d = q.shape
         j = k.shape[2]
         bm, bn, warps = _blocks(q.device, q.dtype)
@@ -681,16 +718,18 @@ class _RelativeFlash(torch.autograd.Function):
         lse = q.new_empty(b, h, i, dtype=torch.float32)
         mass = q.new_zeros(b, h, i, r if want_mass else 0, dtype=torch.float32)
         tables = [t if t is not None else out for t in (rel, relk, slopes)]  # None: never read
+        rows_from = _rows_from(lut, dist, row_base, out)
         q_ranges = _ranges(geometry, b, bm, bn, queries=True)
         _launch(
             _forward_kernel, (triton.cdiv(i, bm), b * h),
-            q, k, v, qpos, qseg, kpos, kseg, *tables, lut, out, lse, mass,
+            q, k, v, qpos, qseg, kpos, kseg, *tables, *rows_from, out, lse, mass,
             *_strides(q, k, qpos, kpos, rel),
             h, i, j, d, r, lut.shape[1], offset, 1.0 / math.sqrt(d), seed, p_drop, q_ranges,
             q_ranges.shape[1],
             BM=bm, BN=bn, DP=dp, RP=rp, PLAIN=plain, CAUSAL=causal, HAS_REL=rel is not None,
             HAS_MASS=want_mass, HAS_KREL=relk is not None, DROPOUT=p_drop > 0, LINEAR=linear,
-            PRECISION=_precision(q), ONE_ROW=one_row, num_warps=warps,
+            PRECISION=_precision(q), ONE_ROW=one_row, SHIFTED=row_base is not None,
+            BY_DISTANCE=dist is not None, num_warps=warps,
         )  # fmt: skip
         ctx.save_for_backward(q, k, v, rel, relk, slopes, out, lse, mass, q_ranges)
         # q_ranges are cut for these tiles: the backward pass keeps them (launch_config or not).
@@ -702,7 +741,8 @@ class _RelativeFlash(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dout, dmass):
         q, k, v, rel, relk, slopes, out, lse, mass, q_ranges = ctx.saved_tensors
-        qpos, qseg, kpos, kseg, lut, offset, causal, plain, r, p_drop, seed, linear = ctx.geometry
+        qpos, qseg, kpos, kseg, lut, offset, causal, plain = ctx.geometry[:8]
+        r, p_drop, seed, linear, dist, row_base = ctx.geometry[8:]
         b, h, i, d = q.shape
         j = k.shape[2]
         dp, rp, loop_rows = _padded(q, r)
@@ -726,6 +766,7 @@ class _RelativeFlash(torch.autograd.Function):
         dk = q.new_empty(b, h, j, d, dtype=torch.float32)
         dv = torch.empty_like(dk)
         tables = [t if t is not None else out for t in (rel, relk, slopes)]  # None: never read
+        tables += _rows_from(lut, dist, row_base, out)
         strides = _strides(q, k, qpos, kpos, rel)
         common = (h, i, j, d, r, lut.shape[1], offset, 1.0 / math.sqrt(d), seed, p_drop)
         k_ranges = _ranges(ctx.geometry, b, bm, bn, queries=False)
@@ -733,16 +774,17 @@ class _RelativeFlash(torch.autograd.Function):
             BM=bm, BN=bn, DP=dp, RP=rp if loop_rows else 16, PLAIN=plain, CAUSAL=causal,
             HAS_REL=rel is not None, HAS_MASS=has_mass, HAS_KREL=relk is not None,
             DROPOUT=p_drop > 0, LINEAR=linear, LOOP_ROWS=loop_rows, PRECISION=_precision(q),
-            ONE_ROW=one_row, num_warps=warps,
+            ONE_ROW=one_row, SHIFTED=row_base is not None, BY_DISTANCE=dist is not None,
+            num_warps=warps,
         )  # fmt: skip
         _launch(
             _backward_kv_kernel, (triton.cdiv(j, bn), b * h),
-            q, k, v, dout, lse, dlt, qpos, qseg, kpos, kseg, *tables, lut, dmass, dk, dv, drelk,
+            q, k, v, dout, lse, dlt, qpos, qseg, kpos, kseg, *tables, dmass, dk, dv, drelk,
             *strides, *common, k_ranges, k_ranges.shape[1], KREL_GRAD=relk_grad, **flags,
         )  # fmt: skip
         _launch(
             _backward_q_kernel, (triton.cdiv(i, bm), b * h),
-            q, k, v, dout, lse, dlt, qpos, qseg, kpos, kseg, *tables, lut, dmass, dq, drel,
+            q, k, v, dout, lse, dlt, qpos, qseg, kpos, kseg, *tables, dmass, dq, drel,
             dslope, *strides, *common, q_ranges, q_ranges.shape[1], REL_GRAD=rel_grad,
             SLOPE_GRAD=slope_grad, **flags,
         )  # fmt: skip
@@ -759,6 +801,11 @@ class _RelativeFlash(torch.autograd.Function):
             None,
             None,
         )
+
+
+def _rows_from(lut: Tensor, dist: Tensor | None, row_base: int | None, unread: Tensor) -> tuple:
+    """The kernels' ``LUT, DIST, row_base`` arguments (``unread`` for an absent table)."""
+    return lut, unread if dist is None else dist, 0 if row_base is None else row_base
 
 
 def _strides(q: Tensor, k: Tensor, qpos: Tensor, kpos: Tensor, rel: Tensor | None) -> tuple:
@@ -803,6 +850,7 @@ def relative_flash_attention(
     slopes: Tensor | None = None,
     symmetric: bool = False,
     relk: Tensor | None = None,
+    row_base: int | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Attention with a relative logit table, fused (see the module docstring).
 
@@ -825,6 +873,11 @@ def relative_flash_attention(
             ``-slope_h·|δ|`` when ``symmetric``; differentiable (learned slopes).
         relk: float32 ``(b, h, j, R)``, a logit term of each key and relative row, read by every
             query at its pair's row (DeBERTa's position-to-content term), or None.
+        row_base: where ``lut[x] = x + row_base`` for every entry (clipped distances, with
+            ``lut`` cut at the clip: :attr:`~relpos.schemes.RelativeScheme.distance_clip`), the
+            kernels compute each row instead of reading it; None reads ``lut``. A ``rel`` shared
+            by every query (``(1, h, 1, R)``) without ``relk`` is read per distance instead
+            (``rel[..., lut]``, built here): one load per pair either way. Neither with ``mass``.
 
     Returns:
         ``(out, mass)``: float32 ``(b, h, i, d)`` and float32 ``(b, h, i, R)`` (``(b, h, i, 0)``
@@ -844,6 +897,11 @@ def relative_flash_attention(
         raise ValueError("lut must have at least one entry, got shape (0,)")
     if not 0.0 <= dropout_p < 1.0:
         raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
+    if row_base is not None and not 0 <= row_base <= rows - lut.numel():
+        raise ValueError(
+            f"row_base must be in [0, rows - lut.numel()] = [0, {rows - lut.numel()}] (its rows "
+            f"row_base..row_base + {lut.numel() - 1} within rows={rows}), got {row_base}"
+        )
     tables = [t for t in (rel, relk) if t is not None and t.requires_grad]
     if rows > MAX_LOOP_ROWS and tables and torch.is_grad_enabled():
         _alert_atomic_row_sums(rows)
@@ -862,12 +920,34 @@ def relative_flash_attention(
         float(dropout_p),
         int(seed),
         0 if slopes is None else (2 if symmetric else 1),
+        *_one_load_form(rel, relk, mass, lut, row_base),
     )
     q, k, v = (t.contiguous() for t in (q, k, v))
     rel = None if rel is None else rel.contiguous()  # the kernels read its rows with stride 1
     slopes = None if slopes is None else slopes.float().contiguous()
     relk = None if relk is None else relk.float().contiguous()
     return _RelativeFlash.apply(q, k, v, rel, relk, slopes, geometry, want_mass)
+
+
+def _one_load_form(
+    rel: Tensor | None, relk: Tensor | None, mass: bool, lut: Tensor, row_base: int | None
+) -> tuple[Tensor | None, int | None]:
+    """``(dist, row_base)``: how the kernels read a pair's logit in one load (see
+    :func:`relative_flash_attention`'s ``row_base``): a shared ``rel`` per distance (``dist``,
+    float32 ``(h, n)``, read for the logits only: the gradient still sums by row), or the rows
+    computed from ``row_base``; ``(None, None)`` under :func:`launch_config`'s ``lut_only``.
+
+    Not with ``mass``: the value term's row sums then spill more registers than the table's
+    loads save, for Shaw's keys and values on sm_90 (``python -m relpos.kernels.aot --variants
+    shaw-values``, with and without ``--lut-only``)."""
+    if _config["lut_only"] or mass:
+        return None, None
+    if row_base is not None:
+        return None, int(row_base)
+    shared = rel is not None and rel.shape[0] == 1 and rel.shape[2] == 1
+    if not shared or relk is not None:
+        return None, None
+    return rel.detach()[0, :, 0].float().index_select(-1, lut.long()).contiguous(), None
 
 
 def lut_with_runs(lut: Tensor) -> Tensor:

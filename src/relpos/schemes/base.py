@@ -57,7 +57,7 @@ from __future__ import annotations
 import dataclasses
 from abc import abstractmethod
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NamedTuple
 
 import torch
 from torch import Tensor, nn
@@ -75,6 +75,7 @@ __all__ = [
     "SCHEMES",
     "DecayBiasScheme",
     "DistanceBiasScheme",
+    "DistanceClip",
     "LinearBiasScheme",
     "PairBiasScheme",
     "RelativeScheme",
@@ -245,6 +246,17 @@ class Scheme(nn.Module):
         )
 
 
+class DistanceClip(NamedTuple):
+    """Where a :class:`RelativeScheme`'s rows stop changing with the distance ``δ = p_j - p_i``:
+    every ``δ < lo`` reads ``lo``'s row and every ``δ > hi`` reads ``hi``'s. With ``shifted``,
+    the row of ``δ`` in ``[lo, hi]`` is ``δ - lo`` itself (a clipped distance: Shaw's, the Music
+    Transformer's, Transformer-XL's), so a kernel computes it instead of looking it up."""
+
+    lo: int
+    hi: int
+    shifted: bool = False
+
+
 class RelativeScheme(Scheme):
     """A scheme whose terms depend on each pair only through its *relative row* ``r`` in
     ``[0, R)`` (a clipped distance, a bucket): the contract of the fast backends.
@@ -280,6 +292,13 @@ class RelativeScheme(Scheme):
     @abstractmethod
     def relative_index(self, q_positions: Positions, k_positions: Positions) -> Tensor:
         """Relative row of every pair, ``(b|1, i, j)`` int64 in ``[0, R)``."""
+
+    @property
+    def distance_clip(self) -> DistanceClip | None:
+        """The distances past which the rows repeat (:class:`DistanceClip`), or None where not
+        declared. The ``fused`` kernel then keeps a table of at most ``hi - lo + 1`` distances
+        (it clamps the rest to the ends), and with ``shifted`` reads no table at all."""
+        return None
 
     def rows_by_distance(
         self, lo: int, hi: int, device: torch.device | str | None = None

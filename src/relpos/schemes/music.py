@@ -12,7 +12,7 @@ from torch import Tensor, nn
 from ..functional.dtypes import compute_dtype
 from ..functional.skew import gather_relative, skew
 from ..positions import Positions
-from .base import RelativeScheme, SchemeConfig, check_int, register
+from .base import DistanceClip, RelativeScheme, SchemeConfig, check_int, register
 
 __all__ = ["MusicConfig", "MusicRelative"]
 
@@ -86,6 +86,12 @@ class MusicRelative(RelativeScheme):
     def num_relative(self) -> int:
         """Rows ``R`` of ``Er``: ``M+1`` (causal) or ``2M+1``."""
         return self.table.shape[1]
+
+    @property
+    def distance_clip(self) -> DistanceClip:
+        """Rows are the distance clipped to ``-M..0`` (causal) or ``±M``, plus ``M``."""
+        m = self.config.max_distance
+        return DistanceClip(-m, 0 if self.causal else m, shifted=True)
 
     def relative_index(self, q_positions: Positions, k_positions: Positions) -> Tensor:
         """Row of ``Er`` for every pair, ``(b|1, i, j)`` int64 in ``[0, R)``."""

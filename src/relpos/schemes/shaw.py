@@ -12,7 +12,7 @@ from torch import Tensor, nn
 from ..functional.dtypes import compute_dtype
 from ..functional.relative import clipped_relative_index
 from ..positions import Positions
-from .base import RelativeScheme, SchemeConfig, check_int, register
+from .base import DistanceClip, RelativeScheme, SchemeConfig, check_int, register
 
 __all__ = ["ShawConfig", "ShawRelative"]
 
@@ -65,6 +65,12 @@ class ShawRelative(RelativeScheme):
     def num_relative(self) -> int:
         """Rows ``R = 2k+1`` of the relative tables."""
         return 2 * self.config.max_distance + 1
+
+    @property
+    def distance_clip(self) -> DistanceClip:
+        """Rows are the distance clipped to ``±k``, plus ``k``."""
+        k = self.config.max_distance
+        return DistanceClip(-k, k, shifted=True)
 
     def relative_index(self, q_positions: Positions, k_positions: Positions) -> Tensor:
         """Table row of every pair, ``(b|1, i, j)``: the distance clipped to ``±k``, plus ``k``."""

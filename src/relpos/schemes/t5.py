@@ -10,7 +10,7 @@ from torch import Tensor, nn
 from ..functional.dtypes import compute_dtype
 from ..functional.t5 import t5_buckets
 from ..positions import Positions
-from .base import RelativeScheme, SchemeConfig, check_int, register
+from .base import DistanceClip, RelativeScheme, SchemeConfig, check_int, register
 from .heads import check_heads_field, head_selection, select_heads
 
 __all__ = ["T5Bias", "T5Config"]
@@ -82,6 +82,13 @@ class T5Bias(RelativeScheme):
     def num_relative(self) -> int:
         """Number of buckets ``R``."""
         return self.config.num_buckets
+
+    @property
+    def distance_clip(self) -> DistanceClip:
+        """Every distance from ``max_distance`` on shares its direction's last bucket; causal
+        bucketing puts every key after the query in bucket 0, the bucket of distance 0."""
+        m = self.config.max_distance
+        return DistanceClip(-m, 0 if self.causal else m)
 
     def relative_index(self, q_positions: Positions, k_positions: Positions) -> Tensor:
         """Bucket of every pair, ``(b|1, i, j)`` int64 in ``[0, R)``."""

@@ -13,7 +13,7 @@ from ..functional.dtypes import compute_dtype
 from ..functional.relative import table_rows
 from ..functional.sinusoidal import sinusoidal_table
 from ..positions import Positions
-from .base import RelativeScheme, SchemeConfig, check_int, register
+from .base import DistanceClip, RelativeScheme, SchemeConfig, check_int, register
 
 __all__ = ["TransformerXL", "TransformerXLConfig"]
 
@@ -79,6 +79,12 @@ class TransformerXL(RelativeScheme):
     def num_relative(self) -> int:
         """Rows: ``M+1`` (causal, distances ``-M..0``) or ``2M+1``."""
         return self.encodings.shape[0]
+
+    @property
+    def distance_clip(self) -> DistanceClip:
+        """Rows are the distance clipped to ``-M..0`` (causal) or ``±M``, plus ``M``."""
+        m = self.config.max_distance
+        return DistanceClip(-m, 0 if self.causal else m, shifted=True)
 
     def relative_index(self, q_positions: Positions, k_positions: Positions) -> Tensor:
         """Row of every pair, ``(b|1, i, j)`` int64: the clipped ``p_j - p_i`` plus ``M``."""
