@@ -3,11 +3,11 @@ forward+backward time against flash SDPA with no positions, measured in the same
 (docs/performance.md, "fused").
 
     PYTHONPATH=src python benchmarks/fused_tiles.py --out DIR [--lengths 4096] [--tokens 16384]
-        [--schemes alibi,t5,shaw,music] [--configs 64x4,64x4+one,64x4+lut,64x8,32x4]
+        [--schemes alibi,t5,shaw,music] [--configs 64x4,64x4+one,64x4+unmasked,64x4+lut,64x8,32x4]
         [--device cuda]
 
-For each scheme, length and candidate (``TILExWARPS``, ``+one`` for ``one_row``, ``+lut`` for
-``lut_only``: ``relative_attention.launch_config``),
+For each scheme, length and candidate (``TILExWARPS``, ``+one`` for ``one_row``, ``+unmasked``
+for ``unmasked``, ``+lut`` for ``lut_only``: ``relative_attention.launch_config``),
 causal, ``B·L = tokens``, bf16 on CUDA: the first call (it compiles), then ``--repeats`` passes
 alternated run by run with SDPA (``relpos bench``'s paired timing; the ratio is the median of
 the run-by-run ratios) and, on CUDA, the peak memory of one pass beside SDPA's. A candidate that
@@ -33,9 +33,9 @@ from relpos.attention.fused import fused_supports
 from relpos.cli import bench
 from relpos.kernels.relative_attention import launch_config
 
-DEFAULT_CONFIGS = "64x4,64x4+one,64x4+lut,64x8,32x4"
+DEFAULT_CONFIGS = "64x4,64x4+one,64x4+unmasked,64x4+lut,64x8,32x4"
 #: A candidate's options after ``+``, as ``launch_config``'s keywords.
-OPTIONS = {"one": "one_row", "lut": "lut_only"}
+OPTIONS = {"one": "one_row", "lut": "lut_only", "unmasked": "unmasked"}
 
 
 def _config(text: str) -> tuple[int, int, dict[str, bool]]:
@@ -43,7 +43,7 @@ def _config(text: str) -> tuple[int, int, dict[str, bool]]:
     tile, _, warps = shape.partition("x")
     if not (tile.isdigit() and warps.isdigit()) or not set(options) <= OPTIONS.keys():
         raise argparse.ArgumentTypeError(
-            f"a candidate is TILExWARPS[+one][+lut] (e.g. 64x8, 64x4+one), got {text!r}"
+            f"a candidate is TILExWARPS[+one][+lut][+unmasked] (e.g. 64x8, 64x4+one), got {text!r}"
         )
     try:
         with launch_config(int(tile), int(warps)):  # its checks of both

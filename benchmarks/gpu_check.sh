@@ -26,7 +26,7 @@ PY=${PYTHON:-python3}
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 # Within the device tool's 600 s a command: phase 1 takes max(TEST_S, TRAIN_S + eval).
 TEST_S=${TEST_S:-240} TRAIN_S=${TRAIN_S:-210} TILES_S=${TILES_S:-90} BENCH_S=${BENCH_S:-230}
-TILE_CONFIGS=${TILE_CONFIGS:-64x4,64x4+one,64x4+lut,64x8,32x4}  # benchmarks/fused_tiles.py candidates
+TILE_CONFIGS=${TILE_CONFIGS:-64x4,64x4+one,64x4+unmasked,64x4+lut,64x8,32x4}  # benchmarks/fused_tiles.py candidates
 WORKERS=${WORKERS:-8}  # 0: no pytest-xdist
 LENGTHS=${LENGTHS:-1024,4096,16384}  # ascending: each L estimates the next one's time
 TOKENS=${TOKENS:-16384}

@@ -52,7 +52,8 @@ def _compile(tmp_path: Path, *flags: str) -> list[dict]:
     [
         ("90", "64", "bfloat16", ()),  # the large tiles: H100 (and A100)
         ("89", "32", "bfloat16", ()),  # the small ones: RTX 4090, L4, L40 (and sm_86)
-        ("90", "64", "bfloat16", ("--one-row",)),  # launch_config(one_row=True)
+        # launch_config's untimed options, compiled together
+        ("90", "64", "bfloat16", ("--one-row", "--unmasked")),
         pytest.param("80,90", "32", "float32", (), marks=pytest.mark.slow),
         pytest.param("80", "64,32", "float16", (), marks=pytest.mark.slow),
     ],

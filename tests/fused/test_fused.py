@@ -89,6 +89,15 @@ def _assert_close(got, want, tol, what):
     torch.testing.assert_close(got.double(), want.double(), atol=tol, rtol=tol, msg=what)
 
 
+def _assert_all_close(got, want, tol, what):
+    """Outputs and gradients, pairwise (a gradient None on one side is None on the other)."""
+    for t, (g, w) in enumerate(zip(got, want, strict=True)):
+        if w is None:
+            assert g is None, f"{what}: tensor {t}"
+            continue
+        _assert_close(g, w, tol, f"{what}: tensor {t}")
+
+
 def _eager_cases() -> list:
     """Every spec × layout × direction; the default run keeps two per spec, rotating through the
     layouts so that every layout and direction is covered (``-m slow``: the rest; the
@@ -293,11 +302,7 @@ def test_one_row_tiles_give_the_same_numbers(spec, layout):
         with launch_config(tile=32, one_row=True):
             out = fused_attention(q, k, v, scheme, qp, kp, causal=causal)
             got = (out, *_grads(out, scheme, q, k, v, grad_out))
-        for t, (g, w) in enumerate(zip(got, want, strict=True)):
-            if w is None:
-                assert g is None
-                continue
-            _assert_close(g, w, 1e-5, f"{spec_id(spec)} {layout} causal={causal}: tensor {t}")
+        _assert_all_close(got, want, 1e-5, f"{spec_id(spec)} {layout} causal={causal}")
 
 
 @pytest.mark.parametrize("spec", RELATIVE_SPECS, ids=spec_id)
@@ -307,9 +312,9 @@ def test_one_load_forms_match_the_table_path(spec):
     per distance (``BY_DISTANCE``: T5). The kernels are launched so (recorded), and give the
     numbers of the path that reads the row from ``lut`` and then the logit
     (``launch_config(lut_only=True)``), outputs and every gradient, on sequences past the clip,
-    plain and packed."""
+    plain and packed. In half precision: float32 keeps the table path (its shared memory)."""
     for layout, causal in (("plain", True), ("packed", False)):
-        scheme, q, k, v, qp, kp = _case(spec, layout, causal, 6, n=50)
+        scheme, q, k, v, qp, kp = _case(spec, layout, causal, 6, n=50, dtype=torch.float16)
         clip, mass = scheme.distance_clip, "value_term" in scheme.hooks  # mass: the lut path
         shifted = clip is not None and clip.shifted and not mass
         by_distance = scheme.query_independent and not {"value_term", "key_bias"} & scheme.hooks
@@ -320,17 +325,41 @@ def test_one_load_forms_match_the_table_path(spec):
             flags = runs[0].constexprs
             assert flags["SHIFTED"] == (shifted and not lut_only)
             assert flags["BY_DISTANCE"] == (by_distance and not lut_only)
+            with torch.no_grad(), recorded_launches() as runs:  # float32: the table path
+                fused_attention(q.float(), k.float(), v.float(), scheme, qp, kp, causal=causal)
+            assert not runs[0].constexprs["SHIFTED"] and not runs[0].constexprs["BY_DISTANCE"]
         grad_out = torch.randn(*q.shape, device=DEVICE)
         results = []
         for lut_only in (False, True):
             with launch_config(lut_only=lut_only):
                 out = fused_attention(q, k, v, scheme, qp, kp, causal=causal)
                 results.append((out, *_grads(out, scheme, q, k, v, grad_out)))
-        for t, (g, w) in enumerate(zip(*results, strict=True)):
-            if w is None:
-                assert g is None
-                continue
-            _assert_close(g, w, 1e-6, f"{spec_id(spec)} {layout}: tensor {t}")
+        _assert_all_close(*results, 1e-3, f"{spec_id(spec)} {layout}")
+
+
+@pytest.mark.parametrize("spec", FUSED_SPECS, ids=spec_id)
+def test_unmasked_tiles_give_the_same_numbers(spec):
+    """``launch_config(unmasked=True)`` runs the tiles every pair of which may attend (plain
+    positions: whole tiles, in the causal past) in a loop that checks nothing per pair: outputs
+    and every gradient as the checked loop gives them, causal and bidirectional, with dropout
+    for one spec (its mask is drawn per pair, whichever loop draws it)."""
+    n, tile = 70, 32  # two whole query blocks: unmasked tiles both ways
+    for causal in (True, False):
+        scheme, q, k, v, qp, kp = _case(spec, "plain", causal, 8, n=n)
+        p_drop = 0.3 if spec == FUSED_SPECS[0] else 0.0
+        grad_out = torch.randn(*q.shape, device=DEVICE)
+        results = []
+        for unmasked in (False, True):
+            with launch_config(tile=tile, unmasked=unmasked):
+                with torch.no_grad(), recorded_launches() as runs:
+                    fused_attention(q, k, v, scheme, qp, kp, causal=causal)
+                assert runs[0].constexprs["UNMASKED"] == unmasked
+                torch.manual_seed(9)  # the dropout seed
+                out = fused_attention(
+                    q, k, v, scheme, qp, kp, causal=causal, dropout_p=p_drop, training=p_drop > 0
+                )
+                results.append((out, *_grads(out, scheme, q, k, v, grad_out)))
+        _assert_all_close(*results, 1e-5, f"{spec_id(spec)} causal={causal}")
 
 
 def test_queries_with_no_key_get_zeros_and_finite_gradients():

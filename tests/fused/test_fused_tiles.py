@@ -35,6 +35,7 @@ def test_every_candidate_is_timed_against_sdpa(tmp_path):
     assert _script().main(argv) == 0
     rows = json.loads((tmp_path / "tiles.json").read_text())
     got = [(r["scheme"], r["tile"], r["warps"], r["one_row"], r["lut_only"]) for r in rows]
+    assert not any(r["unmasked"] for r in rows)
     assert got == [
         ("t5", 32, 4, False, False),
         ("t5", 16, 2, True, True),
@@ -53,7 +54,7 @@ def test_every_candidate_is_timed_against_sdpa(tmp_path):
     [
         (["--configs", "48x4"], "tile must be 16, 32, 64 or 128"),
         (["--configs", "64"], "TILExWARPS"),
-        (["--configs", "64x4+two"], "TILExWARPS[+one][+lut]"),
+        (["--configs", "64x4+two"], "TILExWARPS[+one][+lut][+unmasked]"),
         (["--schemes", "kerple"], "does not run kerple"),
         (["--schemes", "bogus"], "unknown scheme"),
     ],

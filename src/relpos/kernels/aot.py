@@ -9,7 +9,7 @@ on ``meta`` tensors by :func:`~.relative_attention.recorded_launches`.
 .. code-block:: text
 
     python -m relpos.kernels.aot --arch 80,90 --tile 64 --dtype bfloat16 [--warps 4,8]
-                                 [--one-row] [--lut-only] [--check] [--json F]
+                                 [--one-row] [--lut-only] [--unmasked] [--check] [--json F]
 
 ``--check`` exits 1 when a kernel needs more shared memory than
 :data:`~.relative_attention.SHARED_BUDGET` allows its tile and dtype
@@ -105,11 +105,12 @@ def variant_launches(
     n: int = 256,
     one_row: bool = False,
     lut_only: bool = False,
+    unmasked: bool = False,
 ) -> list[Launch]:
     """The launches of one forward and backward pass of ``variant`` (a key of :data:`VARIANTS`)
     with ``dtype`` inputs of head dim ``d`` and ``n`` tokens, ``tile``-square tiles and ``warps``
     warps (None: the kernels' default for ``dtype``, :func:`~.relative_attention.warp_count`), and
-    ``one_row`` and ``lut_only`` (:func:`~.relative_attention.launch_config`)."""
+    ``one_row``, ``lut_only`` and ``unmasked`` (:func:`~.relative_attention.launch_config`)."""
     spec = dict(VARIANTS[variant])
     rows, rel = spec.pop("rows"), spec.pop("rel", None)
     b, h = 2, 4
@@ -127,7 +128,7 @@ def variant_launches(
     spec.setdefault("causal", True)
     spec.setdefault("plain", True)
     spec["dropout_p"] = spec.pop("dropout", 0.0)
-    config = launch_config(tile, warps, one_row=one_row, lut_only=lut_only)
+    config = launch_config(tile, warps, one_row=one_row, lut_only=lut_only, unmasked=unmasked)
     with config, recorded_launches() as launches:
         out, mass = relative_flash_attention(
             q, k, v, table, lut, rows // 2, pos, pos, pos, pos, rows=rows, seed=1,
@@ -194,12 +195,14 @@ def report(
     warps: tuple[int | None, ...] = (None,),
     one_row: bool = False,
     lut_only: bool = False,
+    unmasked: bool = False,
 ) -> list[KernelReport]:
     """Every kernel of every variant × dtype × tile × warps × architecture, compiled."""
     rows = []
     for variant, dtype, tile, w in itertools.product(variants, dtypes, tiles, warps):
         name = str(dtype).removeprefix("torch.")
-        launches = variant_launches(variant, dtype, tile, w, one_row=one_row, lut_only=lut_only)
+        options = dict(one_row=one_row, lut_only=lut_only, unmasked=unmasked)
+        launches = variant_launches(variant, dtype, tile, w, **options)
         for arch, launch in itertools.product(arches, launches):
             found = compile_launch(launch, arch)
             kernel = launch.kernel.__name__
@@ -228,6 +231,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--variants", default=",".join(VARIANTS), help="keys of VARIANTS")
     parser.add_argument("--one-row", action="store_true", help="with launch_config(one_row=True)")
     parser.add_argument("--lut-only", action="store_true", help="with launch_config(lut_only=True)")
+    parser.add_argument("--unmasked", action="store_true", help="with launch_config(unmasked=True)")
     parser.add_argument("--check", action="store_true", help="exit 1 past SHARED_BUDGET")
     parser.add_argument("--json", type=Path, help="also write the rows to this file")
     args = parser.parse_args(argv)
@@ -253,7 +257,7 @@ def main(argv: list[str] | None = None) -> int:
     arches = [int(a) for a in _list(args.arch)]
     rows = report(
         _list(args.variants), dtypes, tiles, arches, warps, one_row=args.one_row,
-        lut_only=args.lut_only,
+        lut_only=args.lut_only, unmasked=args.unmasked,
     )  # fmt: skip
     over = over_budget(rows)
     print("variant               dtype     tile warps  sm  kernel               shared  regs spill")

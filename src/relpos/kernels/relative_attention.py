@@ -45,7 +45,9 @@ entry, two dependent loads (which the profile on an H100 found the table schemes
 ``lut`` stops where the scheme's rows stop changing, so it is short whatever the length.
 
 Plain positions (one contiguous sequence per batch row, queries = keys) read ``p_j - p_i`` as
-``j - i`` and skip the causal future's tiles.
+``j - i`` and skip the causal future's tiles; with ``launch_config(unmasked=True)`` the tiles
+every pair of which may attend run in a loop of their own that checks nothing per pair. The
+softmax runs in base 2 (``exp2``; the logits times ``log2(e)``).
 
 With ``TRITON_INTERPRET=1`` the kernels run in Triton's interpreter on CPU tensors (slowly: the
 test suite checks them so on machines without a GPU).
@@ -94,11 +96,14 @@ INTERPRETED = interpreted()
 MAX_LOOP_ROWS = 128
 #: The shared memory (bytes) any of the kernels needs at most, per square tile size and dtype
 #: class: compiled for sm_80 and sm_90 by Triton 3.6 and 3.9 (``python -m relpos.kernels.aot``;
-#: ``tests/fused/test_compile.py`` keeps every variant within it). float32's 64 KiB (the Music
-#: Transformer's queries' backward kernel) is what the smallest GPUs Triton runs on grant a block.
-SHARED_BUDGET = {(64, "half"): 120 * 1024, (32, "half"): 48 * 1024, (32, "float32"): 64 * 1024}
+#: ``tests/fused/test_compile.py`` keeps every variant within it).
+SHARED_BUDGET = {(64, "half"): 120 * 1024, (32, "half"): 48 * 1024, (32, "float32"): 60 * 1024}
 #: Tiles in the interpreter: test shapes span several; fewer, larger ones cost it less time.
 _INTERPRETED_BLOCK = 32
+#: The kernels' softmax runs in base 2 (``exp2``, the GPU's native exponential): logits times
+#: ``log2(e)``, folded into the products' scale and each added term.
+LOG2E = tl.constexpr(1.4426950408889634)
+LN2 = tl.constexpr(0.6931471805599453)
 
 
 def tile_size(dtype: torch.dtype, shared: int | None) -> int:
@@ -138,7 +143,7 @@ class Launch(NamedTuple):
 
 _recording: list[Launch] | None = None
 _config: dict[str, int | bool | None] = {
-    "tile": None, "num_warps": None, "one_row": False, "lut_only": False
+    "tile": None, "num_warps": None, "one_row": False, "lut_only": False, "unmasked": False
 }  # fmt: skip
 
 
@@ -149,20 +154,27 @@ def launch_config(
     *,
     one_row: bool = False,
     lut_only: bool = False,
+    unmasked: bool = False,
 ) -> Iterator[None]:
     """Within it the kernels use ``tile``-square tiles and ``num_warps`` warps whatever the
     device (None keeps the default: :func:`tile_size`, :func:`warp_count`); with ``one_row``
-    they read a tile whose distances share one relative row once (:func:`_one_row`; built, not
-    yet timed on a GPU, so off by default), and with ``lut_only`` every pair's row from ``lut``
-    and then its logit (two dependent loads) even where :func:`relative_flash_attention` has a
-    one-load form (``row_base``, a shared table): for benchmarks and :mod:`relpos.kernels.aot`
-    to compare them. Not thread-safe."""
+    they read a tile whose distances share one relative row once (:func:`_one_row`), with
+    ``unmasked`` they run the tiles every pair of which may attend (plain positions) in a loop
+    of their own that checks nothing per pair (:func:`_pairs`), and with ``lut_only`` they read
+    every pair's row from ``lut`` and then its logit (two dependent loads) even where
+    :func:`relative_flash_attention` has a one-load form (``row_base``, a shared table): for
+    benchmarks and :mod:`relpos.kernels.aot` to compare them. ``one_row`` and ``unmasked`` are
+    built and tested but not yet timed on a GPU, so off by default (``unmasked`` takes more
+    registers in some kernels: ``aot --unmasked``). Not thread-safe."""
     if tile is not None and tile not in (16, 32, 64, 128):
         raise ValueError(f"tile must be 16, 32, 64 or 128, got {tile}")
     if num_warps is not None and num_warps not in (1, 2, 4, 8, 16):
         raise ValueError(f"num_warps must be 1, 2, 4, 8 or 16, got {num_warps}")
     before = dict(_config)
-    _config.update(tile=tile, num_warps=num_warps, one_row=bool(one_row), lut_only=bool(lut_only))
+    _config.update(
+        tile=tile, num_warps=num_warps, one_row=bool(one_row), lut_only=bool(lut_only),
+        unmasked=bool(unmasked),
+    )  # fmt: skip
     try:
         yield
     finally:
@@ -194,16 +206,22 @@ def _launch(kernel, grid: tuple, *args, num_warps: int, **constexprs) -> None:
 
 @triton.jit
 def _pairs(
-    offs_m, offs_n, m_ok, n_ok, qp, qs, KPOS, KSEG, PLAIN: tl.constexpr, CAUSAL: tl.constexpr
-):
+    offs_m, offs_n, m_ok, n_ok, qp, qs, KPOS, KSEG, PLAIN: tl.constexpr, CAUSAL: tl.constexpr,
+    MASKED: tl.constexpr,
+):  # fmt: skip
     """``(delta, allowed, lo, hi)`` of a tile: ``p_j - p_i``, which pairs may attend, and bounds
     of ``delta`` over the tile (every pair's distance lies in ``[lo, hi]``; tokens past the ends
-    count as position 0, which can only widen them)."""
+    count as position 0, which can only widen them). Without ``MASKED`` (plain positions, a tile
+    every pair of which may attend: :func:`_whole_keys`, :func:`_whole_queries`) ``allowed`` is
+    a constant the compiler folds away, so the tile checks nothing per pair."""
     if PLAIN:
         delta = offs_n[None, :] - offs_m[:, None]
-        allowed = m_ok[:, None] & n_ok[None, :]
         lo = tl.min(offs_n, axis=0) - tl.max(offs_m, axis=0)
         hi = tl.max(offs_n, axis=0) - tl.min(offs_m, axis=0)
+        if MASKED:
+            allowed = m_ok[:, None] & n_ok[None, :]
+        else:
+            allowed = tl.full(delta.shape, 1, tl.int1)
     else:
         kp = tl.load(KPOS + offs_n, mask=n_ok, other=0)
         ks = tl.load(KSEG + offs_n, mask=n_ok, other=-1)
@@ -211,7 +229,7 @@ def _pairs(
         allowed = (ks[None, :] == qs[:, None]) & (qs[:, None] != -1) & n_ok[None, :]
         lo = tl.min(kp, axis=0) - tl.max(qp, axis=0)
         hi = tl.max(kp, axis=0) - tl.min(qp, axis=0)
-    if CAUSAL:
+    if CAUSAL and MASKED:
         allowed = allowed & (delta <= 0)
     return delta, allowed, lo, hi
 
@@ -270,28 +288,29 @@ def _relative_logits(
     row_base, HAS_REL: tl.constexpr, HAS_KREL: tl.constexpr, SHIFTED: tl.constexpr,
     BY_DISTANCE: tl.constexpr, NEED_ROW: tl.constexpr,
 ):  # fmt: skip
-    """``(s, row)``: the logits with the tile's relative terms added (``rel`` per query,
-    ``relk`` per key, at each pair's row) and the pairs' rows: ``one`` everywhere for a one-row
-    tile, else :func:`_rows`. ``BY_DISTANCE`` (a table shared by every query) reads the logit
-    from ``dist_base``, already indexed by entry: one load per pair, not a row then its logit;
-    the rows are then read only where ``NEED_ROW`` (a reduction by row follows)."""
+    """``(s, row)``: the logits (base 2) with the tile's relative terms added (``rel`` per
+    query, ``relk`` per key, at each pair's row, times ``log2(e)``) and the pairs' rows: ``one``
+    everywhere for a one-row tile, else :func:`_rows`. ``BY_DISTANCE`` (a table shared by every
+    query) reads the logit from ``dist_base``, already indexed by entry: one load per pair, not
+    a row then its logit; the rows are then read only where ``NEED_ROW`` (a reduction by row
+    follows)."""
     if one >= 0:
         row = tl.zeros_like(delta) + one
         if HAS_REL:
-            s += tl.load(rel_base + one, mask=m_ok[:, None], other=0.0)
+            s += tl.load(rel_base + one, mask=m_ok[:, None], other=0.0) * LOG2E
         if HAS_KREL:
-            s += tl.load(relk_base + one, mask=n_ok[None, :], other=0.0)
+            s += tl.load(relk_base + one, mask=n_ok[None, :], other=0.0) * LOG2E
     else:
         at = _entries(delta, offset, nlut)
         row = at  # unread where BY_DISTANCE and not NEED_ROW
         if NEED_ROW or not BY_DISTANCE:
             row = _rows(at, LUT, row_base, SHIFTED)
         if BY_DISTANCE:
-            s += tl.load(dist_base + at, mask=allowed, other=0.0)
+            s += tl.load(dist_base + at, mask=allowed, other=0.0) * LOG2E
         elif HAS_REL:
-            s += tl.load(rel_base + row, mask=allowed, other=0.0)
+            s += tl.load(rel_base + row, mask=allowed, other=0.0) * LOG2E
         if HAS_KREL:
-            s += tl.load(relk_base + row, mask=allowed, other=0.0)
+            s += tl.load(relk_base + row, mask=allowed, other=0.0) * LOG2E
     return s, row
 
 
@@ -393,12 +412,84 @@ def _load_keys(K, V, b, h, offs_n, offs_d, n_ok, d_ok, skb, skh, skj):
 
 @triton.jit
 def _load_output_grads(DO, LSE, DLT, row_at, offs_d, m_ok, d_ok, D, dtype):
-    """A query block's ``d out`` (in ``dtype``), log-sum-exp and ``Σ_j P·dP``."""
+    """A query block's ``d out`` (in ``dtype``), log-sum-exp (base 2, as the logits) and
+    ``Σ_j P·dP``."""
     ok = m_ok[:, None] & d_ok[None, :]
     do = tl.load(DO + row_at[:, None] * D + offs_d[None, :], mask=ok, other=0.0).to(dtype)
-    lse = tl.load(LSE + row_at, mask=m_ok, other=float("inf"))
+    lse2 = tl.load(LSE + row_at, mask=m_ok, other=float("inf")) * LOG2E
     dlt = tl.load(DLT + row_at, mask=m_ok, other=0.0)
-    return do, lse, dlt
+    return do, lse2, dlt
+
+
+@triton.jit
+def _whole_keys(start_m, NI, NJ, BM: tl.constexpr, BN: tl.constexpr, CAUSAL: tl.constexpr):
+    """Plain positions: the end of the keys ``[0, end)`` every query of block ``start_m`` may
+    attend, in whole tiles (those before the block's first query when causal), or 0 where the
+    block is past the queries' end."""
+    end = (NJ // BN) * BN
+    if CAUSAL:
+        end = start_m * BM
+    return tl.where((start_m + 1) * BM <= NI, end, 0)
+
+
+@triton.jit
+def _whole_queries(start_n, NI, NJ, BM: tl.constexpr, BN: tl.constexpr, CAUSAL: tl.constexpr):
+    """Plain positions: the queries ``[lo, hi)`` that may attend every key of block ``start_n``,
+    in whole tiles (from the block's last key on when causal); empty where the block is past the
+    keys' end."""
+    lo = 0
+    if CAUSAL:
+        lo = tl.cdiv((start_n + 1) * BN - 1, BM) * BM
+    hi = tl.where((start_n + 1) * BN <= NJ, (NI // BM) * BM, lo)
+    return lo, tl.maximum(hi, lo)
+
+
+@triton.jit
+def _forward_tiles(
+    acc, l_i, m_i, macc, lo, hi, q, qp, qs, offs_m, m_ok, offs_d, d_ok, rel_base, row_at,
+    K, V, KPOS, KSEG, RELK, DIST, LUT, row_base, b, h, bh, skb, skh, skj, spk,
+    NJ, R, nlut, offset, scale2, slope2, seed, p_drop,
+    BN: tl.constexpr, RP: tl.constexpr, PLAIN: tl.constexpr, CAUSAL: tl.constexpr,
+    HAS_REL: tl.constexpr, HAS_MASS: tl.constexpr, HAS_KREL: tl.constexpr,
+    DROPOUT: tl.constexpr, LINEAR: tl.constexpr, PRECISION: tl.constexpr, ONE_ROW: tl.constexpr,
+    SHIFTED: tl.constexpr, BY_DISTANCE: tl.constexpr, MASKED: tl.constexpr,
+):  # fmt: skip
+    """The online softmax over the key tiles ``lo..hi`` of one query block: the running output,
+    normaliser, maximum (base 2) and mass, updated. ``MASKED``: see :func:`_pairs`."""
+    for start_n in range(lo, hi, BN):
+        offs_n = start_n + tl.arange(0, BN)
+        n_ok = offs_n < NJ
+        k, v = _load_keys(K, V, b, h, offs_n, offs_d, n_ok, d_ok, skb, skh, skj)
+        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale2
+        delta, allowed, dlo, dhi = _pairs(
+            offs_m, offs_n, m_ok, n_ok, qp, qs, KPOS + b * spk, KSEG + b * spk, PLAIN, CAUSAL,
+            MASKED,
+        )  # fmt: skip
+        one = -1
+        if HAS_REL or HAS_MASS or HAS_KREL:
+            if ONE_ROW:
+                one = _one_row(dlo, dhi, LUT, offset, nlut)
+            relk_base = RELK + (bh * NJ + offs_n[None, :]) * R
+            s, row = _relative_logits(
+                s, delta, one, allowed, m_ok, n_ok, rel_base, relk_base, DIST + h * nlut, LUT,
+                offset, nlut, row_base, HAS_REL, HAS_KREL, SHIFTED, BY_DISTANCE,
+                HAS_MASS or HAS_KREL,
+            )  # fmt: skip
+        if LINEAR:
+            s += slope2 * _linear_distance(delta, LINEAR)
+        s = tl.where(allowed, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.exp2(s - m_use[:, None])
+        alpha = tl.exp2(m_i - m_use)
+        l_i = l_i * alpha + tl.sum(p, axis=1)  # the normaliser: before dropout
+        if DROPOUT:
+            p = _dropped(p, seed, row_at, offs_n, NJ, p_drop)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+        if HAS_MASS:
+            macc = _sum_by_row(macc * alpha[:, None], p, row, allowed, one, RP)
+        m_i = m_new
+    return acc, l_i, m_i, macc
 
 
 @triton.jit
@@ -410,53 +501,43 @@ def _forward_kernel(
     PLAIN: tl.constexpr, CAUSAL: tl.constexpr, HAS_REL: tl.constexpr, HAS_MASS: tl.constexpr,
     HAS_KREL: tl.constexpr, DROPOUT: tl.constexpr, LINEAR: tl.constexpr, PRECISION: tl.constexpr,
     ONE_ROW: tl.constexpr, SHIFTED: tl.constexpr, BY_DISTANCE: tl.constexpr,
+    UNMASKED: tl.constexpr,
 ):  # fmt: skip
     start_m, bh, b, h, offs_m, offs_d, m_ok, d_ok = _program(H, NI, D, BM, DP)
     q, qp, qs = _load_queries(Q, QPOS, QSEG, b, h, offs_m, offs_d, m_ok, d_ok, sqb, sqh, sqi, spq)
     rel_base = REL + b * srb + h * srh + offs_m[:, None] * sri
-    dist_base = DIST + h * nlut
     row_at = bh * NI + offs_m
+    slope2 = 0.0
+    if LINEAR:
+        slope2 = tl.load(SLOPES + h) * LOG2E
     m_i = tl.full([BM], float("-inf"), tl.float32)
     l_i = tl.zeros([BM], tl.float32)
     acc = tl.zeros([BM, DP], tl.float32)
     macc = tl.zeros([BM, RP], tl.float32)
     begin, end = _key_range(start_m, b, NJ, RANGES, n_ranges, BM, PLAIN, CAUSAL)
-    for start_n in range(begin, end, BN):
-        offs_n = start_n + tl.arange(0, BN)
-        n_ok = offs_n < NJ
-        k, v = _load_keys(K, V, b, h, offs_n, offs_d, n_ok, d_ok, skb, skh, skj)
-        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale
-        delta, allowed, dlo, dhi = _pairs(
-            offs_m, offs_n, m_ok, n_ok, qp, qs, KPOS + b * spk, KSEG + b * spk, PLAIN, CAUSAL
-        )
-        one = -1
-        if HAS_REL or HAS_MASS or HAS_KREL:
-            if ONE_ROW:
-                one = _one_row(dlo, dhi, LUT, offset, nlut)
-            relk_base = RELK + (bh * NJ + offs_n[None, :]) * R
-            s, row = _relative_logits(
-                s, delta, one, allowed, m_ok, n_ok, rel_base, relk_base, dist_base, LUT, offset,
-                nlut, row_base, HAS_REL, HAS_KREL, SHIFTED, BY_DISTANCE, HAS_MASS or HAS_KREL,
-            )  # fmt: skip
-        if LINEAR:
-            s += tl.load(SLOPES + h) * _linear_distance(delta, LINEAR)
-        s = tl.where(allowed, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = tl.exp(s - m_use[:, None])
-        alpha = tl.exp(m_i - m_use)
-        l_i = l_i * alpha + tl.sum(p, axis=1)  # the normaliser: before dropout
-        if DROPOUT:
-            p = _dropped(p, seed, row_at, offs_n, NJ, p_drop)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
-        if HAS_MASS:
-            macc = _sum_by_row(macc * alpha[:, None], p, row, allowed, one, RP)
-        m_i = m_new
+    if PLAIN and UNMASKED:  # first the tiles every pair of which may attend, unchecked
+        split = tl.minimum(tl.maximum(_whole_keys(start_m, NI, NJ, BM, BN, CAUSAL), begin), end)
+        acc, l_i, m_i, macc = _forward_tiles(
+            acc, l_i, m_i, macc, begin, split, q, qp, qs, offs_m, m_ok, offs_d, d_ok, rel_base,
+            row_at, K, V, KPOS, KSEG, RELK, DIST, LUT, row_base, b, h, bh, skb, skh, skj, spk,
+            NJ, R, nlut, offset, scale * LOG2E, slope2, seed, p_drop,
+            BN, RP, PLAIN, CAUSAL, HAS_REL, HAS_MASS, HAS_KREL, DROPOUT, LINEAR, PRECISION,
+            ONE_ROW, SHIFTED, BY_DISTANCE, False,
+        )  # fmt: skip
+        begin = split
+    acc, l_i, m_i, macc = _forward_tiles(
+        acc, l_i, m_i, macc, begin, end, q, qp, qs, offs_m, m_ok, offs_d, d_ok, rel_base,
+        row_at, K, V, KPOS, KSEG, RELK, DIST, LUT, row_base, b, h, bh, skb, skh, skj, spk,
+        NJ, R, nlut, offset, scale * LOG2E, slope2, seed, p_drop,
+        BN, RP, PLAIN, CAUSAL, HAS_REL, HAS_MASS, HAS_KREL, DROPOUT, LINEAR, PRECISION,
+        ONE_ROW, SHIFTED, BY_DISTANCE, True,
+    )  # fmt: skip
     has_keys = l_i > 0
     l_use = tl.where(has_keys, l_i, 1.0)
     out_at = row_at[:, None] * D + offs_d[None, :]
     tl.store(OUT + out_at, acc / l_use[:, None], mask=m_ok[:, None] & d_ok[None, :])
-    tl.store(LSE + row_at, tl.where(has_keys, m_i + tl.log(l_use), float("inf")), mask=m_ok)
+    lse = (m_i + tl.log2(l_use)) * LN2  # natural log: the backward pass and tests read it so
+    tl.store(LSE + row_at, tl.where(has_keys, lse, float("inf")), mask=m_ok)
     if HAS_MASS:
         cols = tl.arange(0, RP)
         tl.store(
@@ -468,18 +549,20 @@ def _forward_kernel(
 
 @triton.jit
 def _probs_and_dp(
-    q, k, v, do, lse, dlt, offs_m, offs_n, m_ok, n_ok, qp, qs, KPOS, KSEG, rel_base, dmass_base,
-    LUT, offset, nlut, scale, seed, p_drop, row_at, NJ, slope, relk_base, dist_base, row_base,
+    q, k, v, do, lse2, dlt, offs_m, offs_n, m_ok, n_ok, qp, qs, KPOS, KSEG, rel_base, dmass_base,
+    LUT, offset, nlut, scale2, seed, p_drop, row_at, NJ, slope2, relk_base, dist_base, row_base,
     PLAIN: tl.constexpr, CAUSAL: tl.constexpr, HAS_REL: tl.constexpr, HAS_MASS: tl.constexpr,
     HAS_KREL: tl.constexpr, DROPOUT: tl.constexpr, LINEAR: tl.constexpr, PRECISION: tl.constexpr,
     ONE_ROW: tl.constexpr, SHIFTED: tl.constexpr, BY_DISTANCE: tl.constexpr,
-    NEED_ROW: tl.constexpr,
+    NEED_ROW: tl.constexpr, MASKED: tl.constexpr,
 ):  # fmt: skip
     """A tile's probabilities as the output used them (rebuilt from ``lse``, dropout applied),
     ``dS = p·(dP - dlt)``, the pairs' rows (where ``NEED_ROW`` or the logits read them), which
     may attend, their distances, and the tile's one row (:func:`_one_row`; -1 if none)."""
-    s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale
-    delta, allowed, dlo, dhi = _pairs(offs_m, offs_n, m_ok, n_ok, qp, qs, KPOS, KSEG, PLAIN, CAUSAL)
+    s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale2
+    delta, allowed, dlo, dhi = _pairs(
+        offs_m, offs_n, m_ok, n_ok, qp, qs, KPOS, KSEG, PLAIN, CAUSAL, MASKED
+    )
     dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
     row = delta  # unused without a relative term
     one = -1
@@ -493,14 +576,61 @@ def _probs_and_dp(
         if HAS_MASS:
             dp = _add_at_rows(dp, dmass_base, row, one, allowed, m_ok[:, None])
     if LINEAR:
-        s += slope * _linear_distance(delta, LINEAR)
-    p = tl.where(allowed, tl.exp(s - lse[:, None]), 0.0)
+        s += slope2 * _linear_distance(delta, LINEAR)
+    p = tl.where(allowed, tl.exp2(s - lse2[:, None]), 0.0)
     used = p
     if DROPOUT:  # the output read p·keep/(1 - p_drop): so does its gradient
         used = _dropped(p, seed, row_at, offs_n, NJ, p_drop)
         dp = _dropped(dp, seed, row_at, offs_n, NJ, p_drop)
     ds = p * (dp - dlt[:, None])
     return used, ds, row, allowed, delta, one
+
+
+@triton.jit
+def _kv_tiles(
+    dk, dv, dkacc, lo, hi, lo2, hi2, k, v, offs_n, n_ok, offs_d, d_ok, drelk_base,
+    Q, DO, LSE, DLT, QPOS, QSEG, KPOS, KSEG, REL, RELK, DIST, LUT, row_base, DMASS,
+    b, h, bh, sqb, sqh, sqi, spq, spk, srb, srh, sri, NI, NJ, D, R, nlut, offset, scale2,
+    slope2, seed, p_drop,
+    BM: tl.constexpr, RP: tl.constexpr, PLAIN: tl.constexpr, CAUSAL: tl.constexpr,
+    HAS_REL: tl.constexpr, HAS_MASS: tl.constexpr, HAS_KREL: tl.constexpr,
+    DROPOUT: tl.constexpr, LINEAR: tl.constexpr, KREL_GRAD: tl.constexpr,
+    LOOP_ROWS: tl.constexpr, PRECISION: tl.constexpr, ONE_ROW: tl.constexpr,
+    SHIFTED: tl.constexpr, BY_DISTANCE: tl.constexpr, MASKED: tl.constexpr,
+):  # fmt: skip
+    """One key block's gradients, summed over the query tiles ``lo..hi`` and then ``lo2..hi2``
+    (``hi - lo`` a multiple of ``BM`` where the second range is not empty). ``MASKED``: see
+    :func:`_pairs`."""
+    first = hi - lo
+    for t in range(0, first + hi2 - lo2, BM):
+        start_m = tl.where(t < first, lo + t, lo2 + t - first)
+        offs_m = start_m + tl.arange(0, BM)
+        m_ok = offs_m < NI
+        q, qp, qs = _load_queries(
+            Q, QPOS, QSEG, b, h, offs_m, offs_d, m_ok, d_ok, sqb, sqh, sqi, spq
+        )
+        row_at = bh * NI + offs_m
+        do, lse2, dlt = _load_output_grads(DO, LSE, DLT, row_at, offs_d, m_ok, d_ok, D, q.dtype)
+        p, ds, row, allowed, _, one = _probs_and_dp(
+            q, k, v, do, lse2, dlt, offs_m, offs_n, m_ok, n_ok, qp, qs, KPOS + b * spk,
+            KSEG + b * spk, REL + b * srb + h * srh + offs_m[:, None] * sri,
+            DMASS + row_at[:, None] * R, LUT, offset, nlut, scale2, seed, p_drop, row_at, NJ,
+            slope2, RELK + (bh * NJ + offs_n[None, :]) * R, DIST + h * nlut, row_base,
+            PLAIN, CAUSAL, HAS_REL, HAS_MASS, HAS_KREL, DROPOUT, LINEAR, PRECISION, ONE_ROW,
+            SHIFTED, BY_DISTANCE, KREL_GRAD, MASKED,
+        )  # fmt: skip
+        dv += tl.dot(tl.trans(p.to(q.dtype)), do, input_precision=PRECISION)
+        dk += tl.dot(tl.trans(ds.to(q.dtype)), q, input_precision=PRECISION)
+        if KREL_GRAD:  # d relk[j, r] = Σ_i dS[i, j]·[row = r]: this program owns key block j
+            if LOOP_ROWS:
+                dkacc = _sum_by_row(dkacc, tl.trans(ds), tl.trans(row), tl.trans(allowed), one, RP)
+            else:
+                rlo, rhi = _tile_rows(row, allowed, one)
+                if rlo == rhi:  # the whole tile reads one row: one add per key
+                    tl.atomic_add(drelk_base + rlo, tl.sum(ds, axis=0)[None, :], mask=n_ok[None, :])
+                elif rlo < rhi:
+                    tl.atomic_add(drelk_base + row, ds, mask=allowed)
+    return dk, dv, dkacc
 
 
 @triton.jit
@@ -514,12 +644,13 @@ def _backward_kv_kernel(
     HAS_KREL: tl.constexpr, DROPOUT: tl.constexpr, LINEAR: tl.constexpr,
     KREL_GRAD: tl.constexpr, LOOP_ROWS: tl.constexpr, PRECISION: tl.constexpr,
     ONE_ROW: tl.constexpr, SHIFTED: tl.constexpr, BY_DISTANCE: tl.constexpr,
+    UNMASKED: tl.constexpr,
 ):  # fmt: skip
     start_n, bh, b, h, offs_n, offs_d, n_ok, d_ok = _program(H, NJ, D, BN, DP)
     k, v = _load_keys(K, V, b, h, offs_n, offs_d, n_ok, d_ok, skb, skh, skj)
-    slope = 0.0
+    slope2 = 0.0
     if LINEAR:
-        slope = tl.load(SLOPES + h)
+        slope2 = tl.load(SLOPES + h) * LOG2E
     dk = tl.zeros([BN, DP], tl.float32)
     dv = tl.zeros([BN, DP], tl.float32)
     dkacc = tl.zeros([BN, RP], tl.float32)
@@ -531,33 +662,28 @@ def _backward_kv_kernel(
     if not PLAIN:  # only the queries that can reach this block's keys (block_ranges)
         begin = tl.load(RANGES + (b * n_ranges + start_n) * 2)
         end = tl.load(RANGES + (b * n_ranges + start_n) * 2 + 1)
-    for start_m in range(begin, end, BM):
-        offs_m = start_m + tl.arange(0, BM)
-        m_ok = offs_m < NI
-        q, qp, qs = _load_queries(
-            Q, QPOS, QSEG, b, h, offs_m, offs_d, m_ok, d_ok, sqb, sqh, sqi, spq
-        )
-        row_at = bh * NI + offs_m
-        do, lse, dlt = _load_output_grads(DO, LSE, DLT, row_at, offs_d, m_ok, d_ok, D, q.dtype)
-        p, ds, row, allowed, _, one = _probs_and_dp(
-            q, k, v, do, lse, dlt, offs_m, offs_n, m_ok, n_ok, qp, qs, KPOS + b * spk,
-            KSEG + b * spk, REL + b * srb + h * srh + offs_m[:, None] * sri,
-            DMASS + row_at[:, None] * R, LUT, offset, nlut, scale, seed, p_drop, row_at, NJ,
-            slope, RELK + (bh * NJ + offs_n[None, :]) * R, DIST + h * nlut, row_base,
-            PLAIN, CAUSAL, HAS_REL, HAS_MASS, HAS_KREL, DROPOUT, LINEAR, PRECISION, ONE_ROW,
-            SHIFTED, BY_DISTANCE, KREL_GRAD,
+    lo = end  # the queries [lo, hi) that attend every key: none unless plain and UNMASKED
+    hi = end
+    if PLAIN and UNMASKED:  # those first, unchecked
+        lo, hi = _whole_queries(start_n, NI, NJ, BM, BN, CAUSAL)
+        lo = tl.minimum(tl.maximum(lo, begin), end)
+        hi = tl.minimum(tl.maximum(hi, lo), end)
+        dk, dv, dkacc = _kv_tiles(
+            dk, dv, dkacc, lo, hi, hi, hi, k, v, offs_n, n_ok, offs_d, d_ok, drelk_base,
+            Q, DO, LSE, DLT, QPOS, QSEG, KPOS, KSEG, REL, RELK, DIST, LUT, row_base, DMASS,
+            b, h, bh, sqb, sqh, sqi, spq, spk, srb, srh, sri, NI, NJ, D, R, nlut, offset,
+            scale * LOG2E, slope2, seed, p_drop,
+            BM, RP, PLAIN, CAUSAL, HAS_REL, HAS_MASS, HAS_KREL, DROPOUT, LINEAR, KREL_GRAD,
+            LOOP_ROWS, PRECISION, ONE_ROW, SHIFTED, BY_DISTANCE, False,
         )  # fmt: skip
-        dv += tl.dot(tl.trans(p.to(q.dtype)), do, input_precision=PRECISION)
-        dk += tl.dot(tl.trans(ds.to(q.dtype)), q, input_precision=PRECISION)
-        if KREL_GRAD:  # d relk[j, r] = Σ_i dS[i, j]·[row = r]: this program owns key block j
-            if LOOP_ROWS:
-                dkacc = _sum_by_row(dkacc, tl.trans(ds), tl.trans(row), tl.trans(allowed), one, RP)
-            else:
-                lo, hi = _tile_rows(row, allowed, one)
-                if lo == hi:  # the whole tile reads one row: one add per key
-                    tl.atomic_add(drelk_base + lo, tl.sum(ds, axis=0)[None, :], mask=n_ok[None, :])
-                elif lo < hi:
-                    tl.atomic_add(drelk_base + row, ds, mask=allowed)
+    dk, dv, dkacc = _kv_tiles(  # the rest: [begin, lo) and [hi, end)
+        dk, dv, dkacc, begin, lo, hi, end, k, v, offs_n, n_ok, offs_d, d_ok, drelk_base,
+        Q, DO, LSE, DLT, QPOS, QSEG, KPOS, KSEG, REL, RELK, DIST, LUT, row_base, DMASS,
+        b, h, bh, sqb, sqh, sqi, spq, spk, srb, srh, sri, NI, NJ, D, R, nlut, offset,
+        scale * LOG2E, slope2, seed, p_drop,
+        BM, RP, PLAIN, CAUSAL, HAS_REL, HAS_MASS, HAS_KREL, DROPOUT, LINEAR, KREL_GRAD,
+        LOOP_ROWS, PRECISION, ONE_ROW, SHIFTED, BY_DISTANCE, True,
+    )  # fmt: skip
     out_at = (bh * NJ + offs_n[:, None]) * D + offs_d[None, :]
     kv_ok = n_ok[:, None] & d_ok[None, :]
     tl.store(DK + out_at, dk * scale, mask=kv_ok)
@@ -566,6 +692,48 @@ def _backward_kv_kernel(
         cols = tl.arange(0, RP)
         keys_at = (bh * NJ + offs_n[:, None]) * R + cols[None, :]
         tl.store(DRELK + keys_at, dkacc, mask=n_ok[:, None] & (cols[None, :] < R))
+
+
+@triton.jit
+def _q_tiles(
+    dq, dracc, dslope, lo, hi, q, qp, qs, do, lse2, dlt, offs_m, m_ok, offs_d, d_ok, row_at,
+    drel_base, K, V, KPOS, KSEG, REL, RELK, DIST, LUT, row_base, DMASS,
+    b, h, bh, skb, skh, skj, spk, srb, srh, sri, NJ, R, nlut, offset, scale2, slope2, seed,
+    p_drop,
+    BN: tl.constexpr, RP: tl.constexpr, PLAIN: tl.constexpr, CAUSAL: tl.constexpr,
+    HAS_REL: tl.constexpr, HAS_MASS: tl.constexpr, HAS_KREL: tl.constexpr,
+    DROPOUT: tl.constexpr, LINEAR: tl.constexpr, REL_GRAD: tl.constexpr,
+    LOOP_ROWS: tl.constexpr, SLOPE_GRAD: tl.constexpr, PRECISION: tl.constexpr,
+    ONE_ROW: tl.constexpr, SHIFTED: tl.constexpr, BY_DISTANCE: tl.constexpr,
+    MASKED: tl.constexpr,
+):  # fmt: skip
+    """One query block's gradients, summed over the key tiles ``lo..hi``. ``MASKED``: see
+    :func:`_pairs`."""
+    for start_n in range(lo, hi, BN):
+        offs_n = start_n + tl.arange(0, BN)
+        n_ok = offs_n < NJ
+        k, v = _load_keys(K, V, b, h, offs_n, offs_d, n_ok, d_ok, skb, skh, skj)
+        _, ds, row, allowed, delta, one = _probs_and_dp(
+            q, k, v, do, lse2, dlt, offs_m, offs_n, m_ok, n_ok, qp, qs, KPOS + b * spk,
+            KSEG + b * spk, REL + b * srb + h * srh + offs_m[:, None] * sri,
+            DMASS + row_at[:, None] * R, LUT, offset, nlut, scale2, seed, p_drop, row_at, NJ,
+            slope2, RELK + (bh * NJ + offs_n[None, :]) * R, DIST + h * nlut, row_base,
+            PLAIN, CAUSAL, HAS_REL, HAS_MASS, HAS_KREL, DROPOUT, LINEAR, PRECISION, ONE_ROW,
+            SHIFTED, BY_DISTANCE, REL_GRAD, MASKED,
+        )  # fmt: skip
+        dq += tl.dot(ds.to(q.dtype), k, input_precision=PRECISION)
+        if SLOPE_GRAD:
+            dslope += tl.sum(ds * _linear_distance(delta, LINEAR), axis=1)
+        if REL_GRAD:
+            if LOOP_ROWS:
+                dracc = _sum_by_row(dracc, ds, row, allowed, one, RP)
+            else:
+                rlo, rhi = _tile_rows(row, allowed, one)
+                if rlo == rhi:  # the whole tile reads one row: one add per query
+                    tl.atomic_add(drel_base + rlo, tl.sum(ds, axis=1)[:, None], mask=m_ok[:, None])
+                elif rlo < rhi:
+                    tl.atomic_add(drel_base + row, ds, mask=allowed)
+    return dq, dracc, dslope
 
 
 @triton.jit
@@ -579,43 +747,39 @@ def _backward_q_kernel(
     HAS_KREL: tl.constexpr, DROPOUT: tl.constexpr, LINEAR: tl.constexpr, REL_GRAD: tl.constexpr,
     LOOP_ROWS: tl.constexpr, SLOPE_GRAD: tl.constexpr, PRECISION: tl.constexpr,
     ONE_ROW: tl.constexpr, SHIFTED: tl.constexpr, BY_DISTANCE: tl.constexpr,
+    UNMASKED: tl.constexpr,
 ):  # fmt: skip
     start_m, bh, b, h, offs_m, offs_d, m_ok, d_ok = _program(H, NI, D, BM, DP)
     q, qp, qs = _load_queries(Q, QPOS, QSEG, b, h, offs_m, offs_d, m_ok, d_ok, sqb, sqh, sqi, spq)
     row_at = bh * NI + offs_m
-    do, lse, dlt = _load_output_grads(DO, LSE, DLT, row_at, offs_d, m_ok, d_ok, D, q.dtype)
-    slope = 0.0
+    do, lse2, dlt = _load_output_grads(DO, LSE, DLT, row_at, offs_d, m_ok, d_ok, D, q.dtype)
+    slope2 = 0.0
     if LINEAR:
-        slope = tl.load(SLOPES + h)
+        slope2 = tl.load(SLOPES + h) * LOG2E
     dq = tl.zeros([BM, DP], tl.float32)
     dracc = tl.zeros([BM, RP], tl.float32)
     dslope = tl.zeros([BM], tl.float32)
     drel_base = DREL + row_at[:, None] * R
     begin, end = _key_range(start_m, b, NJ, RANGES, n_ranges, BM, PLAIN, CAUSAL)
-    for start_n in range(begin, end, BN):
-        offs_n = start_n + tl.arange(0, BN)
-        n_ok = offs_n < NJ
-        k, v = _load_keys(K, V, b, h, offs_n, offs_d, n_ok, d_ok, skb, skh, skj)
-        _, ds, row, allowed, delta, one = _probs_and_dp(
-            q, k, v, do, lse, dlt, offs_m, offs_n, m_ok, n_ok, qp, qs, KPOS + b * spk,
-            KSEG + b * spk, REL + b * srb + h * srh + offs_m[:, None] * sri,
-            DMASS + row_at[:, None] * R, LUT, offset, nlut, scale, seed, p_drop, row_at, NJ,
-            slope, RELK + (bh * NJ + offs_n[None, :]) * R, DIST + h * nlut, row_base,
-            PLAIN, CAUSAL, HAS_REL, HAS_MASS, HAS_KREL, DROPOUT, LINEAR, PRECISION, ONE_ROW,
-            SHIFTED, BY_DISTANCE, REL_GRAD,
+    if PLAIN and UNMASKED:  # first the tiles every pair of which may attend, unchecked
+        split = tl.minimum(tl.maximum(_whole_keys(start_m, NI, NJ, BM, BN, CAUSAL), begin), end)
+        dq, dracc, dslope = _q_tiles(
+            dq, dracc, dslope, begin, split, q, qp, qs, do, lse2, dlt, offs_m, m_ok, offs_d,
+            d_ok, row_at, drel_base, K, V, KPOS, KSEG, REL, RELK, DIST, LUT, row_base, DMASS,
+            b, h, bh, skb, skh, skj, spk, srb, srh, sri, NJ, R, nlut, offset, scale * LOG2E,
+            slope2, seed, p_drop,
+            BN, RP, PLAIN, CAUSAL, HAS_REL, HAS_MASS, HAS_KREL, DROPOUT, LINEAR, REL_GRAD,
+            LOOP_ROWS, SLOPE_GRAD, PRECISION, ONE_ROW, SHIFTED, BY_DISTANCE, False,
         )  # fmt: skip
-        dq += tl.dot(ds.to(q.dtype), k, input_precision=PRECISION)
-        if SLOPE_GRAD:
-            dslope += tl.sum(ds * _linear_distance(delta, LINEAR), axis=1)
-        if REL_GRAD:
-            if LOOP_ROWS:
-                dracc = _sum_by_row(dracc, ds, row, allowed, one, RP)
-            else:
-                lo, hi = _tile_rows(row, allowed, one)
-                if lo == hi:  # the whole tile reads one row: one add per query
-                    tl.atomic_add(drel_base + lo, tl.sum(ds, axis=1)[:, None], mask=m_ok[:, None])
-                elif lo < hi:
-                    tl.atomic_add(drel_base + row, ds, mask=allowed)
+        begin = split
+    dq, dracc, dslope = _q_tiles(
+        dq, dracc, dslope, begin, end, q, qp, qs, do, lse2, dlt, offs_m, m_ok, offs_d,
+        d_ok, row_at, drel_base, K, V, KPOS, KSEG, REL, RELK, DIST, LUT, row_base, DMASS,
+        b, h, bh, skb, skh, skj, spk, srb, srh, sri, NJ, R, nlut, offset, scale * LOG2E,
+        slope2, seed, p_drop,
+        BN, RP, PLAIN, CAUSAL, HAS_REL, HAS_MASS, HAS_KREL, DROPOUT, LINEAR, REL_GRAD,
+        LOOP_ROWS, SLOPE_GRAD, PRECISION, ONE_ROW, SHIFTED, BY_DISTANCE, True,
+    )  # fmt: skip
     q_ok = m_ok[:, None] & d_ok[None, :]
     tl.store(DQ + row_at[:, None] * D + offs_d[None, :], dq * scale, mask=q_ok)
     if SLOPE_GRAD:  # per query; summed over batch and queries by the caller
@@ -712,6 +876,7 @@ class _RelativeFlash(torch.autograd.Function):
         b, h, i, d = q.shape
         j = k.shape[2]
         bm, bn, warps = _blocks(q.device, q.dtype)
+        unmasked = bool(_config["unmasked"])
         one_row = lut.shape[0] == 2  # with its runs (relative_flash_attention)
         dp, rp, _ = _padded(q, r)
         out = q.new_empty(b, h, i, d, dtype=torch.float32)
@@ -729,11 +894,11 @@ class _RelativeFlash(torch.autograd.Function):
             BM=bm, BN=bn, DP=dp, RP=rp, PLAIN=plain, CAUSAL=causal, HAS_REL=rel is not None,
             HAS_MASS=want_mass, HAS_KREL=relk is not None, DROPOUT=p_drop > 0, LINEAR=linear,
             PRECISION=_precision(q), ONE_ROW=one_row, SHIFTED=row_base is not None,
-            BY_DISTANCE=dist is not None, num_warps=warps,
+            BY_DISTANCE=dist is not None, UNMASKED=unmasked, num_warps=warps,
         )  # fmt: skip
         ctx.save_for_backward(q, k, v, rel, relk, slopes, out, lse, mass, q_ranges)
         # q_ranges are cut for these tiles: the backward pass keeps them (launch_config or not).
-        ctx.geometry, ctx.want_mass, ctx.tiles = geometry, want_mass, (bm, bn, warps)
+        ctx.geometry, ctx.want_mass, ctx.tiles = geometry, want_mass, (bm, bn, warps, unmasked)
         if not want_mass:
             ctx.mark_non_differentiable(mass)
         return out, mass
@@ -746,7 +911,7 @@ class _RelativeFlash(torch.autograd.Function):
         b, h, i, d = q.shape
         j = k.shape[2]
         dp, rp, loop_rows = _padded(q, r)
-        bm, bn, warps = ctx.tiles
+        bm, bn, warps, unmasked = ctx.tiles
         one_row = lut.shape[0] == 2
         dout = dout.float().contiguous()
         dlt = (dout * out).sum(-1)
@@ -775,7 +940,7 @@ class _RelativeFlash(torch.autograd.Function):
             HAS_REL=rel is not None, HAS_MASS=has_mass, HAS_KREL=relk is not None,
             DROPOUT=p_drop > 0, LINEAR=linear, LOOP_ROWS=loop_rows, PRECISION=_precision(q),
             ONE_ROW=one_row, SHIFTED=row_base is not None, BY_DISTANCE=dist is not None,
-            num_warps=warps,
+            UNMASKED=unmasked, num_warps=warps,
         )  # fmt: skip
         _launch(
             _backward_kv_kernel, (triton.cdiv(j, bn), b * h),
@@ -877,7 +1042,8 @@ def relative_flash_attention(
             ``lut`` cut at the clip: :attr:`~relpos.schemes.RelativeScheme.distance_clip`), the
             kernels compute each row instead of reading it; None reads ``lut``. A ``rel`` shared
             by every query (``(1, h, 1, R)``) without ``relk`` is read per distance instead
-            (``rel[..., lut]``, built here): one load per pair either way. Neither with ``mass``.
+            (``rel[..., lut]``, built here): one load per pair either way. Neither with ``mass``
+            nor in float32.
 
     Returns:
         ``(out, mass)``: float32 ``(b, h, i, d)`` and float32 ``(b, h, i, R)`` (``(b, h, i, 0)``
@@ -920,7 +1086,7 @@ def relative_flash_attention(
         float(dropout_p),
         int(seed),
         0 if slopes is None else (2 if symmetric else 1),
-        *_one_load_form(rel, relk, mass, lut, row_base),
+        *_one_load_form(rel, relk, mass, lut, row_base, q.dtype),
     )
     q, k, v = (t.contiguous() for t in (q, k, v))
     rel = None if rel is None else rel.contiguous()  # the kernels read its rows with stride 1
@@ -930,7 +1096,12 @@ def relative_flash_attention(
 
 
 def _one_load_form(
-    rel: Tensor | None, relk: Tensor | None, mass: bool, lut: Tensor, row_base: int | None
+    rel: Tensor | None,
+    relk: Tensor | None,
+    mass: bool,
+    lut: Tensor,
+    row_base: int | None,
+    dtype: torch.dtype,
 ) -> tuple[Tensor | None, int | None]:
     """``(dist, row_base)``: how the kernels read a pair's logit in one load (see
     :func:`relative_flash_attention`'s ``row_base``): a shared ``rel`` per distance (``dist``,
@@ -939,8 +1110,10 @@ def _one_load_form(
 
     Not with ``mass``: the value term's row sums then spill more registers than the table's
     loads save, for Shaw's keys and values on sm_90 (``python -m relpos.kernels.aot --variants
-    shaw-values``, with and without ``--lut-only``)."""
-    if _config["lut_only"] or mass:
+    shaw-values``, with and without ``--lut-only``). Nor in float32, whose 32×32 tiles then ask
+    for about 16 KiB more shared memory, past what the smallest GPUs grant a block (``--dtype
+    float32``); float32 is not the fast path."""
+    if _config["lut_only"] or mass or dtype == torch.float32:
         return None, None
     if row_base is not None:
         return None, int(row_base)
