@@ -337,7 +337,17 @@ def test_one_load_forms_match_the_table_path(spec):
         _assert_all_close(*results, 1e-3, f"{spec_id(spec)} {layout}")
 
 
-@pytest.mark.parametrize("spec", FUSED_SPECS, ids=spec_id)
+def _first_of_each_scheme() -> list:
+    """Every fused spec, the first of each scheme in the default run (``-m slow``: the rest)."""
+    names = [s["name"] for s in FUSED_SPECS]
+    slow = pytest.mark.slow
+    return [
+        pytest.param(s, id=spec_id(s), marks=() if names.index(s["name"]) == n else slow)
+        for n, s in enumerate(FUSED_SPECS)
+    ]
+
+
+@pytest.mark.parametrize("spec", _first_of_each_scheme())
 def test_unmasked_tiles_give_the_same_numbers(spec):
     """``launch_config(unmasked=True)`` runs the tiles every pair of which may attend (plain
     positions: whole tiles, in the causal past) in a loop that checks nothing per pair: outputs
