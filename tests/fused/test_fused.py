@@ -312,8 +312,9 @@ def test_one_load_forms_match_the_table_path(spec):
     per distance (``BY_DISTANCE``: T5). The kernels are launched so (recorded), and give the
     numbers of the path that reads the row from ``lut`` and then the logit
     (``launch_config(lut_only=True)``), outputs and every gradient, on sequences past the clip,
-    plain and packed. In half precision: float32 keeps the table path (its shared memory)."""
-    for layout, causal in (("plain", True), ("packed", False)):
+    plain, packed and cached. In half precision: float32 keeps the table path (its shared
+    memory)."""
+    for layout, causal in (("plain", True), ("packed", False), ("cached", True)):
         scheme, q, k, v, qp, kp = _case(spec, layout, causal, 6, n=50, dtype=torch.float16)
         clip, mass = scheme.distance_clip, "value_term" in scheme.hooks  # mass: the lut path
         shifted = clip is not None and clip.shifted and not mass
