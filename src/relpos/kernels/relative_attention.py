@@ -266,8 +266,8 @@ def _one_row(lo, hi, LUT, offset, nlut):
     """The row every pair of a tile reads when its distances ``[lo, hi]`` lie in one run of equal
     rows (the far field of a clipped table: most tiles of a long sequence), else -1. ``LUT``'s
     second row holds, for each entry, the last entry of its run (:func:`lut_with_runs`)."""
-    at_lo = tl.minimum(tl.maximum(lo + offset, 0), nlut - 1)
-    at_hi = tl.minimum(tl.maximum(hi + offset, 0), nlut - 1)
+    at_lo = _entries(lo, offset, nlut)
+    at_hi = _entries(hi, offset, nlut)
     return tl.where(tl.load(LUT + nlut + at_lo) >= at_hi, tl.load(LUT + at_lo), -1)
 
 
@@ -446,8 +446,8 @@ def _whole_queries(start_n, NI, NJ, BM: tl.constexpr, BN: tl.constexpr, CAUSAL: 
 
 @triton.jit
 def _forward_tiles(
-    acc, l_i, m_i, macc, lo, hi, q, qp, qs, offs_m, m_ok, offs_d, d_ok, rel_base, row_at,
-    K, V, KPOS, KSEG, RELK, DIST, LUT, row_base, b, h, bh, skb, skh, skj, spk,
+    acc, l_i, m_i, macc, lo, hi, q, qp, qs, offs_m, m_ok, offs_d, d_ok, rel_base, dist_base,
+    row_at, K, V, KPOS, KSEG, RELK, LUT, row_base, b, h, bh, skb, skh, skj, spk,
     NJ, R, nlut, offset, scale2, slope2, seed, p_drop,
     BN: tl.constexpr, RP: tl.constexpr, PLAIN: tl.constexpr, CAUSAL: tl.constexpr,
     HAS_REL: tl.constexpr, HAS_MASS: tl.constexpr, HAS_KREL: tl.constexpr,
@@ -471,9 +471,8 @@ def _forward_tiles(
                 one = _one_row(dlo, dhi, LUT, offset, nlut)
             relk_base = RELK + (bh * NJ + offs_n[None, :]) * R
             s, row = _relative_logits(
-                s, delta, one, allowed, m_ok, n_ok, rel_base, relk_base, DIST + h * nlut, LUT,
-                offset, nlut, row_base, HAS_REL, HAS_KREL, SHIFTED, BY_DISTANCE,
-                HAS_MASS or HAS_KREL,
+                s, delta, one, allowed, m_ok, n_ok, rel_base, relk_base, dist_base, LUT, offset,
+                nlut, row_base, HAS_REL, HAS_KREL, SHIFTED, BY_DISTANCE, HAS_MASS or HAS_KREL,
             )  # fmt: skip
         if LINEAR:
             s += slope2 * _linear_distance(delta, LINEAR)
@@ -506,7 +505,9 @@ def _forward_kernel(
     start_m, bh, b, h, offs_m, offs_d, m_ok, d_ok = _program(H, NI, D, BM, DP)
     q, qp, qs = _load_queries(Q, QPOS, QSEG, b, h, offs_m, offs_d, m_ok, d_ok, sqb, sqh, sqi, spq)
     rel_base = REL + b * srb + h * srh + offs_m[:, None] * sri
+    dist_base = DIST + h * nlut
     row_at = bh * NI + offs_m
+    scale2 = scale * LOG2E  # the logits in base 2
     slope2 = 0.0
     if LINEAR:
         slope2 = tl.load(SLOPES + h) * LOG2E
@@ -519,16 +520,16 @@ def _forward_kernel(
         split = tl.minimum(tl.maximum(_whole_keys(start_m, NI, NJ, BM, BN, CAUSAL), begin), end)
         acc, l_i, m_i, macc = _forward_tiles(
             acc, l_i, m_i, macc, begin, split, q, qp, qs, offs_m, m_ok, offs_d, d_ok, rel_base,
-            row_at, K, V, KPOS, KSEG, RELK, DIST, LUT, row_base, b, h, bh, skb, skh, skj, spk,
-            NJ, R, nlut, offset, scale * LOG2E, slope2, seed, p_drop,
+            dist_base, row_at, K, V, KPOS, KSEG, RELK, LUT, row_base, b, h, bh, skb, skh, skj,
+            spk, NJ, R, nlut, offset, scale2, slope2, seed, p_drop,
             BN, RP, PLAIN, CAUSAL, HAS_REL, HAS_MASS, HAS_KREL, DROPOUT, LINEAR, PRECISION,
             ONE_ROW, SHIFTED, BY_DISTANCE, False,
         )  # fmt: skip
         begin = split
     acc, l_i, m_i, macc = _forward_tiles(
         acc, l_i, m_i, macc, begin, end, q, qp, qs, offs_m, m_ok, offs_d, d_ok, rel_base,
-        row_at, K, V, KPOS, KSEG, RELK, DIST, LUT, row_base, b, h, bh, skb, skh, skj, spk,
-        NJ, R, nlut, offset, scale * LOG2E, slope2, seed, p_drop,
+        dist_base, row_at, K, V, KPOS, KSEG, RELK, LUT, row_base, b, h, bh, skb, skh, skj,
+        spk, NJ, R, nlut, offset, scale2, slope2, seed, p_drop,
         BN, RP, PLAIN, CAUSAL, HAS_REL, HAS_MASS, HAS_KREL, DROPOUT, LINEAR, PRECISION,
         ONE_ROW, SHIFTED, BY_DISTANCE, True,
     )  # fmt: skip
@@ -648,6 +649,7 @@ def _backward_kv_kernel(
 ):  # fmt: skip
     start_n, bh, b, h, offs_n, offs_d, n_ok, d_ok = _program(H, NJ, D, BN, DP)
     k, v = _load_keys(K, V, b, h, offs_n, offs_d, n_ok, d_ok, skb, skh, skj)
+    scale2 = scale * LOG2E  # the logits in base 2
     slope2 = 0.0
     if LINEAR:
         slope2 = tl.load(SLOPES + h) * LOG2E
@@ -672,7 +674,7 @@ def _backward_kv_kernel(
             dk, dv, dkacc, lo, hi, hi, hi, k, v, offs_n, n_ok, offs_d, d_ok, drelk_base,
             Q, DO, LSE, DLT, QPOS, QSEG, KPOS, KSEG, REL, RELK, DIST, LUT, row_base, DMASS,
             b, h, bh, sqb, sqh, sqi, spq, spk, srb, srh, sri, NI, NJ, D, R, nlut, offset,
-            scale * LOG2E, slope2, seed, p_drop,
+            scale2, slope2, seed, p_drop,
             BM, RP, PLAIN, CAUSAL, HAS_REL, HAS_MASS, HAS_KREL, DROPOUT, LINEAR, KREL_GRAD,
             LOOP_ROWS, PRECISION, ONE_ROW, SHIFTED, BY_DISTANCE, False,
         )  # fmt: skip
@@ -680,7 +682,7 @@ def _backward_kv_kernel(
         dk, dv, dkacc, begin, lo, hi, end, k, v, offs_n, n_ok, offs_d, d_ok, drelk_base,
         Q, DO, LSE, DLT, QPOS, QSEG, KPOS, KSEG, REL, RELK, DIST, LUT, row_base, DMASS,
         b, h, bh, sqb, sqh, sqi, spq, spk, srb, srh, sri, NI, NJ, D, R, nlut, offset,
-        scale * LOG2E, slope2, seed, p_drop,
+        scale2, slope2, seed, p_drop,
         BM, RP, PLAIN, CAUSAL, HAS_REL, HAS_MASS, HAS_KREL, DROPOUT, LINEAR, KREL_GRAD,
         LOOP_ROWS, PRECISION, ONE_ROW, SHIFTED, BY_DISTANCE, True,
     )  # fmt: skip
@@ -753,6 +755,7 @@ def _backward_q_kernel(
     q, qp, qs = _load_queries(Q, QPOS, QSEG, b, h, offs_m, offs_d, m_ok, d_ok, sqb, sqh, sqi, spq)
     row_at = bh * NI + offs_m
     do, lse2, dlt = _load_output_grads(DO, LSE, DLT, row_at, offs_d, m_ok, d_ok, D, q.dtype)
+    scale2 = scale * LOG2E  # the logits in base 2
     slope2 = 0.0
     if LINEAR:
         slope2 = tl.load(SLOPES + h) * LOG2E
@@ -766,7 +769,7 @@ def _backward_q_kernel(
         dq, dracc, dslope = _q_tiles(
             dq, dracc, dslope, begin, split, q, qp, qs, do, lse2, dlt, offs_m, m_ok, offs_d,
             d_ok, row_at, drel_base, K, V, KPOS, KSEG, REL, RELK, DIST, LUT, row_base, DMASS,
-            b, h, bh, skb, skh, skj, spk, srb, srh, sri, NJ, R, nlut, offset, scale * LOG2E,
+            b, h, bh, skb, skh, skj, spk, srb, srh, sri, NJ, R, nlut, offset, scale2,
             slope2, seed, p_drop,
             BN, RP, PLAIN, CAUSAL, HAS_REL, HAS_MASS, HAS_KREL, DROPOUT, LINEAR, REL_GRAD,
             LOOP_ROWS, SLOPE_GRAD, PRECISION, ONE_ROW, SHIFTED, BY_DISTANCE, False,
@@ -775,7 +778,7 @@ def _backward_q_kernel(
     dq, dracc, dslope = _q_tiles(
         dq, dracc, dslope, begin, end, q, qp, qs, do, lse2, dlt, offs_m, m_ok, offs_d,
         d_ok, row_at, drel_base, K, V, KPOS, KSEG, REL, RELK, DIST, LUT, row_base, DMASS,
-        b, h, bh, skb, skh, skj, spk, srb, srh, sri, NJ, R, nlut, offset, scale * LOG2E,
+        b, h, bh, skb, skh, skj, spk, srb, srh, sri, NJ, R, nlut, offset, scale2,
         slope2, seed, p_drop,
         BN, RP, PLAIN, CAUSAL, HAS_REL, HAS_MASS, HAS_KREL, DROPOUT, LINEAR, REL_GRAD,
         LOOP_ROWS, SLOPE_GRAD, PRECISION, ONE_ROW, SHIFTED, BY_DISTANCE, True,
