@@ -256,6 +256,10 @@ class DistanceClip(NamedTuple):
     hi: int
     shifted: bool = False
 
+    def rows(self, distance: Tensor) -> Tensor:
+        """The rows of a ``shifted`` clip: each distance clamped to ``[lo, hi]``, minus ``lo``."""
+        return distance.clamp(self.lo, self.hi) - self.lo
+
 
 class RelativeScheme(Scheme):
     """A scheme whose terms depend on each pair only through its *relative row* ``r`` in

@@ -56,8 +56,7 @@ class MusicRelative(RelativeScheme):
 
     def index(self, distance: Tensor) -> Tensor:
         """Row of ``Er`` for each relative distance (row ``M`` is distance 0)."""
-        m = self.config.max_distance
-        return distance.clamp(-m, 0 if self.causal else m) + m
+        return self.distance_clip.rows(distance)
 
     def score_bias(self, q: Tensor, q_positions: Positions, k_positions: Positions) -> Tensor:
         keys = self.relative_keys(q.dtype)  # (h, R, d), scaled by 1/√d

@@ -88,8 +88,7 @@ class TransformerXL(RelativeScheme):
 
     def relative_index(self, q_positions: Positions, k_positions: Positions) -> Tensor:
         """Row of every pair, ``(b|1, i, j)`` int64: the clipped ``p_j - p_i`` plus ``M``."""
-        m = self.config.max_distance
-        return q_positions.distance(k_positions).clamp(-m, 0 if self.causal else m) + m
+        return self.distance_clip.rows(q_positions.distance(k_positions))
 
     def position_keys(
         self, dtype: torch.dtype = torch.float32, rows: slice | Tensor | list[int] | None = None
