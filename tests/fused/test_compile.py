@@ -114,7 +114,7 @@ def test_a_variant_records_one_launch_per_kernel_and_runs_none(variant):
     assert [launch.kernel.__name__ for launch in launches] == list(KERNELS)
     for launch in launches:
         assert launch.constexprs["BM"] == launch.constexprs["BN"] == 64
-        assert launch.options == {"num_warps": 8}
+        assert launch.options == {"num_warps": 8, "enable_fp_fusion": True}
 
 
 @pytest.mark.parametrize(("dtype", "warps"), [(torch.bfloat16, 4), (torch.float32, 8)])
@@ -123,7 +123,7 @@ def test_each_dtype_launches_with_its_own_warps(dtype, warps):
     precision 4; the backward kernels keep the forward's."""
     assert warp_count(dtype) == warps
     launches = variant_launches("shaw-values-dropout", dtype, 32)
-    assert [launch.options for launch in launches] == [{"num_warps": warps}] * len(KERNELS)
+    assert [launch.options["num_warps"] for launch in launches] == [warps] * len(KERNELS)
 
 
 def test_launch_config_and_recording_refuse_bad_use():

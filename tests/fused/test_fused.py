@@ -172,6 +172,30 @@ def test_both_row_reductions(spec):
             _assert_close(g, w, 1e-4, f"{layout}: gradient {t}")
 
 
+@pytest.mark.parametrize("one_row", [False, True], ids=["per-pair", "one-row"])
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
+def test_owned_rows_match_eager(causal, one_row):
+    """Past :data:`MAX_LOOP_ROWS` rows over plain positions, a shifted clip's ``d rel`` needs no
+    atomic adds (``OWN_ROWS``): each query's rows inside the clip are one pair's, stored, and the
+    clip's end rows sum per query. The Music Transformer (130 rows causal, 141 bidirectional:
+    both end rows), 230 tokens so that tiles lie wholly past the clip, with ``one_row`` tiles
+    (one end row per tile) and without: outputs and every gradient against ``eager``."""
+    spec = {"name": "music", "max_distance": 129 if causal else 70}
+    n = 230
+    scheme, q, k, v, qp, kp = _case(spec, "plain", causal, 8, n=n)
+    assert scheme.num_relative > MAX_LOOP_ROWS and _one_row_tiles(scheme, n, 32) > 0
+    with launch_config(tile=32, one_row=one_row), recorded_launches() as runs:
+        torch.autograd.grad(fused_attention(q, k, v, scheme, qp, kp, causal=causal).sum(), q)
+    assert runs[-1].constexprs["OWN_ROWS"] and runs[-1].constexprs["ONE_ROW"] == one_row
+    grad_out = torch.randn(*q.shape, device=DEVICE)
+    with launch_config(tile=32, one_row=one_row):
+        out = fused_attention(q, k, v, scheme, qp, kp, causal=causal)
+        got = (out, *_grads(out, scheme, q, k, v, grad_out))
+    ref = BACKENDS["eager"](q, k, v, scheme, qp, kp, causal=causal)
+    want = (ref, *_grads(ref, scheme, q, k, v, grad_out))
+    _assert_all_close(got, want, 1e-4, f"causal={causal} one_row={one_row}")
+
+
 @pytest.mark.parametrize("causal", [True, False])
 @pytest.mark.parametrize("layout", ["left-pad", "right-pad", "packed", "cached"])
 def test_block_ranges_hold_every_allowed_pair(layout, causal):
@@ -498,9 +522,11 @@ def test_refuses_float64():
 
 def test_deterministic_mode_refuses_atomic_row_sums(deterministic):
     """More than :data:`MAX_LOOP_ROWS` rows with a table gradient (the Music Transformer, 129
-    rows) sums by atomic adds: refused under deterministic algorithms, a warning with
-    ``warn_only``; without a gradient, or with a register sum (T5, 32 rows), it runs."""
-    p = relpos.Positions.from_length(5, device=DEVICE)
+    rows) over general positions (here two packed documents) sums by atomic adds: refused under
+    deterministic algorithms, a warning with ``warn_only``; without a gradient, with a register
+    sum (T5, 32 rows) or over plain positions (each query's rows stored, not added), it runs."""
+    p = relpos.Positions.from_lengths([[2, 3]], 5, device=DEVICE)
+    plain = relpos.Positions.from_length(5, device=DEVICE)
     x = torch.randn(1, 2, 5, 8, device=DEVICE)
     music, t5 = (
         relpos.make_scheme(spec, d_model=16, num_heads=2, causal=True).to(DEVICE)
@@ -508,6 +534,7 @@ def test_deterministic_mode_refuses_atomic_row_sums(deterministic):
     )
     assert music.num_relative > MAX_LOOP_ROWS >= t5.num_relative
     deterministic(True)
+    fused_attention(x, x, x, music, plain, plain, causal=True).sum().backward()
     with pytest.raises(RuntimeError, match="not deterministic"):
         fused_attention(x, x, x, music, p, p, causal=True)
     with torch.no_grad():

@@ -33,16 +33,24 @@ backward):
   (``(j, R)``) register accumulator, updated once per row present among the tile's allowed pairs
   (one row for a tile past the clipping distance, at most ``BM + BN - 1`` near the diagonal); no
   atomics.
-* More rows (the Music Transformer's ``M``, DeBERTa's buckets; ``rel`` per query only): atomic
-  adds at each pair's ``(i, row)`` (``(j, row)``) from the program that owns query block ``i``
-  (key block ``j``), so no two programs contend; one add per query (key) where the whole tile
-  reads one row.
+* More rows, over plain positions, with a shifted clip (the Music Transformer's, Transformer-XL's
+  ``d rel``): no atomics. For one query each key is at another distance, so each row inside the
+  clip is one pair's: stored; the clip's two end rows sum per query in registers.
+* More rows otherwise (packed, padded or cached positions; DeBERTa's buckets; ``rel`` per query
+  only): atomic adds at each pair's ``(i, row)`` (``(j, row)``) from the program that owns query
+  block ``i`` (key block ``j``), so no two programs contend; one add per query (key) where the
+  whole tile reads one row.
 
 A pair's logit term is one load where the table allows it: the rows of clipped distances (Shaw,
 the Music Transformer, Transformer-XL: ``row_base``) are computed from the distance, and a table
 shared by every query (T5) is read per distance; otherwise the row comes from ``lut`` and then its
 entry, two dependent loads (which the profile on an H100 found the table schemes bound by).
 ``lut`` stops where the scheme's rows stop changing, so it is short whatever the length.
+
+The keys' backward computes its products keys-major (``k·qᵀ``, ``v·d outᵀ``), so the tile's
+probabilities and ``dS`` go straight into ``d v`` and ``d k`` as the left operands, with no
+transpose through shared memory; ``d out`` is cast to the inputs' dtype once, before the backward
+kernels read it.
 
 Plain positions (one contiguous sequence per batch row, queries = keys) read ``p_j - p_i`` as
 ``j - i`` and skip the causal future's tiles; with ``launch_config(unmasked=True)`` the tiles
@@ -138,7 +146,7 @@ class Launch(NamedTuple):
     kernel: triton.runtime.JITFunction
     args: tuple
     constexprs: dict
-    options: dict  # Triton's launch options (``num_warps``) where :func:`launch_config` set them
+    options: dict  # Triton's launch options: ``num_warps``, ``enable_fp_fusion``
 
 
 _recording: list[Launch] | None = None
@@ -197,7 +205,8 @@ def recorded_launches() -> Iterator[list[Launch]]:
 
 
 def _launch(kernel, grid: tuple, *args, num_warps: int, **constexprs) -> None:
-    options = {"num_warps": num_warps}
+    # FMA contraction stated, not left to Triton's default (3.9 warns that 3.10 will turn it off).
+    options = {"num_warps": num_warps, "enable_fp_fusion": True}
     if _recording is not None:
         _recording.append(Launch(kernel, args, constexprs, options))
     else:
@@ -353,6 +362,25 @@ def _sum_by_row(acc, x, row, allowed, one, RP: tl.constexpr):
     else:
         lo, hi = _row_range(row, allowed)
         acc = _add_by_row(acc, x, row, lo, hi, RP)
+    return acc
+
+
+@triton.jit
+def _own_rows(acc, drel_base, ds, row, allowed, one, first, last):
+    """``d rel`` of one tile where each query's rows inside the clip are one pair's (plain
+    positions, a shifted clip: ``p_j - p_i = j - i`` differs for every key): those are stored,
+    not added, and the clip's end rows ``first`` and ``last``, which every farther pair reads,
+    sum per query in ``acc``'s columns 0 and 1 (``(BM, 2)``). No atomics: each program owns its
+    queries' rows. ``ds`` is 0 on the pairs that may not attend."""
+    cols = tl.arange(0, 2)[None, :]
+    if one >= 0:  # the whole tile reads one end row
+        total = tl.sum(ds, axis=1)[:, None]
+        acc += tl.where(cols == tl.where(one == first, 0, 1), total, 0.0)
+    else:
+        tl.store(drel_base + row, ds, mask=allowed & (row != first) & (row != last))
+        at_first = tl.sum(tl.where(row == first, ds, 0.0), axis=1)[:, None]
+        at_last = tl.sum(tl.where((row == last) & (row != first), ds, 0.0), axis=1)[:, None]
+        acc += tl.where(cols == 0, at_first, at_last)
     return acc
 
 
@@ -550,7 +578,7 @@ def _forward_kernel(
 
 @triton.jit
 def _probs_and_dp(
-    q, k, v, do, lse2, dlt, offs_m, offs_n, m_ok, n_ok, qp, qs, KPOS, KSEG, rel_base, dmass_base,
+    qk, dp, lse2, dlt, offs_m, offs_n, m_ok, n_ok, qp, qs, KPOS, KSEG, rel_base, dmass_base,
     LUT, offset, nlut, scale2, seed, p_drop, row_at, NJ, slope2, relk_base, dist_base, row_base,
     PLAIN: tl.constexpr, CAUSAL: tl.constexpr, HAS_REL: tl.constexpr, HAS_MASS: tl.constexpr,
     HAS_KREL: tl.constexpr, DROPOUT: tl.constexpr, LINEAR: tl.constexpr, PRECISION: tl.constexpr,
@@ -560,11 +588,10 @@ def _probs_and_dp(
     """A tile's probabilities as the output used them (rebuilt from ``lse``, dropout applied),
     ``dS = p·(dP - dlt)``, the pairs' rows (where ``NEED_ROW`` or the logits read them), which
     may attend, their distances, and the tile's one row (:func:`_one_row`; -1 if none)."""
-    s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale2
+    s = qk * scale2
     delta, allowed, dlo, dhi = _pairs(
         offs_m, offs_n, m_ok, n_ok, qp, qs, KPOS, KSEG, PLAIN, CAUSAL, MASKED
     )
-    dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
     row = delta  # unused without a relative term
     one = -1
     if HAS_REL or HAS_MASS or HAS_KREL:
@@ -612,8 +639,12 @@ def _kv_tiles(
         )
         row_at = bh * NI + offs_m
         do, lse2, dlt = _load_output_grads(DO, LSE, DLT, row_at, offs_d, m_ok, d_ok, D, q.dtype)
+        # The products come out keys-major, (BN, BM): so the tile's probabilities and dS are
+        # already the left operands of dv and dk (no transpose through shared memory).
+        qk = tl.trans(tl.dot(k, tl.trans(q), input_precision=PRECISION))
+        dp = tl.trans(tl.dot(v, tl.trans(do), input_precision=PRECISION))
         p, ds, row, allowed, _, one = _probs_and_dp(
-            q, k, v, do, lse2, dlt, offs_m, offs_n, m_ok, n_ok, qp, qs, KPOS + b * spk,
+            qk, dp, lse2, dlt, offs_m, offs_n, m_ok, n_ok, qp, qs, KPOS + b * spk,
             KSEG + b * spk, REL + b * srb + h * srh + offs_m[:, None] * sri,
             DMASS + row_at[:, None] * R, LUT, offset, nlut, scale2, seed, p_drop, row_at, NJ,
             slope2, RELK + (bh * NJ + offs_n[None, :]) * R, DIST + h * nlut, row_base,
@@ -701,22 +732,24 @@ def _q_tiles(
     dq, dracc, dslope, lo, hi, q, qp, qs, do, lse2, dlt, offs_m, m_ok, offs_d, d_ok, row_at,
     drel_base, K, V, KPOS, KSEG, REL, RELK, DIST, LUT, row_base, DMASS,
     b, h, bh, skb, skh, skj, spk, srb, srh, sri, NJ, R, nlut, offset, scale2, slope2, seed,
-    p_drop,
+    p_drop, first, last,
     BN: tl.constexpr, RP: tl.constexpr, PLAIN: tl.constexpr, CAUSAL: tl.constexpr,
     HAS_REL: tl.constexpr, HAS_MASS: tl.constexpr, HAS_KREL: tl.constexpr,
     DROPOUT: tl.constexpr, LINEAR: tl.constexpr, REL_GRAD: tl.constexpr,
     LOOP_ROWS: tl.constexpr, SLOPE_GRAD: tl.constexpr, PRECISION: tl.constexpr,
     ONE_ROW: tl.constexpr, SHIFTED: tl.constexpr, BY_DISTANCE: tl.constexpr,
-    MASKED: tl.constexpr,
+    MASKED: tl.constexpr, OWN_ROWS: tl.constexpr,
 ):  # fmt: skip
     """One query block's gradients, summed over the key tiles ``lo..hi``. ``MASKED``: see
-    :func:`_pairs`."""
+    :func:`_pairs`; ``OWN_ROWS``, ``first``, ``last``: :func:`_own_rows`."""
     for start_n in range(lo, hi, BN):
         offs_n = start_n + tl.arange(0, BN)
         n_ok = offs_n < NJ
         k, v = _load_keys(K, V, b, h, offs_n, offs_d, n_ok, d_ok, skb, skh, skj)
+        qk = tl.dot(q, tl.trans(k), input_precision=PRECISION)
+        dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
         _, ds, row, allowed, delta, one = _probs_and_dp(
-            q, k, v, do, lse2, dlt, offs_m, offs_n, m_ok, n_ok, qp, qs, KPOS + b * spk,
+            qk, dp, lse2, dlt, offs_m, offs_n, m_ok, n_ok, qp, qs, KPOS + b * spk,
             KSEG + b * spk, REL + b * srb + h * srh + offs_m[:, None] * sri,
             DMASS + row_at[:, None] * R, LUT, offset, nlut, scale2, seed, p_drop, row_at, NJ,
             slope2, RELK + (bh * NJ + offs_n[None, :]) * R, DIST + h * nlut, row_base,
@@ -729,6 +762,8 @@ def _q_tiles(
         if REL_GRAD:
             if LOOP_ROWS:
                 dracc = _sum_by_row(dracc, ds, row, allowed, one, RP)
+            elif OWN_ROWS:
+                dracc = _own_rows(dracc, drel_base, ds, row, allowed, one, first, last)
             else:
                 rlo, rhi = _tile_rows(row, allowed, one)
                 if rlo == rhi:  # the whole tile reads one row: one add per query
@@ -749,7 +784,7 @@ def _backward_q_kernel(
     HAS_KREL: tl.constexpr, DROPOUT: tl.constexpr, LINEAR: tl.constexpr, REL_GRAD: tl.constexpr,
     LOOP_ROWS: tl.constexpr, SLOPE_GRAD: tl.constexpr, PRECISION: tl.constexpr,
     ONE_ROW: tl.constexpr, SHIFTED: tl.constexpr, BY_DISTANCE: tl.constexpr,
-    UNMASKED: tl.constexpr,
+    UNMASKED: tl.constexpr, OWN_ROWS: tl.constexpr,
 ):  # fmt: skip
     start_m, bh, b, h, offs_m, offs_d, m_ok, d_ok = _program(H, NI, D, BM, DP)
     q, qp, qs = _load_queries(Q, QPOS, QSEG, b, h, offs_m, offs_d, m_ok, d_ok, sqb, sqh, sqi, spq)
@@ -763,6 +798,11 @@ def _backward_q_kernel(
     dracc = tl.zeros([BM, RP], tl.float32)
     dslope = tl.zeros([BM], tl.float32)
     drel_base = DREL + row_at[:, None] * R
+    first = 0  # the clip's end rows (OWN_ROWS)
+    last = 0
+    if OWN_ROWS:
+        first = tl.load(LUT)
+        last = tl.load(LUT + nlut - 1)
     begin, end = _key_range(start_m, b, NJ, RANGES, n_ranges, BM, PLAIN, CAUSAL)
     if PLAIN and UNMASKED:  # first the tiles every pair of which may attend, unchecked
         split = tl.minimum(tl.maximum(_whole_keys(start_m, NI, NJ, BM, BN, CAUSAL), begin), end)
@@ -770,18 +810,18 @@ def _backward_q_kernel(
             dq, dracc, dslope, begin, split, q, qp, qs, do, lse2, dlt, offs_m, m_ok, offs_d,
             d_ok, row_at, drel_base, K, V, KPOS, KSEG, REL, RELK, DIST, LUT, row_base, DMASS,
             b, h, bh, skb, skh, skj, spk, srb, srh, sri, NJ, R, nlut, offset, scale2,
-            slope2, seed, p_drop,
+            slope2, seed, p_drop, first, last,
             BN, RP, PLAIN, CAUSAL, HAS_REL, HAS_MASS, HAS_KREL, DROPOUT, LINEAR, REL_GRAD,
-            LOOP_ROWS, SLOPE_GRAD, PRECISION, ONE_ROW, SHIFTED, BY_DISTANCE, False,
+            LOOP_ROWS, SLOPE_GRAD, PRECISION, ONE_ROW, SHIFTED, BY_DISTANCE, False, OWN_ROWS,
         )  # fmt: skip
         begin = split
     dq, dracc, dslope = _q_tiles(
         dq, dracc, dslope, begin, end, q, qp, qs, do, lse2, dlt, offs_m, m_ok, offs_d,
         d_ok, row_at, drel_base, K, V, KPOS, KSEG, REL, RELK, DIST, LUT, row_base, DMASS,
         b, h, bh, skb, skh, skj, spk, srb, srh, sri, NJ, R, nlut, offset, scale2,
-        slope2, seed, p_drop,
+        slope2, seed, p_drop, first, last,
         BN, RP, PLAIN, CAUSAL, HAS_REL, HAS_MASS, HAS_KREL, DROPOUT, LINEAR, REL_GRAD,
-        LOOP_ROWS, SLOPE_GRAD, PRECISION, ONE_ROW, SHIFTED, BY_DISTANCE, True,
+        LOOP_ROWS, SLOPE_GRAD, PRECISION, ONE_ROW, SHIFTED, BY_DISTANCE, True, OWN_ROWS,
     )  # fmt: skip
     q_ok = m_ok[:, None] & d_ok[None, :]
     tl.store(DQ + row_at[:, None] * D + offs_d[None, :], dq * scale, mask=q_ok)
@@ -790,6 +830,10 @@ def _backward_q_kernel(
     if REL_GRAD and LOOP_ROWS:
         cols = tl.arange(0, RP)
         tl.store(drel_base + cols[None, :], dracc, mask=m_ok[:, None] & (cols[None, :] < R))
+    if REL_GRAD and OWN_ROWS:  # the clip's end rows (one row when the clip has one entry)
+        cols = tl.arange(0, RP)[None, :]
+        ends = tl.where(cols == 0, first, last)
+        tl.store(drel_base + ends, dracc, mask=m_ok[:, None] & ((cols == 0) | (ends != first)))
 
 
 def block_ranges(
@@ -861,8 +905,8 @@ def _blocks(device: torch.device, dtype: torch.dtype) -> tuple[int, int, int]:
 
 def _padded(q: Tensor, rows: int) -> tuple[int, int, bool]:
     """``(DP, RP, loop_rows)``: the head dim and the row count padded to powers of two, and
-    whether the backward pass's row sums fit a register accumulator (else they run by atomic
-    adds)."""
+    whether the backward pass's row sums fit a register accumulator (else they are stored per
+    query or run by atomic adds: the module docstring)."""
     rp = max(16, triton.next_power_of_2(max(rows, 1)))
     dp = max(16, triton.next_power_of_2(q.shape[-1]))
     return dp, rp, rp <= MAX_LOOP_ROWS
@@ -875,7 +919,7 @@ class _RelativeFlash(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, rel, relk, slopes, geometry, want_mass):
         qpos, qseg, kpos, kseg, lut, offset, causal, plain = geometry[:8]
-        r, p_drop, seed, linear, dist, row_base = geometry[8:]
+        r, p_drop, seed, linear, dist, row_base, _ = geometry[8:]
         b, h, i, d = q.shape
         j = k.shape[2]
         bm, bn, warps = _blocks(q.device, q.dtype)
@@ -910,7 +954,7 @@ class _RelativeFlash(torch.autograd.Function):
     def backward(ctx, dout, dmass):
         q, k, v, rel, relk, slopes, out, lse, mass, q_ranges = ctx.saved_tensors
         qpos, qseg, kpos, kseg, lut, offset, causal, plain = ctx.geometry[:8]
-        r, p_drop, seed, linear, dist, row_base = ctx.geometry[8:]
+        r, p_drop, seed, linear, dist, row_base, own_rows = ctx.geometry[8:]
         b, h, i, d = q.shape
         j = k.shape[2]
         dp, rp, loop_rows = _padded(q, r)
@@ -918,6 +962,8 @@ class _RelativeFlash(torch.autograd.Function):
         one_row = lut.shape[0] == 2
         dout = dout.float().contiguous()
         dlt = (dout * out).sum(-1)
+        # The products read d out in q's dtype: cast once here, not in every program that loads it.
+        do = dout.to(q.dtype).contiguous()
         has_mass = ctx.want_mass and dmass is not None
         if has_mass:
             dmass = dmass.float().contiguous()
@@ -939,7 +985,7 @@ class _RelativeFlash(torch.autograd.Function):
         common = (h, i, j, d, r, lut.shape[1], offset, 1.0 / math.sqrt(d), seed, p_drop)
         k_ranges = _ranges(ctx.geometry, b, bm, bn, queries=False)
         flags = dict(
-            BM=bm, BN=bn, DP=dp, RP=rp if loop_rows else 16, PLAIN=plain, CAUSAL=causal,
+            BM=bm, BN=bn, DP=dp, RP=rp if loop_rows else 2, PLAIN=plain, CAUSAL=causal,
             HAS_REL=rel is not None, HAS_MASS=has_mass, HAS_KREL=relk is not None,
             DROPOUT=p_drop > 0, LINEAR=linear, LOOP_ROWS=loop_rows, PRECISION=_precision(q),
             ONE_ROW=one_row, SHIFTED=row_base is not None, BY_DISTANCE=dist is not None,
@@ -947,14 +993,14 @@ class _RelativeFlash(torch.autograd.Function):
         )  # fmt: skip
         _launch(
             _backward_kv_kernel, (triton.cdiv(j, bn), b * h),
-            q, k, v, dout, lse, dlt, qpos, qseg, kpos, kseg, *tables, dmass, dk, dv, drelk,
+            q, k, v, do, lse, dlt, qpos, qseg, kpos, kseg, *tables, dmass, dk, dv, drelk,
             *strides, *common, k_ranges, k_ranges.shape[1], KREL_GRAD=relk_grad, **flags,
         )  # fmt: skip
         _launch(
             _backward_q_kernel, (triton.cdiv(i, bm), b * h),
-            q, k, v, dout, lse, dlt, qpos, qseg, kpos, kseg, *tables, dmass, dq, drel,
+            q, k, v, do, lse, dlt, qpos, qseg, kpos, kseg, *tables, dmass, dq, drel,
             dslope, *strides, *common, q_ranges, q_ranges.shape[1], REL_GRAD=rel_grad,
-            SLOPE_GRAD=slope_grad, **flags,
+            SLOPE_GRAD=slope_grad, OWN_ROWS=own_rows and not loop_rows, **flags,
         )  # fmt: skip
         if rel_grad:  # back to rel's broadcast shape (b|1, h, i|1, R)
             dims = [n for n in (0, 2) if rel.shape[n] == 1]
@@ -1058,7 +1104,8 @@ def relative_flash_attention(
             the shape expected).
         RuntimeError: under ``torch.use_deterministic_algorithms(True)`` (a warning with
             ``warn_only``), when ``rel`` or ``relk`` needs a gradient over more than
-            :data:`MAX_LOOP_ROWS` rows: those gradients are summed by atomic adds.
+            :data:`MAX_LOOP_ROWS` rows: those gradients are summed by atomic adds (not ``rel``'s
+            over plain positions with ``row_base``: each query's rows are its own).
     """
     want_mass = bool(mass)
     _check_shapes(q, k, v, rel, relk, slopes, (q_pos, q_seg, k_pos, k_seg), rows)
@@ -1071,9 +1118,12 @@ def relative_flash_attention(
             f"row_base must be in [0, rows - lut.numel()] = [0, {rows - lut.numel()}] (its rows "
             f"row_base..row_base + {lut.numel() - 1} within rows={rows}), got {row_base}"
         )
-    tables = [t for t in (rel, relk) if t is not None and t.requires_grad]
-    if rows > MAX_LOOP_ROWS and tables and torch.is_grad_enabled():
-        _alert_atomic_row_sums(rows)
+    # Plain positions and a shifted clip: every row inside the clip is one pair's per query.
+    own_rows = bool(plain) and row_base is not None
+    atomic = [relk] if own_rows else [rel, relk]
+    if rows > MAX_LOOP_ROWS and torch.is_grad_enabled():
+        if any(t is not None and t.requires_grad for t in atomic):
+            _alert_atomic_row_sums(rows)
     geometry = (
         q_pos.contiguous(),
         q_seg.contiguous(),
@@ -1090,6 +1140,7 @@ def relative_flash_attention(
         int(seed),
         0 if slopes is None else (2 if symmetric else 1),
         *_one_load_form(rel, relk, mass, lut, row_base, q.dtype),
+        own_rows,
     )
     q, k, v = (t.contiguous() for t in (q, k, v))
     rel = None if rel is None else rel.contiguous()  # the kernels read its rows with stride 1
