@@ -132,8 +132,8 @@ def warp_count(dtype: torch.dtype) -> int:
     """Warps per program (Triton's ``num_warps``) for inputs of ``dtype``.
 
     8 for float32: its exact products (no tensor cores) need more registers than 4 warps' threads
-    have; the keys' backward kernel spills 4.8-5.9 KB per thread at 4 warps, at most 2.4 KB on
-    sm_80 and 0.6 KB on sm_90 at 8 (``python -m relpos.kernels.aot --dtype float32 --warps 4,8``).
+    have: Shaw's value-term kernels spill 1.4-3.3 KB per thread at 4 warps, at most 120 bytes at 8
+    (``python -m relpos.kernels.aot --tile 32 --dtype float32 --warps 4,8``).
     4 for half precision: on an H100 at 64×64 tiles, 4 warps beat 8 for ALiBi, T5, Shaw and the
     Music Transformer (``benchmarks/fused_tiles.py``; ``docs/performance.md``, "On a GPU").
     """
