@@ -56,9 +56,10 @@ __all__ = [
 
 #: One call of :func:`~.relative_attention.relative_flash_attention` per kind of launch the
 #: ``fused`` backend makes: the table shared by every query (T5: read per distance), per query with
-#: the mass (Shaw's keys and values) or past the register rows (the Music Transformer: atomic row
-#: sums, its rows computed from clipped distances), a key term (DeBERTa), ALiBi's slopes (learned:
-#: their gradient), dropout, and general positions (padding, packing, a cache: ``plain=False``).
+#: the mass (Shaw's keys and values) or past the register rows (the Music Transformer: its rows
+#: computed from clipped distances, its row sums stored per query, or atomic over general
+#: positions), a key term (DeBERTa), ALiBi's slopes (learned: their gradient), dropout, and general
+#: positions (padding, packing, a cache: ``plain=False``).
 VARIANTS: dict[str, dict] = {
     "t5": dict(rel="shared", rows=32),
     "t5-positions": dict(rel="shared", rows=32, causal=False, plain=False),
