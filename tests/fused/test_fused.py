@@ -9,8 +9,9 @@ for the half-precision path on CPU.
 
 Checks: the kernel against a loop over ``(i, j)`` (``tests/oracles.py``) and ``eager``, outputs and
 every gradient (inputs and the scheme's tables) for every relative scheme and every layout
-(plain, padding, packing, a KV cache); the register and atomic row reductions; packed = alone;
-queries with no key; dropout against the definition under the kernel's own mask; the refusals.
+(plain, padding, packing, a KV cache); the register, stored and atomic row reductions; packed =
+alone; queries with no key; dropout against the definition under the kernel's own mask; the
+refusals.
 """
 
 from __future__ import annotations
@@ -156,8 +157,9 @@ def test_fused_equals_the_loop_oracle(spec):
 )
 def test_both_row_reductions(spec):
     """``R`` past :data:`MAX_LOOP_ROWS` reduces ``d rel`` and ``d relk`` by atomic adds (the Music
-    Transformer, 130 rows; DeBERTa, 160, with a key term; 170 tokens, so some tiles lie wholly past
-    the clipping distance and take one add per query or key), within it in registers (Shaw)."""
+    Transformer, 130 rows, packed: over plain positions its rows are stored instead; DeBERTa, 160,
+    with a key term; 170 tokens, so some tiles lie wholly past the clipping distance and take one
+    add per query or key), within it in registers (Shaw)."""
     scheme = relpos.make_scheme(spec, d_model=16, num_heads=2, causal=True)
     assert (scheme.num_relative > MAX_LOOP_ROWS) == (spec["name"] != "shaw")
     for layout in ("plain", "packed"):
@@ -257,16 +259,16 @@ def test_packed_documents_equal_each_alone():
 @pytest.mark.parametrize(
     ("spec", "p_drop"),
     [({"name": "music", "max_distance": 129}, 0.0), ({"name": "shaw", "max_distance": 5}, 0.3)],
-    ids=["music-atomic", "shaw-values-dropout"],
+    ids=["music-wide", "shaw-values-dropout"],
 )
 @pytest.mark.parametrize("tile", [pytest.param(16, marks=pytest.mark.slow), 64])
 @pytest.mark.parametrize("layout", ["plain", "packed"])
 def test_every_tile_size_gives_the_same_numbers(tile, layout, spec, p_drop):
     """The tiles (``launch_config``) change only how the work is cut: the block ranges, the
-    causal skip and the row sums (the Music Transformer's atomic ones; Shaw's registers with its
-    value term) agree with the default tiles to float32 rounding, outputs and gradients. The
-    backward pass runs with the forward's tiles, wherever it is called. Dropout's mask is drawn
-    per pair, not per tile: the same under any tiles."""
+    causal skip and the row sums (the Music Transformer's stored or atomic ones; Shaw's registers
+    with its value term) agree with the default tiles to float32 rounding, outputs and gradients.
+    The backward pass runs with the forward's tiles, wherever it is called. Dropout's mask is
+    drawn per pair, not per tile: the same under any tiles."""
     scheme, q, k, v, qp, kp = _case(spec, layout, True, 4, n=150)
     grad_out = torch.randn(*q.shape, device=DEVICE)
 
