@@ -568,26 +568,38 @@ def _reference(q, k, v, rel, lut, offset, qp, qs, kp, ks, causal, rows, keep, p_
     return probs @ v.double(), mass
 
 
-@pytest.mark.parametrize("rows", [9, 150], ids=["registers", "atomics"])
+@pytest.mark.parametrize("form", ["registers", "atomics", "stored"])
 @pytest.mark.parametrize("plain", [True, False], ids=["plain", "packed"])
-def test_dropout_equals_the_reference_with_the_kernels_mask(rows, plain):
+def test_dropout_equals_the_reference_with_the_kernels_mask(form, plain):
     """With dropout (p = 0.3) the kernel equals its definition under the mask
-    :func:`dropout_keep` draws for the seed: outputs, mass and every gradient."""
+    :func:`dropout_keep` draws for the seed: outputs, mass and every gradient, with the row sums
+    in registers (9 rows), atomic (150) or, given ``row_base`` (a table cut at the clip), stored
+    per query over plain positions."""
+    rows = 9 if form == "registers" else 150
     torch.manual_seed(rows + plain)
     b, h, n, d, p_drop, seed = 2, 2, 40, 8, 0.3, 1234
     q, k, v = (torch.randn(b, h, n, d, device=DEVICE, requires_grad=True) for _ in range(3))
     rel = torch.randn(b, h, n, rows, device=DEVICE, requires_grad=True)
     lut = (torch.arange(-n + 1, n, device=DEVICE).clamp(-(rows - 1), 0) + rows - 1).int()
+    offset, row_base = n - 1, None
+    if form == "stored":  # distances -(rows - 1)..0 at rows 0..rows - 1
+        lut, offset, row_base = torch.arange(rows, device=DEVICE, dtype=torch.int32), rows - 1, 0
     pos = torch.arange(n, device=DEVICE, dtype=torch.int32).expand(b, n).contiguous()
     seg = torch.zeros_like(pos)
     if not plain:
         seg[:, n // 2 :] = 1
         pos[:, n // 2 :] -= n // 2
         seg[1, :3] = -1
-    args = (lut, n - 1, pos, seg, pos, seg)
+    args = (lut, offset, pos, seg, pos, seg)
+    with recorded_launches() as runs:
+        out, _ = relative_flash_attention(
+            q, k, v, rel, *args, rows=rows, causal=True, plain=plain, mass=True, row_base=row_base
+        )
+        torch.autograd.grad(out.sum(), q)
+    assert runs[-1].constexprs["OWN_ROWS"] == (form == "stored" and plain)
     out, mass = relative_flash_attention(
         q, k, v, rel, *args, rows=rows, causal=True, plain=plain, mass=True,
-        dropout_p=p_drop, seed=seed,
+        dropout_p=p_drop, seed=seed, row_base=row_base,
     )  # fmt: skip
     keep = dropout_keep(seed, (b, h, n, n), p_drop, DEVICE)
     assert 0.6 < keep.float().mean() < 0.8
