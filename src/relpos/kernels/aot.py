@@ -200,9 +200,9 @@ def report(
 ) -> list[KernelReport]:
     """Every kernel of every variant × dtype × tile × warps × architecture, compiled."""
     rows = []
+    options = dict(one_row=one_row, lut_only=lut_only, unmasked=unmasked)
     for variant, dtype, tile, w in itertools.product(variants, dtypes, tiles, warps):
         name = str(dtype).removeprefix("torch.")
-        options = dict(one_row=one_row, lut_only=lut_only, unmasked=unmasked)
         launches = variant_launches(variant, dtype, tile, w, **options)
         for arch, launch in itertools.product(arches, launches):
             found = compile_launch(launch, arch)

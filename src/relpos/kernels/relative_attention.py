@@ -254,6 +254,16 @@ def _linear_distance(delta, LINEAR: tl.constexpr):
 
 
 @triton.jit
+def _base2_scales(scale, SLOPES, h, LINEAR: tl.constexpr):
+    """``(scale2, slope2)``: the products' scale and head ``h``'s linear-bias slope (0 without
+    one) times ``log2(e)``, so that the logits come out in base 2."""
+    slope2 = 0.0
+    if LINEAR:
+        slope2 = tl.load(SLOPES + h) * LOG2E
+    return scale * LOG2E, slope2
+
+
+@triton.jit
 def _entries(delta, offset, nlut):
     """Each pair's entry of the distance table (distances outside it clamp to its ends)."""
     return tl.minimum(tl.maximum(delta + offset, 0), nlut - 1)
@@ -439,11 +449,11 @@ def _load_keys(K, V, b, h, offs_n, offs_d, n_ok, d_ok, skb, skh, skj):
 
 
 @triton.jit
-def _load_output_grads(DO, LSE, DLT, row_at, offs_d, m_ok, d_ok, D, dtype):
-    """A query block's ``d out`` (in ``dtype``), log-sum-exp (base 2, as the logits) and
-    ``Σ_j P·dP``."""
+def _load_output_grads(DO, LSE, DLT, row_at, offs_d, m_ok, d_ok, D):
+    """A query block's ``d out`` (in the inputs' dtype: the caller casts it), log-sum-exp (base 2,
+    as the logits) and ``Σ_j P·dP``."""
     ok = m_ok[:, None] & d_ok[None, :]
-    do = tl.load(DO + row_at[:, None] * D + offs_d[None, :], mask=ok, other=0.0).to(dtype)
+    do = tl.load(DO + row_at[:, None] * D + offs_d[None, :], mask=ok, other=0.0)
     lse2 = tl.load(LSE + row_at, mask=m_ok, other=float("inf")) * LOG2E
     dlt = tl.load(DLT + row_at, mask=m_ok, other=0.0)
     return do, lse2, dlt
@@ -535,10 +545,7 @@ def _forward_kernel(
     rel_base = REL + b * srb + h * srh + offs_m[:, None] * sri
     dist_base = DIST + h * nlut
     row_at = bh * NI + offs_m
-    scale2 = scale * LOG2E  # the logits in base 2
-    slope2 = 0.0
-    if LINEAR:
-        slope2 = tl.load(SLOPES + h) * LOG2E
+    scale2, slope2 = _base2_scales(scale, SLOPES, h, LINEAR)
     m_i = tl.full([BM], float("-inf"), tl.float32)
     l_i = tl.zeros([BM], tl.float32)
     acc = tl.zeros([BM, DP], tl.float32)
@@ -638,7 +645,7 @@ def _kv_tiles(
             Q, QPOS, QSEG, b, h, offs_m, offs_d, m_ok, d_ok, sqb, sqh, sqi, spq
         )
         row_at = bh * NI + offs_m
-        do, lse2, dlt = _load_output_grads(DO, LSE, DLT, row_at, offs_d, m_ok, d_ok, D, q.dtype)
+        do, lse2, dlt = _load_output_grads(DO, LSE, DLT, row_at, offs_d, m_ok, d_ok, D)
         # The products come out keys-major, (BN, BM): so the tile's probabilities and dS are
         # already the left operands of dv and dk (no transpose through shared memory).
         qk = tl.trans(tl.dot(k, tl.trans(q), input_precision=PRECISION))
@@ -680,10 +687,7 @@ def _backward_kv_kernel(
 ):  # fmt: skip
     start_n, bh, b, h, offs_n, offs_d, n_ok, d_ok = _program(H, NJ, D, BN, DP)
     k, v = _load_keys(K, V, b, h, offs_n, offs_d, n_ok, d_ok, skb, skh, skj)
-    scale2 = scale * LOG2E  # the logits in base 2
-    slope2 = 0.0
-    if LINEAR:
-        slope2 = tl.load(SLOPES + h) * LOG2E
+    scale2, slope2 = _base2_scales(scale, SLOPES, h, LINEAR)
     dk = tl.zeros([BN, DP], tl.float32)
     dv = tl.zeros([BN, DP], tl.float32)
     dkacc = tl.zeros([BN, RP], tl.float32)
@@ -789,11 +793,8 @@ def _backward_q_kernel(
     start_m, bh, b, h, offs_m, offs_d, m_ok, d_ok = _program(H, NI, D, BM, DP)
     q, qp, qs = _load_queries(Q, QPOS, QSEG, b, h, offs_m, offs_d, m_ok, d_ok, sqb, sqh, sqi, spq)
     row_at = bh * NI + offs_m
-    do, lse2, dlt = _load_output_grads(DO, LSE, DLT, row_at, offs_d, m_ok, d_ok, D, q.dtype)
-    scale2 = scale * LOG2E  # the logits in base 2
-    slope2 = 0.0
-    if LINEAR:
-        slope2 = tl.load(SLOPES + h) * LOG2E
+    do, lse2, dlt = _load_output_grads(DO, LSE, DLT, row_at, offs_d, m_ok, d_ok, D)
+    scale2, slope2 = _base2_scales(scale, SLOPES, h, LINEAR)
     dq = tl.zeros([BM, DP], tl.float32)
     dracc = tl.zeros([BM, RP], tl.float32)
     dslope = tl.zeros([BM], tl.float32)
