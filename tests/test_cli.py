@@ -172,6 +172,7 @@ TRAIN_CASES = [
     (["--scheme", "learned", "--scheme-arg", "max_len=16"], ["--context 32", "max_len=16"]),
     (["--data", "{tmp}/missing.json"], ["--data", "does not exist"]),
     (["--data", "{tmp}"], ["--data", "is a folder"]),
+    (["--data", "{tmp}/not-json.txt"], ["^relpos train: error: --data: ", "not valid JSON"]),
     (["--run-dir", "{data}"], ["--run-dir", "not a folder"]),
     (["--run-dir", "{data}/sub"], ["--run-dir", "cannot create"]),
     (["--bogus"], ["unrecognized arguments: --bogus"]),
@@ -183,6 +184,7 @@ TRAIN_CASES = [
 )
 def test_train_refuses(tiny_data, tmp_path, capsys, flags, patterns):
     flags = [f.format(tmp=tmp_path, data=tiny_data) for f in flags]
+    (tmp_path / "not-json.txt").write_text("a chorale\n")
     argv = ["train", "--run-dir", str(tmp_path / "r"), "--data", str(tiny_data), *TINY_FLAGS]
     refused(capsys, argv + flags, *patterns)
     assert not (tmp_path / "r").exists()
@@ -200,6 +202,8 @@ def test_train_refuses_configs_and_resumes(tiny_data, tmp_path, capsys):
     refused(capsys, [*r, "--config", str(bad)], f"--config {re.escape(str(bad))}", "lr")
     bad.write_text(json.dumps({**good, "data": str(tmp_path / "gone.json")}))
     refused(capsys, [*r, "--config", str(bad)], "data in --config", "does not exist")
+    bad.write_text(json.dumps({**good, "data": str(bad)}))  # a file, but not chorales
+    refused(capsys, [*r, "--config", str(bad)], "data in --config", "'train'")
     refused(capsys, [*r, "--config", str(bad), "--resume"], "--config and --resume")
 
 
@@ -265,6 +269,11 @@ def test_eval_refuses(run, nan_checkpoint, tiny_data, tmp_path, capsys):
     only_last.mkdir()
     (only_last / "last.pt").write_bytes((run / "last.pt").read_bytes())
     refused(capsys, [*e, "--run-dir", str(only_last)], "--checkpoint best", "--checkpoint last")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    refused(
+        capsys, [*e, "--run-dir", str(empty)], "^relpos eval: error: --run-dir", "no checkpoint"
+    )
     assert not (run / "eval.json").exists()
 
 

@@ -380,6 +380,18 @@ def _check_fits(cfg, device, *, training: bool, source: str) -> None:
 # ----------------------------------------------------------------------------- subcommands
 
 
+def _check_data_file(flag: str, data: str) -> None:
+    """A JSB JSON file's format, checked before the run starts so the error names ``flag``."""
+    if data == "music21":
+        return
+    from ..music import load_jsb_json
+
+    try:
+        load_jsb_json(data)
+    except ValueError as e:
+        raise CLIError(f"{flag}: {e}") from None
+
+
 def cmd_train(args: argparse.Namespace) -> int:
     from ..training import TrainConfig, train
     from .limits import device_flag
@@ -411,8 +423,9 @@ def cmd_train(args: argparse.Namespace) -> int:
     else:
         cfg = _train_config(args)
         fits_cfg, source = cfg, f" (in --config {args.config})" if args.config else ""
-        if args.config:
-            check_data(f"data in --config {args.config}", cfg.data)
+        flag = "--data" if args.data or not args.config else f"data in --config {args.config}"
+        check_data(flag, cfg.data)
+        _check_data_file(flag, cfg.data)
     if fits_cfg is not None:
         if fits_cfg.seed > MAX_SEED:
             raise CLIError(f"--seed: expected an integer in 0..{MAX_SEED}, got {fits_cfg.seed}")

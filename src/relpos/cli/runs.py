@@ -37,10 +37,14 @@ def load_model(run_dir: Path, which: str):
         path = run_dir / f"{which}.pt"
         if not path.exists():
             other = run_dir / ("last.pt" if which == "best" else "best.pt")
-            hint = f" (the run has {other.name}: pass --checkpoint {other.stem})"
+            if not other.is_file():
+                raise CLIError(
+                    f"--run-dir {run_dir}: holds no checkpoint (best.pt or last.pt): not the "
+                    "folder of a run, or a run that has not written one yet"
+                )
             raise CLIError(
-                f"--checkpoint {which}: {path} does not exist"
-                + (hint if other.is_file() else " (no checkpoint has been written there yet)")
+                f"--checkpoint {which}: {path} does not exist (the run has {other.name}: pass "
+                f"--checkpoint {other.stem})"
             )
     else:
         path = input_file("--checkpoint", which, "best, last, or a checkpoint file")
