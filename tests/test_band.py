@@ -18,6 +18,7 @@ from relpos.attention import BACKENDS
 from relpos.attention.chunked import band as band_mod
 from relpos.attention.chunked import chunked_path
 from relpos.attention.chunked import geometry as geometry_mod
+from relpos.attention.chunked import kernels as kernels_mod
 from relpos.attention.chunked import narrow as narrow_mod
 from relpos.functional.skew import gather_relative
 from tests.helpers import randomize_parameters, spec_id
@@ -243,6 +244,54 @@ def test_region_path_with_frozen_tables_and_constant_queries(spec, engine, monke
         out = BACKENDS[backend](q, k, v, scheme, pos, pos, causal=True)
         results.append((out, torch.autograd.grad(out, [k, v], grad_out)))
     assert_same(results, atol=1e-9, rtol=1e-9)
+
+
+def test_cpu_flash_misreads_a_float32_mask_with_float64_queries():
+    """Canary for the cast in ``chunked.kernels``: torch's CPU kernel reads a float32 mask with
+    float64 ``q`` wrongly and says nothing. When this fails, upstream is fixed and the cast can
+    go."""
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 16, 8, dtype=torch.float64, generator=g) for _ in range(3))
+    mask = torch.randn(1, 2, 16, 16, dtype=torch.float64, generator=g)
+    ref = torch.softmax(q @ k.transpose(-1, -2) / 8**0.5 + mask, -1) @ v
+    raw = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+    out, _ = raw(q, k, v, 0.0, False, attn_mask=mask.float(), scale=8**-0.5)
+    assert (out - ref).abs().max() > 0.1
+    out, _ = kernels_mod.flash(q, k, v, 0.0, False, attn_mask=mask.float(), scale=8**-0.5)
+    torch.testing.assert_close(out, ref, atol=1e-6, rtol=0)  # the mask's float32 rounding
+
+
+@pytest.mark.parametrize("engine", ["tiles", "distance"])
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
+@pytest.mark.parametrize("spec", BAND_SPECS, ids=spec_id)
+@pytest.mark.parametrize("dtypes", [(64, 32), (32, 64)], ids=["f64-inputs", "f64-table"])
+def test_region_path_with_a_table_in_another_dtype_matches_eager(
+    spec, causal, engine, dtypes, monkeypatch
+):
+    """Inputs in one float dtype, the scheme's parameters in another (a backend called
+    directly): the band's masks follow the inputs, as eager does; outputs and gradients."""
+    use_engine(monkeypatch, engine)
+    inputs, table = (getattr(torch, f"float{bits}") for bits in dtypes)
+    scheme = relpos.make_scheme(spec, d_model=8, num_heads=2, causal=causal)
+    randomize_parameters(scheme, seed=3)
+    scheme.to(table)
+    n = 150
+    pos = Positions.from_length(n)
+    g = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(2, 2, n, 4, dtype=inputs, generator=g) for _ in range(3))
+    assert chunked_path(scheme, q, pos, pos) == "region"
+    grad_out = torch.randn(2, 2, n, 4, dtype=inputs, generator=g)
+    results = []
+    for backend in ("eager", "chunked"):
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        params = [p for p in scheme.parameters() if p.requires_grad]
+        out = BACKENDS[backend](*leaves, scheme, pos, pos, causal=causal)
+        results.append((out, torch.autograd.grad(out, leaves + params, grad_out)))
+    (out_ref, g_ref), (out, g) = results
+    for a, r in zip([out, *g], [out_ref, *g_ref], strict=True):
+        exact = a.dtype == inputs == torch.float64  # else float32 sums in another order
+        tol = 1e-9 if exact else 1e-5
+        torch.testing.assert_close(a, r, atol=tol, rtol=tol)
 
 
 @pytest.mark.parametrize(

@@ -10,11 +10,38 @@ from torch import Tensor
 
 __all__ = ["EXP_FLOOR", "block_bounds", "flash", "flash_backward", "flush_exp_", "sum_to"]
 
-#: PyTorch's fused CPU flash-attention kernel, which also returns the row log-sum-exp:
-#: ``flash(q, k, v, dropout_p, is_causal, scale=) -> (out (b, h, i, d), lse (b, h, i))``.
-flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
-#: Its backward: ``flash_backward(do, q, k, v, out, lse, dropout_p, is_causal, scale=)``.
-flash_backward = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
+_FLASH = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+_FLASH_BACKWARD = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
+_HALF = (torch.float16, torch.bfloat16)
+
+
+def _mask_for(q: Tensor, attn_mask: Tensor | None) -> Tensor | None:
+    """A float mask in a dtype the kernel reads right: ``q``'s, or float32 with half ``q``.
+
+    torch 2.13's CPU kernel (and ``F.scaled_dot_product_attention`` on it) reads a float32 mask
+    with float64 ``q`` as garbage, with no error, and refuses float64 with float32 ``q``
+    (``tests/test_band.py`` has a canary that says when upstream is fixed).
+    """
+    if attn_mask is None or not attn_mask.is_floating_point() or attn_mask.dtype == q.dtype:
+        return attn_mask
+    if attn_mask.dtype == torch.float32 and q.dtype in _HALF:
+        return attn_mask
+    return attn_mask.to(q.dtype)
+
+
+def flash(q, k, v, dropout_p, is_causal, *, attn_mask=None, scale=None):
+    """PyTorch's fused CPU flash-attention kernel, which also returns the row log-sum-exp:
+    ``(out (b, h, i, d), lse (b, h, i))``; a float ``attn_mask`` is cast where the kernel would
+    misread it (:func:`_mask_for`)."""
+    mask = _mask_for(q, attn_mask)
+    return _FLASH(q, k, v, dropout_p, is_causal, attn_mask=mask, scale=scale)
+
+
+def flash_backward(do, q, k, v, out, lse, dropout_p, is_causal, *, attn_mask=None, scale=None):
+    """Its backward: ``(dq, dk, dv)``, the mask cast as in :func:`flash`."""
+    mask = _mask_for(q, attn_mask)
+    return _FLASH_BACKWARD(do, q, k, v, out, lse, dropout_p, is_causal, attn_mask=mask, scale=scale)
+
 
 #: ``exp(EXP_FLOOR) ≈ 1.6e-38``, the smallest normal float32 order of magnitude.
 EXP_FLOOR = -87.0

@@ -59,7 +59,8 @@ class RelativeTerm:
         self.row_bias = self.row_bias_g = self.drel_lin = self.dkeys = self.drow_bias = None
         if job.query_independent:  # T5
             with torch.set_grad_enabled(grads):
-                self.const_rel = scheme.relative_logits(q[:, :, :1])  # (1|b, h, 1, R)
+                # (1|b, h, 1, R), in q's dtype as eager adds it (the table may be another)
+                self.const_rel = scheme.relative_logits(q[:, :, :1]).to(q.dtype)
             self.lin = band.to_distance(self.const_rel.detach())
             if grads and self.const_rel.requires_grad:
                 self.drel_lin = q.new_zeros(1, h, 1, band.width)
