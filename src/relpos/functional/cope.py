@@ -62,8 +62,11 @@ def cope_logits(q: Tensor, k: Tensor, allowed: Tensor, table: Tensor) -> Tensor:
     dtype = compute_dtype(q.dtype)
     positions = cope_positions(q, k, allowed, table.shape[-2])
     z = q.to(dtype) @ table.to(dtype).transpose(-1, -2)  # (b, h, i, npos): z_i[n] = q_i·e[n]
-    floor = positions.detach().floor()
+    # A NaN position (from a NaN or overflowing q·k) reads row 0 and stays NaN through w, in
+    # its own row only, instead of indexing out of bounds for the whole batch.
+    index = positions.detach().nan_to_num(nan=0.0)
+    floor = index.floor()
     w = positions - floor
     low = z.gather(-1, floor.long())
-    high = z.gather(-1, positions.detach().ceil().long())
+    high = z.gather(-1, index.ceil().long())
     return low + w * (high - low)
