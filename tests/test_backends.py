@@ -831,6 +831,19 @@ def test_rows_with_keys_matches_the_allowed_mask(layout):
         assert not (layout == "left-pad" and bool(expected.all()))  # the test sees padding
 
 
+def test_rows_with_keys_takes_any_segment_ids():
+    """Document ids as segment ids (up to 2**62): the table is per row's distinct ids, not per id
+    value, in cross-attention too (queries' and keys' ids differ)."""
+    big = 2**62
+    q_ids = torch.tensor([[big, big, 7, -1, big + 1], [-1, -1, 3, 3, 3]])
+    k_ids = torch.tensor([[big + 1, 7, big, big, -1, 7], [3, -1, 3, 9, 9, 9]])
+    qp, kp = Positions.from_segments(q_ids), Positions.from_segments(k_ids)
+    for causal in (True, False):
+        expected = qp.allowed(kp, causal=causal).any(-1)
+        assert torch.equal(rows_with_keys(qp, kp, causal), expected)
+    assert not bool(expected.all()) and bool(expected.any())
+
+
 # ------------------------------------------------------------------------------ bench
 def test_bench_writes_table_plot_and_json(tmp_path):
     from relpos.cli import bench

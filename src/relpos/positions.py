@@ -33,6 +33,7 @@ __all__ = [
     "PAD_SEGMENT",
     "Positions",
     "as_offset",
+    "dense_segment_ids",
     "distance_range",
     "resolve_positions",
     "sequence_lengths",
@@ -549,6 +550,19 @@ def distance_range(queries: Positions, keys: Positions) -> tuple[int, int]:
     return lo, hi
 
 
+def dense_segment_ids(seg: Tensor) -> Tensor:
+    """``(b, n)`` int64: each row's segment ids (padding's ``-1`` included) renumbered ``0, 1, …``
+    in their order, so a table indexed by segment has ``n`` slots whatever the ids' values.
+
+    A stable sort by id, a new group wherever the id changes, scattered back.
+    """
+    order = torch.sort(seg, dim=-1, stable=True).indices
+    sorted_seg = torch.gather(seg, -1, order)
+    starts = torch.ones_like(sorted_seg, dtype=torch.bool)
+    starts[:, 1:] = sorted_seg[:, 1:] != sorted_seg[:, :-1]
+    return torch.empty_like(seg).scatter_(-1, order, starts.long().cumsum(-1) - 1)
+
+
 def sequence_lengths(*parts: Positions) -> tuple[Tensor, ...]:
     """The length of the sequence every token belongs to, over the tokens of ``parts`` together.
 
@@ -564,12 +578,7 @@ def sequence_lengths(*parts: Positions) -> tuple[Tensor, ...]:
     parts = tuple(p.expand(b) for p in parts)
     pos = torch.cat([p.pos for p in parts], 1)
     seg = torch.cat([p.seg for p in parts], 1)
-    # Dense group ids: sort by segment, a new group wherever the id changes, then scatter back.
-    order = torch.sort(seg, dim=-1, stable=True).indices
-    sorted_seg = torch.gather(seg, -1, order)
-    starts = torch.ones_like(sorted_seg, dtype=torch.bool)
-    starts[:, 1:] = sorted_seg[:, 1:] != sorted_seg[:, :-1]
-    group = torch.empty_like(seg).scatter_(-1, order, starts.long().cumsum(-1) - 1)
+    group = dense_segment_ids(seg)
     last = torch.zeros_like(seg).scatter_reduce_(-1, group, pos, "amax", include_self=False)
     lengths = torch.where(seg == PAD_SEGMENT, 0, torch.gather(last, -1, group) + 1)
     return tuple(lengths.split([len(p) for p in parts], dim=1))

@@ -21,7 +21,7 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
-from ..positions import PAD_SEGMENT, Positions, distance_range
+from ..positions import PAD_SEGMENT, Positions, dense_segment_ids, distance_range
 from ..schemes.base import RelativeScheme, Scheme
 
 __all__ = [
@@ -130,12 +130,16 @@ def rows_with_keys(q_positions: Positions, k_positions: Positions, causal: bool)
     qp, kp = q_positions.expand(b), k_positions.expand(b)
     if len(qp) == 0 or len(kp) == 0:
         return torch.zeros(b, len(qp), dtype=torch.bool, device=qp.device)
-    nseg = int(max(qp.seg.max(), kp.seg.max(), 0)) + 2  # slot 0 for padding (-1)
+    # Segment ids renumbered per row over queries and keys together: i + j slots, whatever the
+    # ids' values (document ids may be large).
+    i = len(qp)
+    dense = dense_segment_ids(torch.cat([qp.seg, kp.seg], 1))
+    q_seg, k_seg = dense[:, :i], dense[:, i:]
     big = torch.iinfo(torch.int64).max
-    first = torch.full((b, nseg), big, dtype=torch.long, device=kp.pos.device)
-    first.scatter_reduce_(1, kp.seg + 1, kp.pos, reduce="amin")
-    first[:, 0] = big  # padding keys do not count
-    lowest = torch.gather(first, 1, qp.seg + 1)  # (b, i)
+    first = torch.full((b, dense.shape[1]), big, dtype=torch.long, device=kp.pos.device)
+    real_pos = kp.pos.masked_fill(kp.seg == PAD_SEGMENT, big)  # padding keys do not count
+    first.scatter_reduce_(1, k_seg, real_pos, reduce="amin")
+    lowest = torch.gather(first, 1, q_seg)  # (b, i)
     ok = (qp.seg != PAD_SEGMENT) & (lowest != big)
     return ok & (lowest <= qp.pos) if causal else ok
 
