@@ -215,7 +215,13 @@ def test_slopes_config_round_trip_and_errors():
     assert relpos.config_from_dict(json.loads(json.dumps(config.to_dict()))) == config
     with pytest.raises(ValueError, match="slopes has 2 entries; the layer has 4 heads"):
         relpos.MultiheadAttention(16, 4, {"name": "alibi", "slopes": [1, 0.5]})
-    with pytest.raises(ValueError, match=r"slopes\[1\] must be a number >= 0, got -1"):
+    with pytest.raises(ValueError, match=r"slopes\[1\] must be a finite number >= 0, got -1"):
         relpos.ALiBiConfig(slopes=[1, -1])
+    for bad in (float("nan"), float("inf")):  # every output would be NaN
+        for config in (relpos.ALiBiConfig, relpos.LearnedALiBiConfig):
+            with pytest.raises(
+                ValueError, match=rf"slopes\[0\] must be a finite number >= 0, got {bad}"
+            ):
+                config(slopes=[bad, 0.5])
     with pytest.raises(ValueError, match="slopes must be a non-empty list"):
         relpos.LearnedALiBiConfig(slopes=[])

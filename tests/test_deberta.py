@@ -314,7 +314,7 @@ def test_flex_adds_the_key_term_in_inference():
         ({"max_relative_positions": 0}, ValueError, "max_relative_positions must be >= 1"),
         ({"share_att_key": 1}, TypeError, "share_att_key must be a bool"),
         ({"norm_rel_ebd": "rms"}, ValueError, "norm_rel_ebd must be one of"),
-        ({"layer_norm_eps": 0.0}, ValueError, "layer_norm_eps must be > 0"),
+        ({"layer_norm_eps": 0.0}, ValueError, "layer_norm_eps must be a finite number > 0"),
     ],
 )
 def test_bad_config_names_the_field(fields, error, match):

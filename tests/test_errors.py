@@ -197,6 +197,24 @@ CASES = [
         ValueError,
         r"dropout must be in \[0, 1\)",
     ),
+    (
+        "float offset",
+        lambda: relpos.Positions.from_length(4, offset=1.5),
+        TypeError,
+        "offset must be an int or an integer tensor, got float",
+    ),
+    (
+        "list offset",
+        lambda: relpos.Positions.from_length(4, offset=[1, 2]),
+        TypeError,
+        "offset must be an int or an integer tensor, got list",
+    ),
+    (
+        "float continued",
+        lambda: relpos.Positions.from_length(3).continued(1.5),
+        TypeError,
+        r"n must be an int, got float \(1.5\)",
+    ),
 ]
 
 
@@ -204,6 +222,14 @@ CASES = [
 def test_bad_input(what, call, error, match):
     with pytest.raises(error, match=match):
         call()
+
+
+def test_a_step_of_another_batch_than_the_cache_is_refused():
+    attn = MultiheadAttention(8, 2, "alibi", causal=True)
+    cache = relpos.KVCache()
+    attn(torch.randn(2, 3, 8), cache=cache)
+    with pytest.raises(ValueError, match=r"the cache holds 2 rows; the new tokens come in 3 rows"):
+        attn(torch.randn(3, 1, 8), cache=cache)
 
 
 def test_mask_with_a_non_empty_cache_is_refused():

@@ -226,8 +226,10 @@ def test_paper_defaults_and_float32_in_bf16():
     ("field", "value", "message"),
     [
         ("hidden", 0, "hidden must be >= 1, got 0"),
-        ("init_c", -0.5, "init_c must be > 0, got -0.5"),
-        ("init_threshold", 0, "init_threshold must be > 0, got 0"),
+        ("init_c", -0.5, "init_c must be a finite number > 0, got -0.5"),
+        ("init_c", float("inf"), "init_c must be a finite number > 0, got inf"),
+        ("init_c", float("nan"), "init_c must be a finite number > 0, got nan"),
+        ("init_threshold", 0, "init_threshold must be a finite number > 0, got 0"),
         ("heads", [0, 0], "heads lists a head twice"),
     ],
 )

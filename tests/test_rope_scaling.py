@@ -156,7 +156,7 @@ def test_a_checkpoint_config_pastes_as_is():
                 "original_max_position_embeddings": 8,
                 "factor": 2.0,
             },
-            r"short_factor\[1\] must be a number > 0, got -1.0",
+            r"short_factor\[1\] must be a finite number > 0, got -1.0",
         ),
         (
             {
@@ -175,7 +175,8 @@ def test_a_checkpoint_config_pastes_as_is():
             r"needs key\(s\) \['original_max_position_embeddings'\]",
         ),
         ({"rope_type": "linear", "factor": 2.0, "beta": 1}, r"unknown key\(s\) \['beta'\]"),
-        ({"rope_type": "linear", "factor": 0}, "factor must be a number > 0"),
+        ({"rope_type": "linear", "factor": 0}, "factor must be a finite number > 0"),
+        ({"rope_type": "linear", "factor": float("inf")}, "factor must be a finite number > 0"),
         ({"rope_type": "linear", "factor": 2.0, "rope_theta": 500.0}, "differs from theta"),
         ({"rope_type": "linear", "factor": 2.0, "partial_rotary_factor": 0.5}, "set rotary_dim"),
         (

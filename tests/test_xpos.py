@@ -99,8 +99,9 @@ def test_config_and_errors():
     assert relpos.config_from_dict(json.loads(json.dumps(config.to_dict()))) == config
     with pytest.raises(ValueError, match="xPos needs causal attention"):
         relpos.MultiheadAttention(16, 2, SPEC, causal=False)
-    with pytest.raises(ValueError, match="xpos_scale_base must be > 0"):
-        relpos.RotaryConfig(xpos_scale_base=0.0)
+    for bad in (0.0, float("inf"), float("nan")):
+        with pytest.raises(ValueError, match="xpos_scale_base must be a finite number > 0"):
+            relpos.RotaryConfig(xpos_scale_base=bad)
 
 
 @pytest.mark.filterwarnings("ignore::UserWarning")

@@ -143,9 +143,8 @@ class Positions:
             raise TypeError(f"n must be an int, got {type(n).__name__}")
         if n < 0:
             raise ValueError(f"n must be >= 0, got {n}")
-        off = as_offset(
-            offset, batch=1 if isinstance(offset, int) else offset.numel(), device=device
-        )
+        batch = offset.numel() if isinstance(offset, Tensor) else 1  # as_offset checks the rest
+        off = as_offset(offset, batch=batch, device=device)
         pos = torch.arange(n, device=off.device).unsqueeze(0) + off
         return cls(pos, torch.zeros_like(pos), contiguous=off.shape[0] == 1, span=max(n - 1, 0))
 
@@ -449,6 +448,9 @@ class Positions:
         A ``log_decay`` is not continued: each attention layer computes its new tokens' values from
         its own input (:meth:`with_log_decay` with ``cached=``).
         """
+        if isinstance(n, bool) or not hasattr(n, "__index__"):
+            raise TypeError(f"n must be an int, got {type(n).__name__} ({n!r})")
+        n = int(n)
         if n < 0:
             raise ValueError(f"n must be >= 0, got {n}")
         valid = self.valid
@@ -642,6 +644,12 @@ def resolve_positions(
         positions = Positions.from_segments(segment_ids)
     elif positions is None:
         if cached is not None and len(cached):
+            if cached.batch not in (1, batch):
+                raise ValueError(
+                    f"the cache holds {cached.batch} rows; the new tokens come in {batch} rows "
+                    f"(input batch {batch}, expected {cached.batch}); pass {cached.batch} rows or "
+                    "start a new cache"
+                )
             positions = cached.continued(n)
         else:
             positions = Positions.from_length(n, device=device)

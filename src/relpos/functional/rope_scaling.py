@@ -76,8 +76,8 @@ _IGNORED = ("rope_theta", "partial_rotary_factor")
 
 
 def _check_positive(name: str, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
-        raise ValueError(f"{name} must be a number > 0, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < math.inf:
+        raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
 
 
 def check_rope_scaling(scaling: dict[str, Any], *, theta: float) -> dict[str, Any]:

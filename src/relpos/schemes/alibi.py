@@ -3,6 +3,7 @@ with fixed or learned slopes."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from torch import Tensor, nn
@@ -16,7 +17,7 @@ __all__ = ["ALiBi", "ALiBiConfig", "LearnedALiBi", "LearnedALiBiConfig"]
 
 
 def _check_slopes(slopes) -> tuple[float, ...] | None:
-    """Custom slopes as a tuple of floats ``>= 0`` (JSON gives a list), or None."""
+    """Custom slopes as a tuple of finite floats ``>= 0`` (JSON gives a list), or None."""
     if slopes is None:
         return None
     if not isinstance(slopes, list | tuple) or not slopes:
@@ -24,8 +25,8 @@ def _check_slopes(slopes) -> tuple[float, ...] | None:
             f"slopes must be a non-empty list of numbers (one per head), got {slopes!r}"
         )
     for h, s in enumerate(slopes):
-        if isinstance(s, bool) or not isinstance(s, int | float) or s < 0:
-            raise ValueError(f"slopes[{h}] must be a number >= 0, got {s!r}")
+        if isinstance(s, bool) or not isinstance(s, int | float) or not 0 <= s < math.inf:
+            raise ValueError(f"slopes[{h}] must be a finite number >= 0, got {s!r}")
     return tuple(float(s) for s in slopes)
 
 

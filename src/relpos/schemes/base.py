@@ -55,6 +55,7 @@ A scheme that makes sense only for causal attention says so with the class flag 
 from __future__ import annotations
 
 import dataclasses
+import math
 from abc import abstractmethod
 from dataclasses import dataclass
 from typing import Any, ClassVar, NamedTuple
@@ -111,10 +112,11 @@ def check_heads(d_model: Any, num_heads: Any) -> None:
 
 
 def check_positive_float(name: str, value: Any) -> None:
+    """Raise a clear error unless ``value`` is a finite number ``> 0`` (NaN and inf included)."""
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise TypeError(f"{name} must be a number, got {type(value).__name__}")
-    if not value > 0:
-        raise ValueError(f"{name} must be > 0, got {value}")
+    if not 0 < value < math.inf:
+        raise ValueError(f"{name} must be a finite number > 0, got {value}")
 
 
 @dataclass(frozen=True)
