@@ -58,6 +58,24 @@ def test_the_kernel_runs_once_per_distinct_distance():
     assert sizes == [1999] and bias.shape == (1, 2, 1000, 1000)
 
 
+@pytest.mark.parametrize("backend", ["eager", "sdpa", "chunked", "auto"])
+def test_padding_far_from_the_real_positions_does_not_widen_the_table(backend):
+    """Real tokens at 10**7 and one padding token (position 0): the function runs at the real
+    distances only (7 of them, not 2·10**7), and the real tokens get what they get alone."""
+    attn = relpos.MultiheadAttention(8, 2, "kerple", causal=True, backend=backend)
+    sizes = []
+    original = attn.scheme.distance_bias
+    attn.scheme.distance_bias = lambda d: sizes.append(d.numel()) or original(d)
+    x = torch.randn(1, 5, 8)
+    mask = torch.tensor([[False, True, True, True, True]])
+    with torch.no_grad():
+        padded = attn(x, positions=Positions.from_padding_mask(mask, offset=10**7))
+        alone = attn(x[:, 1:], positions=Positions.from_length(4, offset=10**7))
+    assert max(sizes) <= 7
+    torch.testing.assert_close(padded[:, 1:], alone)
+    assert (padded[:, 0] == 0).all()
+
+
 def test_bad_config():
     with pytest.raises(ValueError, match=r"variant must be one of \('log', 'power'\), got 'cubic'"):
         relpos.KerpleConfig(variant="cubic")

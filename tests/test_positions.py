@@ -8,6 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from relpos import Positions
+from relpos.positions import distance_range
 
 lengths = st.lists(st.integers(0, 7), min_size=1, max_size=4)
 
@@ -107,3 +108,15 @@ def test_distance_and_causal_mask():
 def test_bad_input_is_a_clear_error(call, error, match):
     with pytest.raises(error, match=match):
         call()
+
+
+def test_distance_range_spans_real_tokens_only():
+    """Padding sits at position 0; it must not stretch the range of tokens far from 0."""
+    mask = torch.tensor([[False, True, True], [True, True, False]])
+    qp = Positions.from_padding_mask(mask, offset=100)  # real positions 100, 101 in both rows
+    kp = Positions.from_length(4, offset=98)  # 98 … 101
+    assert distance_range(qp, kp) == (98 - 101, 101 - 100)
+    assert distance_range(qp, qp) == (-1, 1)
+    nothing = Positions.from_padding_mask(torch.zeros(2, 3, dtype=torch.bool))
+    assert distance_range(nothing, kp) == (0, 0) and distance_range(qp, nothing) == (0, 0)
+    assert distance_range(Positions.from_length(0), kp) == (0, 0)

@@ -545,11 +545,23 @@ def _segment_cumsum(
 
 
 def distance_range(queries: Positions, keys: Positions) -> tuple[int, int]:
-    """``(lo, hi)`` with every ``k_pos - q_pos`` of these queries and keys in ``[lo, hi]`` (from the
-    extreme positions, padding included: one device sync)."""
-    lo = int(keys.pos.min() - queries.pos.max())
-    hi = int(keys.pos.max() - queries.pos.min())
-    return lo, hi
+    """``(lo, hi)`` with every ``k_pos - q_pos`` between real tokens of these queries and keys in
+    ``[lo, hi]``; ``(0, 0)`` when either side has none. One device sync.
+
+    Padding's position (0) does not widen it, so a table over the range stays the size of the real
+    distances at any offset; callers clamp the index of a pair with padding (masked anyway).
+    """
+    if len(queries) == 0 or len(keys) == 0:
+        return 0, 0
+    far = torch.iinfo(torch.int64).max // 4  # beyond any position; differences stay in range
+
+    def extremes(p: Positions) -> tuple[Tensor, Tensor]:
+        real = p.seg != PAD_SEGMENT
+        return torch.where(real, p.pos, far).min(), torch.where(real, p.pos, -far).max()
+
+    (q_lo, q_hi), (k_lo, k_hi) = extremes(queries), extremes(keys)
+    lo, hi, q_first, k_first = torch.stack((k_lo - q_hi, k_hi - q_lo, q_lo, k_lo)).tolist()
+    return (0, 0) if far in (q_first, k_first) else (lo, hi)
 
 
 def dense_segment_ids(seg: Tensor) -> Tensor:

@@ -94,8 +94,10 @@ def relative_rows(
     clipped: bool = False,
 ) -> tuple[Tensor, int]:
     """``(lut, offset)``: the relative row of distance ``δ = p_j - p_i`` is ``lut[δ + offset]``,
-    for every distance these queries and keys have. Plain positions read the range from the
-    length (no device sync); others from the extreme positions (one).
+    for every distance between real tokens of these queries and keys (callers clamp
+    ``δ + offset`` to the table: a pair with padding may fall outside, and is masked). Plain
+    positions read the range from the length (no device sync); others from the extreme real
+    positions (one).
 
     With ``clipped``, for a caller that clamps ``δ + offset`` to the table's ends: the table
     stops at the scheme's :attr:`~relpos.schemes.RelativeScheme.distance_clip` (rows past it

@@ -224,17 +224,24 @@ def _score_mod(
         lo, table = scheme.distance_table(q_positions, k_positions)  # (h, D)
         table = table.to(device=q.device, dtype=torch.float32)
 
-        def distance_mod(score, b, h, q_idx, kv_idx):
-            return score + table[h, distance(b, q_idx, kv_idx) - lo]
+        last = table.shape[-1] - 1
+
+        def distance_mod(score, b, h, q_idx, kv_idx):  # clamped: pairs with padding (masked)
+            return score + table[h, torch.clamp(distance(b, q_idx, kv_idx) - lo, 0, last)]
 
         return distance_mod, [table]
     lut, offset = relative_rows(scheme, q_positions, k_positions, q.device)
+    last_entry = lut.shape[0] - 1
+
+    def entry(b, q_idx, kv_idx):  # clamped: pairs with padding may lie outside lut (masked)
+        return torch.clamp(distance(b, q_idx, kv_idx) + offset, 0, last_entry)
+
     rel_k = None
     if "key_bias" in scheme.hooks:
         rel_k = scheme.relative_key_logits(k).float()  # (b, h, j, R)
 
         def key_mod(score, b, h, q_idx, kv_idx):
-            return score + rel_k[b, h, kv_idx, lut[distance(b, q_idx, kv_idx) + offset]]
+            return score + rel_k[b, h, kv_idx, lut[entry(b, q_idx, kv_idx)]]
 
         if "score_bias" not in scheme.hooks:
             return key_mod, [rel_k]
@@ -246,12 +253,12 @@ def _score_mod(
         by_distance = rel[0, :, 0, :][:, lut]
 
         def bucket_mod(score, b, h, q_idx, kv_idx):
-            return score + by_distance[h, distance(b, q_idx, kv_idx) + offset]
+            return score + by_distance[h, entry(b, q_idx, kv_idx)]
 
         return bucket_mod, [by_distance]
 
     def relative_mod(score, b, h, q_idx, kv_idx):
-        row = lut[distance(b, q_idx, kv_idx) + offset]
+        row = lut[entry(b, q_idx, kv_idx)]
         return score + rel[b if rb > 1 else 0, h, q_idx if per_query else 0, row]
 
     if rel_k is None:

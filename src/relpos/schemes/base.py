@@ -423,7 +423,8 @@ class DistanceBiasScheme(Scheme):
 
     def distance_table(self, q_positions: Positions, k_positions: Positions) -> tuple[int, Tensor]:
         """``(lo, table)``: the bias of distance ``δ`` for head ``h`` is ``table[h, δ - lo]``, for
-        every distance between these queries and keys; ``table`` is ``(h, D)`` float32."""
+        every distance between real tokens of these queries and keys (a pair with padding may
+        fall outside: clamp its index); ``table`` is ``(h, D)`` float32."""
         lo, hi = distance_range(q_positions, k_positions)
         table = self.distance_bias(torch.arange(lo, hi + 1, device=q_positions.device))
         table = select_heads(table, self.bias_heads)  # heads left out of ``heads`` get 0
@@ -435,7 +436,8 @@ class DistanceBiasScheme(Scheme):
             shape = (dist.shape[0], self.num_heads, *dist.shape[1:])
             return dist.new_zeros(shape, dtype=torch.float32)
         lo, table = self.distance_table(q_positions, k_positions)
-        return gather_relative(table.unsqueeze(0).unsqueeze(2), dist - lo)
+        index = (dist - lo).clamp_(0, table.shape[-1] - 1)  # pairs with padding: masked
+        return gather_relative(table.unsqueeze(0).unsqueeze(2), index)
 
 
 class PairBiasScheme(Scheme):

@@ -99,8 +99,9 @@ class Job:
     def tile_index(self, q_positions: Positions, k_positions: Positions) -> Tensor:
         """``(b|1, bi, bj)`` relative row of every pair of a tile (after :meth:`constant_logits`
         for a distance scheme)."""
-        if self.distance:
-            return q_positions.distance(k_positions) - self.distance_lo
+        if self.distance:  # clamped: a pair with padding may lie outside the table (masked)
+            index = q_positions.distance(k_positions) - self.distance_lo
+            return index.clamp_(0, self.num_rel - 1)
         return self.scheme.relative_index(q_positions, k_positions)
 
     def tile_mask(self, i0: int, i1: int, j0: int, j1: int) -> Tensor:
