@@ -318,6 +318,29 @@ def test_empty_length(backend, spec, causal, how):
     assert out.shape == (3, 0, 8)
 
 
+EMPTY_BATCH_CASES = [
+    pytest.param(backend, spec, id=f"{backend}-{spec_id(spec)}")
+    for backend in BACKENDS for spec in SCHEME_SPECS if not unsupported(spec, backend)
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("backend", "spec"), EMPTY_BATCH_CASES)
+def test_empty_batch(backend, spec):
+    """Batch 0 (an empty last shard): an empty (0, n, d_model) result on every backend, with a
+    padding mask or a context too, and a backward pass; a KV cache is refused clearly."""
+    m = build(spec, 2, 4, True)
+    m.backend = backend
+    x = torch.randn(0, 5, 8, requires_grad=True)
+    outs = [m(x), m(x, padding_mask=torch.ones(0, 5, dtype=torch.bool))]
+    if "contextualize" not in m.scheme.hooks:  # the forget gate is self-attention only
+        outs.append(m(x, context=torch.randn(0, 3, 8)))
+    for out in outs:
+        assert out.shape == (0, 5, 8)
+        out.sum().backward()
+    with pytest.raises(ValueError, match="empty batch"):
+        m(x, cache=KVCache())
+
+
 def malformed(b: int, n: int) -> dict:
     """Kinds of bad input to an 8-wide layer: ``(args, kwargs, the argument's name)``."""
     x, ones = torch.randn(b, n, 8), torch.ones(b, n, dtype=torch.bool)

@@ -113,6 +113,10 @@ class MultiheadAttention(nn.Module):
             context_positions: where each context token is; or give ``context_padding_mask``
                 (``(b, m)`` bool) or ``context_segment_ids`` (``(b, m)`` int). Default:
                 ``0..m-1``. Only with ``context``.
+
+        Returns:
+            ``(b, n, d_model)``; a token that attends nowhere (padding) gets exactly 0. An
+            empty batch (``b = 0``) gives an empty result (not with a cache).
         """
         if not isinstance(x, Tensor) or x.ndim != 3 or x.shape[-1] != self.d_model:
             shape = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
@@ -140,12 +144,16 @@ class MultiheadAttention(nn.Module):
             cached=None if cache is None else cache.positions,
             device=x.device,
         )
+        h, kvh, d = self.num_heads, self.num_kv_heads, self.head_dim
+        if b == 0:  # an empty batch (a last shard): an empty output, on the projections' graph
+            if cache is not None:
+                raise ValueError("an empty batch (b = 0) cannot extend a KV cache")
+            return self.out(self.qkv(x)[..., : h * d])
         # Autocast reaches the projections only (functional.dtypes): not positions or attention.
         if "contextualize" in self.scheme.hooks:  # per-token values from x (FoX's gates)
             cached = None if cache is None else cache.positions
             with autocast_off(x.device.type):
                 positions = self.scheme.contextualize(x, positions, cached)
-        h, kvh, d = self.num_heads, self.num_kv_heads, self.head_dim
         if context is None:
             q, k, v = self.qkv(x).split([h * d, kvh * d, kvh * d], dim=-1)
             k_positions = positions
