@@ -256,6 +256,28 @@ def test_packed_documents_equal_each_alone():
         _assert_close(out[..., lo:hi, :], want, 1e-5, f"document {lo}:{hi}")
 
 
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
+def test_any_int64_segment_ids(causal):
+    """Document ids as segment ids: ids that wrap to one another, or to -1, in int32 (0 and
+    2**32, 2**32 - 1) and ids past block_ranges' 2**30 sentinel keep their documents apart, in
+    cross-attention too (the queries' and keys' ids are renumbered together)."""
+    spec = {"name": "t5", "num_buckets": 8, "max_distance": 12}
+    scheme = relpos.make_scheme(spec, d_model=16, num_heads=2, causal=causal).to(DEVICE)
+    randomize_parameters(scheme)
+    big = 2**32
+    ids = [[0] * 9 + [big] * 9 + [big - 1] * 7 + [2**30 + 5] * 8 + [-1] * 3]
+    kids = [[big] * 5 + [0] * 11 + [big - 1] * 6 + [2**30 + 5] * 6]
+    qp = relpos.Positions.from_segments(torch.tensor(ids, device=DEVICE))
+    kp = relpos.Positions.from_segments(torch.tensor(kids, device=DEVICE))
+    g = torch.Generator().manual_seed(5)
+    for keys in (qp, kp):
+        q = torch.randn(1, 2, len(qp), 8, generator=g).to(DEVICE)
+        k, v = (torch.randn(1, 2, len(keys), 8, generator=g).to(DEVICE) for _ in range(2))
+        want = BACKENDS["eager"](q, k, v, scheme, qp, keys, causal=causal)
+        got = fused_attention(q, k, v, scheme, qp, keys, causal=causal)
+        _assert_close(got, want, 1e-5, "cross" if keys is kp else "self")
+
+
 @pytest.mark.parametrize(
     ("spec", "p_drop"),
     [({"name": "music", "max_distance": 129}, 0.0), ({"name": "shaw", "max_distance": 5}, 0.3)],

@@ -36,7 +36,7 @@ from torch import Tensor
 
 from ..functional.dtypes import outside_autocast
 from ..kernels import triton_available
-from ..positions import Positions
+from ..positions import PAD_SEGMENT, Positions, dense_segment_ids
 from ..schemes.base import DistanceBiasScheme, LinearBiasScheme, RelativeScheme, Scheme
 from .contract import (
     empty_attention,
@@ -89,6 +89,19 @@ def fused_supports(scheme: Scheme, *, device: torch.device | str | None = None) 
     if "value_term" in scheme.hooks and not small:
         return False
     return small or not (scheme.query_independent and "score_bias" in scheme.hooks)
+
+
+def _kernel_segments(q_positions: Positions, k_positions: Positions) -> tuple[Tensor, Tensor]:
+    """int32 segment ids ``(b|1, i)``, ``(b|1, j)`` for the kernel: renumbered per row over queries
+    and keys together, in their order (padding stays ``-1``), so ids of any int64 value (document
+    ids) neither wrap in int32 nor pass the block ranges' sentinels. Plain positions: as they are.
+    """
+    if is_contiguous_self(q_positions, k_positions):
+        return q_positions.seg.to(torch.int32), k_positions.seg.to(torch.int32)
+    b = max(q_positions.batch, k_positions.batch)
+    seg = torch.cat([q_positions.expand(b).seg, k_positions.expand(b).seg], 1)
+    dense = torch.where(seg == PAD_SEGMENT, PAD_SEGMENT, dense_segment_ids(seg)).to(torch.int32)
+    return dense[:, : len(q_positions)], dense[:, len(q_positions) :]
 
 
 @outside_autocast
@@ -144,6 +157,7 @@ def fused_attention(
     drop = dropout_p if training else 0.0
     seed = int(torch.randint(2**31 - 1, (1,))) if drop > 0 else 0  # CPU generator: no sync
     int32 = torch.int32
+    q_seg, k_seg = _kernel_segments(q_positions, k_positions)
     out, mass = _kernels().relative_flash_attention(
         q,
         k.to(q.dtype),
@@ -152,9 +166,9 @@ def fused_attention(
         lut.to(int32),
         offset,
         q_positions.pos.to(int32),
-        q_positions.seg.to(int32),
+        q_seg,
         k_positions.pos.to(int32),
-        k_positions.seg.to(int32),
+        k_seg,
         rows=rows,
         causal=causal,
         plain=plain,
