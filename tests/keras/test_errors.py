@@ -95,7 +95,7 @@ DYNAMIC = {"rope_type": "dynamic", "factor": 2.0, "original_max_position_embeddi
                 kt(X), cache=kt(np.zeros((2, 5, 2, 4), "float32")), cache_update_index=0
             ),
             ValueError,
-            r"cache must have shape \(b, 2, S, h=2, d=4\), got \(2, 5, 2, 4\)",
+            r"cache must have shape \(b=2, 2, S, h=2, d=4\), got \(2, 5, 2, 4\)",
         ),
         (
             lambda: rk.RelativeMultiHeadAttention(2, 4, causal=True, num_key_value_heads=1),
@@ -103,7 +103,8 @@ DYNAMIC = {"rope_type": "dynamic", "factor": 2.0, "original_max_position_embeddi
                 kt(X), cache=kt(np.zeros((2, 2, 5, 2, 4), "float32")), cache_update_index=0
             ),
             ValueError,
-            r"cache must have shape \(b, 2, S, num_key_value_heads=1, d=4\), got \(2, 2, 5, 2, 4\)",
+            r"cache must have shape \(b=2, 2, S, num_key_value_heads=1, d=4\), got "
+            r"\(2, 2, 5, 2, 4\)",
         ),
         (
             lambda: rk.RelativeMultiHeadAttention(2, 4, causal=True),
@@ -168,6 +169,92 @@ DYNAMIC = {"rope_type": "dynamic", "factor": 2.0, "original_max_position_embeddi
             ),
             ValueError,
             "pass segment_ids or a mask, not both",
+        ),
+        # Positions past a learned table, eagerly: a tensor start_index, explicit positions.
+        (
+            lambda: rk.PositionEmbedding(6),
+            lambda layer: layer(kt(X), start_index=kt(np.array([0, 4], "int32"))),
+            ValueError,
+            r"start_index gives position 8, outside the learned table \(sequence_length=6: "
+            r"positions 0..5\)",
+        ),
+        (
+            lambda: rk.TokenAndPositionEmbedding(10, 6, 4),
+            lambda layer: layer(kt(np.ones((2, 5), "int32")), start_index=kt(np.int32(2))),
+            ValueError,
+            "start_index gives position 6, outside the learned table",
+        ),
+        (
+            lambda: rk.PositionEmbedding(6),
+            lambda layer: layer(kt(X), positions=kt(np.array([0, 1, 2, 3, -1], "int32"))),
+            ValueError,
+            "positions gives position -1, outside the learned table",
+        ),
+        # A cache write past the cache's end: an int index, a tensor one per row, negative.
+        (
+            lambda: rk.RelativeMultiHeadAttention(2, 4, causal=True),
+            lambda layer: layer(kt(X), cache=layer.empty_cache(2, 4), cache_update_index=2),
+            ValueError,
+            r"cache_update_index \+ n must be <= S: 5 new token\(s\) written at slot 2 need 7 "
+            r"slots, the cache has S=4",
+        ),
+        (
+            lambda: rk.RelativeMultiHeadAttention(2, 4, causal=True),
+            lambda layer: layer(
+                kt(X), cache=layer.empty_cache(2, 8), cache_update_index=kt(np.array([0, 4]))
+            ),
+            ValueError,
+            r"written at slot 4 need 9 slots, the cache has S=8",
+        ),
+        (
+            lambda: rk.RelativeMultiHeadAttention(2, 4, causal=True),
+            lambda layer: layer(kt(X), cache=layer.empty_cache(2, 8), cache_update_index=-1),
+            ValueError,
+            "cache_update_index must be >= 0, got -1",
+        ),
+        # Batch sizes that disagree with the query's b = 2.
+        (
+            lambda: rk.RelativeMultiHeadAttention(2, 4),
+            lambda layer: layer(kt(X), positions=kt(np.zeros((3, 5), "int32"))),
+            ValueError,
+            r"positions must have shape \(n,\) or \(b, n\) = \(2, 5\), got \(3, 5\)",
+        ),
+        (
+            lambda: rk.RelativeMultiHeadAttention(2, 4, causal=True),
+            lambda layer: layer(
+                kt(X), cache=layer.empty_cache(2, 8), cache_update_index=kt(np.zeros(3, "int32"))
+            ),
+            ValueError,
+            r"cache_update_index must be an int or have shape \(b,\) = \(2,\), got shape \(3,\)",
+        ),
+        (
+            lambda: rk.RelativeMultiHeadAttention(2, 4, causal=True),
+            lambda layer: layer(
+                kt(X),
+                cache=layer.empty_cache(2, 8),
+                cache_update_index=0,
+                cache_mask=kt(np.ones((3, 8), bool)),
+            ),
+            ValueError,
+            r"cache_mask must have shape \(b, S\) = \(2, 8\), got \(3, 8\)",
+        ),
+        (
+            lambda: rk.RelativeMultiHeadAttention(2, 4, causal=True),
+            lambda layer: layer(kt(X), cache=layer.empty_cache(3, 8), cache_update_index=0),
+            ValueError,
+            r"cache must have shape \(b=2, 2, S, h=2, d=4\), got \(3, 2, 8, 2, 4\)",
+        ),
+        (
+            lambda: rk.RelativeMultiHeadAttention(2, 4),
+            lambda layer: layer(kt(X), kt(np.zeros((2, 4, 8), "float32")), kt(X[:, :3])),
+            ValueError,
+            r"key must have shape \(b, j, D\) with value's j = 4, got \(2, 3, 8\)",
+        ),
+        (
+            lambda: rk.RelativeMultiHeadAttention(2, 4),
+            lambda layer: layer(kt(X), kt(np.zeros((3, 4, 8), "float32"))),
+            ValueError,
+            r"value must have shape \(b, j, D\) with the query's b = 2, got \(3, 4, 8\)",
         ),
     ],
 )
@@ -260,6 +347,17 @@ def test_bad_call_arguments(make, call, error, match):
             lambda: rk.Transformer(11, d_model=16, num_heads=4, num_kv_heads=3),
             ValueError,
             r"num_heads \(4\) must be a multiple of num_kv_heads \(3\)",
+        ),
+        (
+            lambda: rk.RelativeMultiHeadAttention(2, 4, attention_axes=(2,)),
+            ValueError,
+            r"attention_axes is not supported: relpos attends over the sequence axis of "
+            r"\(b, n, D\) inputs \(axis 1\) only, got \(2,\)",
+        ),
+        (
+            lambda: rk.RelativeMultiHeadAttention(2, 4, output_shape=(2, 3)),
+            ValueError,
+            r"output_shape must be an int or a 1-tuple \(the output width\)",
         ),
         (lambda: rk.PositionEmbedding(None), ValueError, "sequence_length must be an int"),
         (lambda: rk.T5RelativeBias(2, num_buckets=3), ValueError, "num_buckets must be"),

@@ -108,3 +108,17 @@ def grads(fn, variables):
             return fn()
 
     return jax.grad(loss_of)([v.value for v in variables])
+
+
+def traced(fn):
+    """``fn`` compiled as a Keras model's step would be (``jax.jit``, ``tf.function``), so its
+    tensors are traced and data-dependent checks cannot read them; None on torch (eager)."""
+    if BACKEND == "jax":
+        import jax
+
+        return jax.jit(fn)
+    if BACKEND == "tensorflow":
+        import tensorflow as tf
+
+        return tf.function(fn)
+    return None

@@ -10,12 +10,15 @@ import keras
 from keras import ops
 
 from .positions import (
+    PAD_SEGMENT,
     Positions,
     allowed_pairs,
     dense_and_mask,
+    holds_values,
     positions_from_mask,
     resolve_positions,
     restore_ragged,
+    segments_within_mask,
     sequence_length,
     slot_log_decay,
     with_log_decay,
@@ -94,6 +97,69 @@ def _write_cache(cache, new, index):
     return ops.where(write, gathered, cache)
 
 
+def _same_size(got, want) -> bool:
+    """Whether a static size ``got`` may be ``want`` (None, unknown, matches anything)."""
+    return got is None or want is None or got == want
+
+
+def _check_batch(name, x, batch, layout) -> None:
+    if not _same_size(x.shape[0], batch):
+        raise ValueError(
+            f"{name} must have shape {layout} with the query's b = {batch}, got {tuple(x.shape)}"
+        )
+
+
+def _cache_index(index, n, slots, batch):
+    """``cache_update_index`` (an int or one per row ``(b,)``) as int32 ``(b|1, 1)``, checked
+    against the cache: ``0 <= index`` and ``index + n <= S`` wherever the index holds values (a
+    Python int always, a tensor eagerly). Under ``jit`` a traced index is not checked: see
+    :func:`_inside_cache` for what a write past the end does there."""
+    if isinstance(index, bool) or isinstance(index, float):
+        raise TypeError(
+            f"cache_update_index must be an int or an integer tensor, got {type(index).__name__}"
+        )
+    bounds = (index, index) if isinstance(index, int) else None
+    index = ops.convert_to_tensor(index)
+    if "int" not in keras.backend.standardize_dtype(index.dtype):
+        raise TypeError(f"cache_update_index must hold integers, got dtype {index.dtype}")
+    rank = len(index.shape)
+    if rank > 1 or (rank == 1 and index.shape[0] != 1 and not _same_size(index.shape[0], batch)):
+        raise ValueError(
+            f"cache_update_index must be an int or have shape (b,) = ({batch},), got shape "
+            f"{tuple(index.shape)}"
+        )
+    index = ops.reshape(ops.cast(index, "int32"), (-1, 1))
+    if bounds is None and holds_values(index):
+        bounds = (
+            int(ops.convert_to_numpy(ops.min(index))),
+            int(ops.convert_to_numpy(ops.max(index))),
+        )
+    if bounds is not None and isinstance(n, int) and isinstance(slots, int):
+        lo, hi = bounds
+        if lo < 0:
+            raise ValueError(f"cache_update_index must be >= 0, got {lo}")
+        if hi + n > slots:
+            raise ValueError(
+                f"cache_update_index + n must be <= S: {n} new token(s) written at slot {hi} "
+                f"need {hi + n} slots, the cache has S={slots}"
+            )
+    return index
+
+
+def _new_slots(index, n, b, slots):
+    """``(b, n)`` int32: the slot of each new token, clamped into the cache."""
+    new = index + ops.expand_dims(ops.arange(n, dtype="int32"), 0)
+    return ops.broadcast_to(ops.clip(new, 0, slots - 1), (b, n))
+
+
+def _inside_cache(index, n, slots):
+    """``(b|1, n)`` bool: the new tokens whose slot lies inside the cache. Under ``jit`` a write
+    past the end (not checked there) is defined: those tokens are not written and their outputs
+    are zeros, as padding's."""
+    new = index + ops.expand_dims(ops.arange(n, dtype="int32"), 0)
+    return ops.logical_and(new >= 0, new < slots)
+
+
 def repeat_kv_heads(x, groups: int):
     """Grouped-query attention: each of the ``h_kv`` key/value heads of ``x (b, j, h_kv, d)``
     repeated ``groups`` times in place, ``(b, j, h_kv·groups, d)``, so query head ``i`` reads
@@ -104,7 +170,9 @@ def repeat_kv_heads(x, groups: int):
 @keras.saving.register_keras_serializable(package="relpos")
 class RelativeMultiHeadAttention(keras.layers.Layer):
     """Multi-head attention with any relpos attention scheme; a drop-in for
-    ``keras.layers.MultiHeadAttention``.
+    ``keras.layers.MultiHeadAttention`` on ``(b, n, D)`` inputs: its constructor and call
+    arguments, except ``attention_axes`` (other than the sequence axis) and a multi-axis
+    ``output_shape``, which are refused by name.
 
     Positions come from each token's place in its own sequence: the Keras mask (or
     ``query_mask``), ``segment_ids`` of packed rows, ``positions``, or ``start_index`` (an int or
@@ -118,7 +186,7 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
             value term, and with a cache).
         dropout: dropout on the attention probabilities in training.
         use_bias: biases in the projections.
-        output_shape: output width (default: the query's).
+        output_shape: output width, an int or a 1-tuple (default: the query's).
         scheme: a scheme name (``"nope"``, ``"rope"``, ``"alibi"``, ``"learned_alibi"``,
             ``"kerple"``, ``"dpb"``, ``"t5"``, ``"shaw"``, ``"music"``, ``"transformer_xl"``,
             ``"deberta"``, ``"cope"``, ``"forgetting"``),
@@ -131,17 +199,26 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
             a divisor of ``num_heads``: grouped-query attention (Ainslie et al., 2023; 1 is
             multi-query attention, Shazeer, 2019). Query head ``i`` reads key/value head
             ``i // (h / h_kv)``, as :class:`relpos.MultiheadAttention` with ``num_kv_heads``.
+        kernel_regularizer, bias_regularizer, kernel_constraint, bias_constraint: for the
+            projections (a scheme's own weights take none), as Keras'.
+        seed: of the attention dropout.
+        attention_axes: None, or the sequence axis (1 or -2); anything else is refused.
 
     Call arguments:
-        query: ``(b, i, D)``. value: ``(b, j, D)``, or None (or ``query`` itself) for
-            self-attention, where keys share the query's positions. key: default ``value``.
+        query: ``(b, i, D)``. value: ``(b, j, D)``, or None (or the very object passed as
+            ``query``) for self-attention, where keys share the query's positions. key: default
+            ``value``. Self-attention is decided on the arguments as passed, before Keras
+            converts or casts each of them (numpy inputs, float32 under ``mixed_*``): ``attn(x,
+            x)`` is ``attn(x)``; an equal but distinct tensor is cross-attention.
         query_mask, value_mask: ``(b, i)``/``(b, j)`` True for tokens (filled from Keras masks;
             ``mask`` is the query's when the layer is called on one tensor, ``attn(x)``).
         attention_mask: ``(b, i, j)`` bool, pairs that may attend (combined with the positions').
         use_causal_mask: mask future keys (by position, not index).
         return_attention_scores: also return the probabilities ``(b, h, i, j)``.
         positions: ``(i,)`` or ``(b, i)`` integer positions. segment_ids: ``(b, i)`` int, -1 for
-            padding. start_index: int or ``(b,)`` offset of the first token.
+            padding; with a query mask (an upstream ``mask_zero`` layer's, which Keras passes
+            by itself, or ``query_mask``) a token is real only where both say so.
+            start_index: int or ``(b,)`` offset of the first token.
         cache: ``(b, 2, S, h_kv, d)`` keys and values of ``S`` slots (keras-hub's layout). Keys
             are stored rotated, except for a scheme that ``rotates_cached_keys`` (RoPE with a
             ``dynamic`` or ``longrope`` scaling): it stores raw keys and rotates every cached key
@@ -150,14 +227,18 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
             A ``contextual`` scheme (``forgetting``) takes the pair ``(that, log_gates)``,
             ``log_gates`` float32 ``(b, S, h)``: each slot's log forget gate per head, written
             with its key (:meth:`empty_cache` builds either kind).
-        cache_update_index: slot of the first new token, an int or one per row ``(b,)``.
+        cache_update_index: slot of the first new token, an int or one per row ``(b,)``; the
+            ``i`` new tokens must fit, ``index + i <= S``: a ``ValueError`` for an int, and for a
+            tensor eagerly. Under ``jit`` a traced index is not checked: new tokens past the
+            last slot are not written and output zeros, as padding.
         cache_mask: ``(b, S)`` True for slots holding tokens after this write (default: slots
             before ``cache_update_index + i``). Slot positions are counted from it per row, so a
             left-padded prompt continues at its own positions. With a cache, ``query_mask`` is
             not read: ``cache_mask`` says which of the new tokens are real.
 
     Returns:
-        ``(b, i, output_shape)``; then the scores if asked, then the updated cache if given.
+        ``(b, i, output_shape)``; then the scores if asked, then the updated cache if given
+        (symbolically too, in a functional model).
     """
 
     def __init__(
@@ -173,9 +254,33 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
         kernel_initializer="glorot_uniform",
         bias_initializer="zeros",
         num_key_value_heads: int | None = None,
+        kernel_regularizer=None,
+        bias_regularizer=None,
+        kernel_constraint=None,
+        bias_constraint=None,
+        seed: int | None = None,
+        attention_axes=None,
         **kwargs,
     ) -> None:
         super().__init__(**kwargs)
+        if attention_axes is not None and tuple(
+            attention_axes if isinstance(attention_axes, list | tuple) else (attention_axes,)
+        ) not in ((1,), (-2,)):
+            raise ValueError(
+                "attention_axes is not supported: relpos attends over the sequence axis of "
+                f"(b, n, D) inputs (axis 1) only, got {attention_axes!r}"
+            )
+        if isinstance(output_shape, list | tuple):
+            if len(output_shape) != 1:
+                raise ValueError(
+                    "output_shape must be an int or a 1-tuple (the output width): outputs are "
+                    f"(b, i, output_shape), got {tuple(output_shape)!r}"
+                )
+            output_shape = output_shape[0]
+        if output_shape is not None and (
+            isinstance(output_shape, bool) or not isinstance(output_shape, int) or output_shape < 1
+        ):
+            raise ValueError(f"output_shape must be a positive int, got {output_shape!r}")
         num_key_value_heads = num_heads if num_key_value_heads is None else num_key_value_heads
         for name, value in (
             ("num_heads", num_heads),
@@ -198,6 +303,11 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
         self.output_dim = output_shape
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
         self.bias_initializer = keras.initializers.get(bias_initializer)
+        self.kernel_regularizer = keras.regularizers.get(kernel_regularizer)
+        self.bias_regularizer = keras.regularizers.get(bias_regularizer)
+        self.kernel_constraint = keras.constraints.get(kernel_constraint)
+        self.bias_constraint = keras.constraints.get(bias_constraint)
+        self.seed = seed
         config = scheme_config(scheme)
         self.scheme_spec = config.to_dict()
         self.position_scheme = make_attention_scheme(
@@ -212,10 +322,13 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
                 f"scheme {config.name!r} with values needs value_dim == key_dim ({key_dim}), "
                 f"got {self.value_dim}"
             )
-        self.dropout = keras.layers.Dropout(dropout, dtype="float32")
+        self.dropout = keras.layers.Dropout(dropout, seed=seed, dtype="float32")
         self.supports_masking = True
 
     def _dense(self, equation, shape, bias_axes, name):
+        def fresh(module, obj):  # each projection gets its own copy (seeds, state)
+            return None if obj is None else module.get(module.serialize(obj))
+
         dense = keras.layers.EinsumDense(
             equation,
             output_shape=shape,
@@ -226,6 +339,10 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
             bias_initializer=keras.initializers.get(
                 keras.initializers.serialize(self.bias_initializer)
             ),
+            kernel_regularizer=fresh(keras.regularizers, self.kernel_regularizer),
+            bias_regularizer=fresh(keras.regularizers, self.bias_regularizer),
+            kernel_constraint=fresh(keras.constraints, self.kernel_constraint),
+            bias_constraint=fresh(keras.constraints, self.bias_constraint),
             dtype=self.dtype_policy,
             name=name,
         )
@@ -252,6 +369,34 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
         self.position_scheme.build(query_shape)
         self.built = True
 
+    def __call__(self, *args, **kwargs):
+        """Decides self-attention on the arguments as given, before Keras converts or casts each
+        of them into a new tensor (numpy inputs; float32 inputs under a ``mixed_*`` policy): a
+        ``value`` that is the very object passed as ``query`` becomes None, and so does a
+        ``key`` that is either, so ``attn(x, x)`` and ``attn(x, x, x)`` are ``attn(x)``."""
+        args, kwargs = list(args), dict(kwargs)
+        slots = {name: i for i, name in enumerate(("query", "value", "key"))}
+
+        def get(name):
+            i = slots[name]
+            return args[i] if i < len(args) else kwargs.get(name)
+
+        def clear(name):
+            i = slots[name]
+            if i < len(args):
+                args[i] = None
+            else:
+                kwargs.pop(name, None)
+
+        query, value, key = get("query"), get("value"), get("key")
+        if query is not None and value is query:
+            clear("value")
+            if key is query:
+                clear("key")
+        elif value is None and key is query and query is not None:
+            clear("key")
+        return super().__call__(*args, **kwargs)
+
     def call(
         self,
         query,
@@ -273,6 +418,8 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
         mask=None,
     ):
         query_mask = mask if query_mask is None else query_mask  # `attn(x)`: Keras fills `mask`
+        # `__call__` already turned `value` that was the query's object into None; `is` here
+        # serves direct `call()` use.
         self_attention = value is None or value is query
         query, query_mask, lengths = dense_and_mask(query, query_mask)
         if len(query.shape) != 3:
@@ -286,6 +433,13 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
         for name, t in (("value", value), ("key", key)):
             if len(t.shape) != 3:
                 raise ValueError(f"{name} must have shape (b, j, D), got {tuple(t.shape)}")
+        _check_batch("value", value, query.shape[0], "(b, j, D)")
+        _check_batch("key", key, query.shape[0], "(b, j, D)")
+        if key is not value and not _same_size(key.shape[1], value.shape[1]):
+            raise ValueError(
+                f"key must have shape (b, j, D) with value's j = {value.shape[1]}, got "
+                f"{tuple(key.shape)}"
+            )
         b, n = ops.shape(query)[0], sequence_length(query)
         causal = self.causal or bool(use_causal_mask)
         scheme = self.position_scheme
@@ -299,7 +453,7 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
             cache_mask = None  # Keras fills `cache_mask` with the Keras masks of a pair cache
         if cache is not None:
             cache, gates = self._split_cache(cache)
-            self._check_cache(cache)  # before projecting: a wrong cache fails fast
+            self._check_cache(cache, query.shape[0])  # before projecting: a wrong cache fails fast
         q = self.query_dense(query)
         k = self.key_dense(key)
         v = self.value_dense(value)
@@ -313,7 +467,7 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
             if gates is not None:  # per-token log gates beside the keys; c over every slot
                 gates = _write_cache(gates, scheme.token_log_decay(query), index)
                 decay = slot_log_decay(gates, ops.broadcast_to(k_pos.valid, ops.shape(gates)[:2]))
-                new = ops.broadcast_to(index + ops.arange(n, dtype="int32"), (b, n))
+                new = _new_slots(index, n, b, ops.shape(gates)[1])
                 q_decay = ops.take_along_axis(decay, ops.expand_dims(new, -1), axis=1)
                 q_pos, k_pos = q_pos._replace(log_decay=q_decay), k_pos._replace(log_decay=decay)
             if not scheme.rotates_cached_keys:  # rotate the new keys once, then cache them
@@ -328,6 +482,10 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
         else:
             if cache_update_index is not None or cache_mask is not None:
                 raise ValueError("cache_update_index and cache_mask need a cache")
+            if segment_ids is not None and query_mask is not None:
+                # Keras fills query_mask from an upstream mask_zero: both mark padding.
+                segment_ids = segments_within_mask(segment_ids, query_mask, query.shape[0], n)
+                query_mask = None
             q_pos = resolve_positions(
                 n,
                 batch=query.shape[0],
@@ -415,16 +573,21 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
             )
         return kv, gates
 
-    def _check_cache(self, cache) -> None:
+    def _check_cache(self, cache, batch) -> None:
         kvh = self.num_key_value_heads
-        if len(cache.shape) != 5 or any(
-            got is not None and got != want
-            for got, want in zip(cache.shape[1:], (2, None, kvh, self.key_dim), strict=True)
-            if want is not None
+        if (
+            len(cache.shape) != 5
+            or any(
+                got is not None and got != want
+                for got, want in zip(cache.shape[1:], (2, None, kvh, self.key_dim), strict=True)
+                if want is not None
+            )
+            or not _same_size(cache.shape[0], batch)
         ):
             heads = f"h={kvh}" if kvh == self.num_heads else f"num_key_value_heads={kvh}"
+            rows = "b" if batch is None else f"b={batch}"
             raise ValueError(
-                f"cache must have shape (b, 2, S, {heads}, d={self.key_dim}), "
+                f"cache must have shape ({rows}, 2, S, {heads}, d={self.key_dim}), "
                 f"got {tuple(cache.shape)}"
             )
         if self.value_dim != self.key_dim:
@@ -433,22 +596,34 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
     def _cache_positions(self, cache, index, cache_mask, n, b):
         if index is None:
             raise ValueError("a cache needs cache_update_index (the slot of the first new token)")
-        slots = cache.shape[2]
-        index = ops.reshape(ops.cast(ops.convert_to_tensor(index), "int32"), (-1, 1))
+        slots = sequence_length(cache, 2)
+        batch = cache.shape[0]
+        index = _cache_index(index, n, slots, batch)
         slot = ops.expand_dims(ops.arange(slots, dtype="int32"), 0)
         if cache_mask is None:
             cache_mask = ops.broadcast_to(slot < index + n, (b, slots))
         else:
             cache_mask = ops.convert_to_tensor(cache_mask)
-            if len(cache_mask.shape) != 2 or cache_mask.shape[1] != slots:
+            if (
+                len(cache_mask.shape) != 2
+                or not _same_size(cache_mask.shape[1], cache.shape[2])
+                or not _same_size(cache_mask.shape[0], batch)
+            ):
                 raise ValueError(
-                    f"cache_mask must have shape (b, S={slots}), got {tuple(cache_mask.shape)}"
+                    f"cache_mask must have shape (b, S) = ({batch}, {slots}), got "
+                    f"{tuple(cache_mask.shape)}"
                 )
         k_pos = positions_from_mask(cache_mask)
-        new = ops.broadcast_to(index + ops.expand_dims(ops.arange(n, dtype="int32"), 0), (b, n))
+        new = _new_slots(index, n, b, slots)
+        inside = _inside_cache(index, n, slots)
         q_pos = Positions(
             ops.take_along_axis(ops.broadcast_to(k_pos.pos, (b, slots)), new, axis=1),
-            ops.take_along_axis(ops.broadcast_to(k_pos.seg, (b, slots)), new, axis=1),
+            ops.where(
+                inside,
+                ops.take_along_axis(ops.broadcast_to(k_pos.seg, (b, slots)), new, axis=1),
+                PAD_SEGMENT,
+            ),
+            compact=True,
         )
         return q_pos, k_pos, index
 
@@ -457,8 +632,31 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
         return previous_mask
 
     def compute_output_shape(self, query_shape, value_shape=None, key_shape=None):
+        """The output's shape alone; :meth:`compute_output_spec` adds the scores and cache."""
         out = query_shape[-1] if self.output_dim is None else self.output_dim
         return (*query_shape[:-1], out)
+
+    def compute_output_spec(
+        self, query, value=None, key=None, return_attention_scores=False, cache=None, **kwargs
+    ):
+        """What :meth:`call` returns, symbolically (a functional model): the output, then the
+        float32 scores ``(b, h, i, j)`` if asked, then the cache as given, as
+        ``keras.layers.MultiHeadAttention`` does for its scores."""
+        spec = keras.KerasTensor(self.compute_output_shape(query.shape), dtype=self.compute_dtype)
+        outputs = (spec,)
+        if return_attention_scores:
+            if cache is not None:
+                kv = cache[0] if isinstance(cache, tuple | list) else cache
+                keys = kv.shape[2]
+            else:
+                keys = (query if value is None else value if key is None else key).shape[1]
+            shape = (query.shape[0], self.num_heads, query.shape[1], keys)
+            outputs += (keras.KerasTensor(shape, dtype="float32"),)
+        if cache is not None:
+            spec = lambda t: keras.KerasTensor(t.shape, t.dtype)  # noqa: E731
+            pair = isinstance(cache, tuple | list)  # forgetting's (kv, log gates)
+            outputs += (tuple(spec(t) for t in cache) if pair else spec(cache),)
+        return outputs[0] if len(outputs) == 1 else outputs
 
     def get_config(self) -> dict[str, Any]:
         config = super().get_config()
@@ -474,5 +672,10 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
             kernel_initializer=keras.initializers.serialize(self.kernel_initializer),
             bias_initializer=keras.initializers.serialize(self.bias_initializer),
             num_key_value_heads=self.num_key_value_heads,
+            kernel_regularizer=keras.regularizers.serialize(self.kernel_regularizer),
+            bias_regularizer=keras.regularizers.serialize(self.bias_regularizer),
+            kernel_constraint=keras.constraints.serialize(self.kernel_constraint),
+            bias_constraint=keras.constraints.serialize(self.bias_constraint),
+            seed=self.seed,
         )
         return config

@@ -17,7 +17,13 @@ import keras
 from keras import ops
 
 from .ops import sinusoidal_table
-from .positions import SameShapeLayer, dense_and_mask, restore_ragged, token_positions
+from .positions import (
+    SameShapeLayer,
+    dense_and_mask,
+    holds_values,
+    restore_ragged,
+    token_positions,
+)
 
 __all__ = ["PositionEmbedding", "SinePositionEncoding", "TokenAndPositionEmbedding"]
 
@@ -27,7 +33,12 @@ class PositionEmbedding(SameShapeLayer):
     """A learned table of ``sequence_length`` position embeddings (Devlin et al., 2019).
 
     Args:
-        sequence_length: positions in the table; a longer input is a ``ValueError``.
+        sequence_length: positions in the table. A position outside ``[0, sequence_length)`` is
+            a ``ValueError`` naming ``start_index`` or ``positions`` wherever it is known: always
+            for an int ``start_index``, and eagerly for a tensor one or explicit ``positions``.
+            Under ``jit`` / ``tf.function`` a traced ``start_index`` or ``positions`` cannot be
+            checked: there positions are clamped into the table (past the end reads its last
+            row), never an out-of-range gather.
         initializer: for the table (keras-hub's default, ``"glorot_uniform"``).
 
     Call arguments:
@@ -75,10 +86,25 @@ class PositionEmbedding(SameShapeLayer):
                 f"a sequence of {n} tokens starting at position {top - n} is longer than the "
                 f"learned table (sequence_length={self.sequence_length})"
             )
+        if positions is not None or not isinstance(start_index, int):
+            pos = self._inside_table(pos, "start_index" if positions is None else "positions")
         table = ops.convert_to_tensor(self.position_embeddings)
         return restore_ragged(
             ops.broadcast_to(ops.take(table, pos, axis=0), ops.shape(inputs)), lengths
         )
+
+    def _inside_table(self, pos, name: str):
+        """``pos`` checked against the table where it holds values, and clamped into it."""
+        size = self.sequence_length
+        if holds_values(pos):
+            lo = int(ops.convert_to_numpy(ops.min(pos)))
+            hi = int(ops.convert_to_numpy(ops.max(pos)))
+            if lo < 0 or hi >= size:
+                raise ValueError(
+                    f"{name} gives position {lo if lo < 0 else hi}, outside the learned table "
+                    f"(sequence_length={size}: positions 0..{size - 1})"
+                )
+        return ops.clip(pos, 0, size - 1)
 
     def get_config(self) -> dict[str, Any]:
         config = super().get_config()

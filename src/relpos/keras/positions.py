@@ -34,6 +34,7 @@ __all__ = [
     "positions_from_segments",
     "resolve_positions",
     "restore_ragged",
+    "segments_within_mask",
     "sequence_length",
     "sequence_lengths",
     "slot_log_decay",
@@ -49,11 +50,15 @@ class Positions(NamedTuple):
     """``pos`` and ``seg``, int32 ``(b|1, n)``; see the module docstring. ``log_decay``, float
     ``(b, n, h)`` or None: each token's cumulative log forget gate over the earlier tokens of its
     own sequence (set by a contextual scheme, the Forgetting Transformer's; see
-    :func:`with_log_decay`)."""
+    :func:`with_log_decay`). ``compact``, a Python bool: every row's real positions are known to
+    span at most ``n`` consecutive values (positions counted inside rows: from a mask, segments,
+    a start index, a cache), so distance schemes take their static window without a
+    data-dependent branch; False (unknown) for explicit ``positions=``."""
 
     pos: Any
     seg: Any
     log_decay: Any = None
+    compact: bool = False
 
     @property
     def valid(self):
@@ -161,7 +166,7 @@ def plain_positions(n, start_index=0, batch=None) -> Positions:
     """
     off = _offset(start_index, batch)
     pos = ops.expand_dims(ops.arange(n, dtype="int32"), 0) + off
-    return Positions(pos, ops.zeros_like(pos))
+    return Positions(pos, ops.zeros_like(pos), compact=True)
 
 
 def positions_from_mask(mask, start_index=0) -> Positions:
@@ -176,7 +181,7 @@ def positions_from_mask(mask, start_index=0) -> Positions:
     valid = ops.cast(mask, "bool")
     count = ops.cumsum(ops.cast(valid, "int32"), axis=1)
     pos = ops.where(valid, count - 1 + _offset(start_index, mask.shape[0]), 0)
-    return Positions(pos, ops.where(valid, 0, PAD_SEGMENT))
+    return Positions(pos, ops.where(valid, 0, PAD_SEGMENT), compact=True)
 
 
 def positions_from_segments(segment_ids, start_index=0) -> Positions:
@@ -194,7 +199,16 @@ def positions_from_segments(segment_ids, start_index=0) -> Positions:
     rank = ops.sum(ops.cast(ops.logical_and(same, earlier), "int32"), axis=2)
     valid = ops.not_equal(seg, PAD_SEGMENT)
     pos = ops.where(valid, rank + _offset(start_index, seg.shape[0]), 0)
-    return Positions(pos, ops.where(valid, seg, PAD_SEGMENT))
+    return Positions(pos, ops.where(valid, seg, PAD_SEGMENT), compact=True)
+
+
+def segments_within_mask(segment_ids, mask, batch=None, n=None):
+    """``segment_ids`` ``(b, n)`` with padding (-1) wherever ``mask`` ``(b, n)`` is False: a token
+    is real only where both say so. Lets packed ``segment_ids`` meet the Keras mask an upstream
+    ``mask_zero`` layer attaches (Keras passes it to the attention layer by itself)."""
+    seg = _check_integer_tensor("segment_ids", segment_ids, rank=2)
+    _check_shape("segment_ids", seg, batch, n)
+    return ops.where(_check_mask(mask, batch, n), seg, PAD_SEGMENT)
 
 
 def continue_positions(cached: Positions, n) -> Positions:
@@ -213,7 +227,9 @@ def continue_positions(cached: Positions, n) -> Positions:
     start = ops.where(has_any, last_pos + 1, 0)
     seg = ops.where(has_any, last_seg, 0)
     new = ops.expand_dims(ops.arange(n, dtype="int32"), 0)
-    return Positions(start + new, ops.broadcast_to(seg, ops.shape(start + new)))
+    return Positions(
+        start + new, ops.broadcast_to(seg, ops.shape(start + new)), compact=cached.compact
+    )
 
 
 def _common_batch(parts):
@@ -318,7 +334,7 @@ def with_log_decay(positions: Positions, log_f) -> Positions:
     step = ops.where(ops.expand_dims(valid, -1), ops.cast(log_f, acc), 0.0)
     decay = ops.einsum("btl,blh->bth", ops.cast(same, acc), step)
     decay = ops.where(ops.expand_dims(valid, -1), decay, 0.0)
-    return Positions(pos, seg, decay)
+    return Positions(pos, seg, decay, compact=positions.compact)
 
 
 def slot_log_decay(log_f, valid):
@@ -362,9 +378,14 @@ def resolve_positions(
         pos = _integer_tensor("positions", positions)
         if len(pos.shape) == 1:
             pos = ops.expand_dims(pos, 0)
-        if len(pos.shape) != 2 or (pos.shape[1] is not None and _is_int(n) and pos.shape[1] != n):
+        rows = pos.shape[0] if len(pos.shape) == 2 else None
+        if (
+            len(pos.shape) != 2
+            or (pos.shape[1] is not None and _is_int(n) and pos.shape[1] != n)
+            or (_is_int(rows) and _is_int(batch) and rows not in (1, batch))
+        ):
             raise ValueError(
-                f"positions must have shape (n,) or (b, n) with n={n}, got {tuple(pos.shape)}"
+                f"positions must have shape (n,) or (b, n) = ({batch}, {n}), got {tuple(pos.shape)}"
             )
         pos = ops.cast(pos, "int32")
         if mask is None:

@@ -481,9 +481,12 @@ class DistanceBiasScheme(AttentionScheme):
     tokens (:func:`~relpos.keras.positions.distance_range`) and holds ``i + j - 1`` distances,
     every distance positions counted inside rows can reach (a mask, segments, a start index, a
     cache). So ``O(b·h·(i + j))`` evaluations, never ``O(h·i·j)``, and a static size under
-    ``jit``. A row whose distances overflow the window (explicit ``positions=`` with gaps) makes
-    the call evaluate the function per pair instead, ``(b, h, i, j)`` evaluations: the same
-    numbers (``keras.ops.cond`` when traced, a Python branch otherwise).
+    ``jit``. Positions counted inside rows (``Positions.compact``) always fit it, so the window is
+    taken with no branch: what XLA compiles on TensorFlow, whose ``jit_compile`` cannot
+    differentiate a ``cond`` once a sequence length is dynamic. Only explicit ``positions=`` may
+    overflow; for those, a row whose distances overflow the window (gaps) makes the call evaluate
+    the function per pair instead, ``(b, h, i, j)`` evaluations: the same numbers
+    (``keras.ops.cond`` when traced, a Python branch otherwise).
 
     A config field ``heads`` (head indices, or None for all) gives the heads left out exact
     zeros, with zero gradients, wherever :meth:`distance_bias` is evaluated, as the PyTorch
@@ -524,6 +527,8 @@ class DistanceBiasScheme(AttentionScheme):
         def per_pair():
             return self._bias_of(dist)
 
+        if q_positions.compact and k_positions.compact:
+            return window()
         fits = ops.all(hi - lo < size)
         if holds_values(fits) and keras.backend.backend() != "torch":
             return window() if bool(ops.convert_to_numpy(fits)) else per_pair()

@@ -1,0 +1,138 @@
+"""How ``RelativeMultiHeadAttention`` and the position layers read their call arguments: the
+self-attention rule, packed ``segment_ids`` beside a Keras mask, symbolic outputs, keras MHA's
+constructor arguments, and what a traced call does with positions it cannot check."""
+
+import keras
+import numpy as np
+import pytest
+from keras import ops
+
+import relpos.keras as rk
+
+from .util import BACKEND, kt, np_, traced
+
+X = np.random.default_rng(0).normal(size=(2, 6, 8)).astype("float32")
+SEG = np.array([[0, 0, 0, 1, 1, 1], [0, 0, 1, 1, 1, -1]], "int32")
+
+
+def test_self_attention_is_decided_before_keras_converts_the_arguments():
+    """``attn(x, x)`` is self-attention however Keras converts each argument (numpy inputs,
+    float32 under mixed_bfloat16): keys keep segment_ids and start_index, and forgetting runs."""
+    xt, st = kt(X), kt(SEG)
+    attn = rk.RelativeMultiHeadAttention(2, 4, scheme="alibi")
+    want = np_(attn(xt, segment_ids=st))
+    np.testing.assert_allclose(np_(attn(X, X, segment_ids=SEG)), want, atol=1e-6)
+    np.testing.assert_allclose(np_(attn(X, X, X, start_index=5)), np_(attn(xt, start_index=5)))
+    keras.config.set_dtype_policy("mixed_bfloat16")
+    attn = rk.RelativeMultiHeadAttention(2, 4, scheme="alibi")
+    want = np_(ops.cast(attn(xt, segment_ids=st), "float32"))
+    got = np_(ops.cast(attn(xt, xt, segment_ids=st), "float32"))
+    np.testing.assert_array_equal(got, want)
+    x_in, s_in = keras.Input((None, 8)), keras.Input((None,), dtype="int32")
+    model = keras.Model([x_in, s_in], attn(x_in, x_in, segment_ids=s_in))
+    got = np.asarray(model.predict([X, SEG], verbose=0), "float32")
+    np.testing.assert_allclose(got, want, atol=2e-2)
+    forgetting = rk.RelativeMultiHeadAttention(2, 4, scheme="forgetting", causal=True)
+    assert tuple(forgetting(xt, xt).shape) == X.shape
+
+
+def test_segment_ids_meet_the_keras_mask_of_a_mask_zero_embedding():
+    """Keras passes an upstream mask_zero mask as query_mask: with segment_ids a token is real
+    where both say so (token 0 of row 0 is masked though its segment id says document 0)."""
+    tokens = np.array([[0, 4, 5, 6, 7, 8], [3, 4, 5, 6, 0, 0]], "int32")
+    seg = np.array([[0, 0, 0, 1, 1, 1], [0, 0, 1, 1, -1, -1]], "int32")
+    embed = keras.layers.Embedding(10, 8, mask_zero=True)
+    attn = rk.RelativeMultiHeadAttention(2, 4, causal=True, scheme="alibi")
+    t_in, s_in = keras.Input((None,), dtype="int32"), keras.Input((None,), dtype="int32")
+    model = keras.Model([t_in, s_in], attn(embed(t_in), segment_ids=s_in))
+    got = model.predict([tokens, seg], verbose=0)
+    plain = kt(np_(embed(kt(tokens))))  # the same features with no Keras mask
+    want = attn(plain, segment_ids=kt(np.where(tokens != 0, seg, -1)))
+    np.testing.assert_allclose(got, np_(want), atol=1e-6)
+    assert not np_(want)[0, 0].any()
+
+
+def test_functional_model_returns_scores_and_cache_as_keras_mha():
+    q = keras.Input((5, 8))
+    out, scores = rk.RelativeMultiHeadAttention(2, 4)(q, q, return_attention_scores=True)
+    ref = keras.layers.MultiHeadAttention(2, 4)(q, q, return_attention_scores=True)
+    assert [tuple(t.shape) for t in (out, scores)] == [tuple(t.shape) for t in ref]
+    layer = rk.RelativeMultiHeadAttention(2, 4, causal=True)
+    c_in = keras.Input((2, 7, 2, 4))
+    out, scores, cache = layer(q, cache=c_in, cache_update_index=1, return_attention_scores=True)
+    assert (tuple(scores.shape), tuple(cache.shape)) == ((None, 2, 5, 7), (None, 2, 7, 2, 4))
+    model = keras.Model([q, c_in], [out, scores, cache])
+    x, c = X[:, :5], np.zeros((2, 2, 7, 2, 4), "float32")
+    want = layer(kt(x), cache=kt(c), cache_update_index=1, return_attention_scores=True)
+    for g, w in zip(model.predict([x, c], verbose=0), want, strict=True):
+        np.testing.assert_allclose(g, np_(w), atol=1e-6)
+
+
+def test_keras_mha_constructor_arguments():
+    layer = rk.RelativeMultiHeadAttention(
+        2,
+        4,
+        output_shape=(6,),
+        kernel_regularizer="l2",
+        bias_regularizer="l1",
+        kernel_constraint="non_neg",
+        bias_constraint="unit_norm",
+        seed=3,
+    )
+    assert tuple(layer(kt(X)).shape) == (2, 6, 6)
+    dense = (layer.query_dense, layer.key_dense, layer.value_dense, layer.output_dense)
+    assert len(layer.losses) == 8  # a kernel and a bias regulariser per projection
+    assert all(isinstance(d.kernel_constraint, keras.constraints.NonNeg) for d in dense)
+    assert all(isinstance(d.bias_constraint, keras.constraints.UnitNorm) for d in dense)
+    assert layer.dropout.seed == 3
+    clone = rk.RelativeMultiHeadAttention.from_config(layer.get_config())
+    assert (clone.output_dim, clone.seed) == (6, 3)
+    assert isinstance(clone.kernel_regularizer, keras.regularizers.L2)
+
+
+@pytest.mark.skipif(BACKEND == "torch", reason="the torch backend runs eagerly: always checked")
+def test_traced_positions_past_the_table_are_clamped():
+    """Under jit a traced start_index or positions cannot be checked: they read the table's last
+    row instead of gathering out of range (NaN on JAX)."""
+    pe = rk.PositionEmbedding(6)
+    x = kt(np.zeros((2, 5, 3), "float32"))
+    pe(x)
+    table = np_(pe.position_embeddings)
+    want = table[np.minimum(np.arange(4, 9), 5)]
+    got = np_(traced(lambda s: pe(x, start_index=s))(kt(np.array([4, 4], "int32"))))
+    np.testing.assert_array_equal(got, np.broadcast_to(want, got.shape))
+    got = np_(traced(lambda p: pe(x, positions=p))(kt(np.arange(4, 9, dtype="int32"))))
+    np.testing.assert_array_equal(got, np.broadcast_to(want, got.shape))
+
+
+@pytest.mark.skipif(BACKEND == "torch", reason="the torch backend runs eagerly: always checked")
+def test_traced_cache_write_past_the_end_drops_the_tokens_that_do_not_fit():
+    """Under jit a traced cache_update_index cannot be checked: of 5 tokens written at slot 2 of
+    4, the 2 that fit are written and output as eagerly; the others output zeros, as padding
+    (not the output bias of a query with no key)."""
+    layer = rk.RelativeMultiHeadAttention(
+        2, 4, causal=True, scheme="alibi", bias_initializer="ones"
+    )
+    x = kt(X[:1, :5])
+    cache = layer.empty_cache(1, 4)
+    want, want_cache = layer(x[:, :2], cache=cache, cache_update_index=2)
+    got, got_cache = traced(lambda i: layer(x, cache=cache, cache_update_index=i))(kt(2))
+    np.testing.assert_allclose(np_(got)[:, :2], np_(want), atol=1e-6)
+    assert not np_(got)[:, 2:].any()
+    np.testing.assert_allclose(np_(got_cache), np_(want_cache), atol=1e-6)
+
+
+@pytest.mark.skipif(BACKEND != "tensorflow", reason="XLA training through tf.function")
+def test_xla_training_of_a_distance_bias_at_a_second_sequence_length():
+    """A second batch length relaxes tf.function's length to None: the distance window must not
+    sit in a keras.ops.cond, whose gradient XLA cannot compile then."""
+    tokens = keras.Input((None,), dtype="int32")
+    x = keras.layers.Embedding(10, 8, mask_zero=True)(tokens)
+    x = rk.RelativeMultiHeadAttention(2, 4, scheme="kerple", causal=True)(x)
+    model = keras.Model(tokens, keras.layers.Dense(10)(x))
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    model.compile(optimizer="sgd", loss=loss, jit_compile=True)
+    for n in (4, 6):
+        t = np.arange(1, 2 * n + 1, dtype="int32").reshape(2, n) % 10
+        t[1, :2] = 0
+        assert np.isfinite(model.fit(t, t, batch_size=2, verbose=0).history["loss"][0])
