@@ -367,6 +367,45 @@ def test_bad_call_arguments(make, call, error, match):
             "rotary_dim must be a positive even",
         ),
         (
+            lambda: rk.RotaryEmbedding(rope_type="ntk"),
+            ValueError,
+            r"rope_type must be one of \('linear', 'dynamic', 'yarn'\) \(keras-hub's\), got 'ntk'",
+        ),
+        (
+            lambda: rk.RotaryEmbedding(rope_type="yarn", denominator_dim=8),
+            ValueError,
+            r"denominator_dim \(8\) is not read with rope_type='yarn'",
+        ),
+        (
+            lambda: rk.RotaryEmbedding(denominator_dim=0),
+            ValueError,
+            "denominator_dim must be a positive int, got 0",
+        ),
+        (lambda: rk.RotaryEmbedding(truncate=1), ValueError, "truncate must be a bool, got 1"),
+        *(
+            (
+                lambda name=name, value=value: rk.RotaryEmbedding(**{name: value}),
+                ValueError,
+                f"{name} must be a finite number > 0, got {value!r}",
+            )
+            for name in (
+                "max_wavelength",
+                "scaling_factor",
+                "beta_fast",
+                "beta_slow",
+                "original_max_position_embeddings",
+            )
+            for value in (0, float("nan"), float("inf"))
+        ),
+        *(
+            (
+                lambda value=value: rk.SinePositionEncoding(value),
+                ValueError,
+                f"max_wavelength must be a finite number > 0, got {value!r}",
+            )
+            for value in (-1.0, float("nan"), float("inf"), "10")
+        ),
+        (
             lambda: rk.RelativePositionEmbedding(-1, 4),
             ValueError,
             "max_distance must be an int >= 0",

@@ -37,6 +37,42 @@ def test_rotary_embedding_equals_keras_hub(kw):
     np.testing.assert_allclose(np_(rk.RotaryEmbedding(500, **ctor)(x, **call)), want, atol=1e-5)
 
 
+HUB_ROPE_CONFIGS = {
+    "defaults": {},
+    "linear": {"max_wavelength": 500, "scaling_factor": 2.0},
+    "dynamic": {"rope_type": "dynamic", "scaling_factor": 3.0, "sequence_axis": 2},
+    "denominator": {"scaling_factor": 2.0, "denominator_dim": 32},  # Gemma 4's partial ladder
+    # L = 64 puts YaRN's ramp inside the 8 pairs (dims 0..3 with truncate, 0..2.02 without)
+    "yarn": {"rope_type": "yarn", "scaling_factor": 4.0, "original_max_position_embeddings": 64},
+    "yarn-untruncated": {
+        "rope_type": "yarn",
+        "scaling_factor": 4.0,
+        "beta_fast": 16.0,
+        "beta_slow": 2.0,
+        "original_max_position_embeddings": 64,
+        "truncate": False,
+    },
+}
+
+
+@pytest.mark.parametrize("name", sorted(HUB_ROPE_CONFIGS))
+def test_rotary_embedding_loads_keras_hub_configs(name):
+    """A keras-hub layer's config (every argument of its signature) loads, and gives its numbers."""
+    theirs = hub.layers.RotaryEmbedding(**HUB_ROPE_CONFIGS[name])
+    config = theirs.get_config()
+    ours = rk.RotaryEmbedding.from_config(config)
+    assert {k: v for k, v in ours.get_config().items() if k in config} == config
+    x = np.random.default_rng(4).normal(size=(2, 8, 3, 16)).astype("float32")
+    if theirs.sequence_axis == 2:
+        x = x.transpose(0, 2, 1, 3)
+    x = kt(x)
+    for call in ({}, {"start_index": 5}, {"positions": kt(np.array([0, 3, 9, 1, 40, 7, 2, 60]))}):
+        want = np_(theirs(x, **call))
+        np.testing.assert_allclose(np_(ours(x, **call)), want, atol=1e-5)
+    if name != "defaults":  # the scaling is read: unscaled RoPE gives other numbers
+        assert not np.allclose(np_(rk.RotaryEmbedding(theirs.max_wavelength)(x)), want, atol=1e-3)
+
+
 def test_token_and_position_embedding_equals_keras_hub():
     tokens = kt(np.random.default_rng(2).integers(0, 20, size=(2, 6)))
     ours = rk.TokenAndPositionEmbedding(20, 8, 4)

@@ -19,6 +19,7 @@ from keras import ops
 from .ops import sinusoidal_table
 from .positions import (
     SameShapeLayer,
+    check_finite_positive,
     dense_and_mask,
     holds_values,
     restore_ragged,
@@ -130,8 +131,7 @@ class SinePositionEncoding(SameShapeLayer):
 
     def __init__(self, max_wavelength: float = 10000, interleaved: bool = True, **kwargs) -> None:
         super().__init__(**kwargs)
-        if isinstance(max_wavelength, bool) or not max_wavelength > 0:
-            raise ValueError(f"max_wavelength must be > 0, got {max_wavelength!r}")
+        check_finite_positive("max_wavelength", max_wavelength)
         self.max_wavelength, self.interleaved = max_wavelength, bool(interleaved)
         self.supports_masking = True
 

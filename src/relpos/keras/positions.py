@@ -14,6 +14,8 @@ Shape legend: ``b`` batch, ``n`` tokens, ``i`` queries, ``j`` keys.
 
 from __future__ import annotations
 
+import math
+from numbers import Real
 from typing import Any, NamedTuple
 
 import keras
@@ -25,6 +27,7 @@ __all__ = [
     "SameShapeLayer",
     "accumulation_dtype",
     "allowed_pairs",
+    "check_finite_positive",
     "continue_positions",
     "dense_and_mask",
     "distance_range",
@@ -430,6 +433,13 @@ def token_positions(inputs, *, mask=None, segment_ids=None, positions=None, star
         positions=positions,
         start_index=start_index,
     )
+
+
+def check_finite_positive(name: str, value: Any) -> None:
+    """Raise a ``ValueError`` naming ``name`` unless ``value`` is a finite real number ``> 0``
+    (NaN and inf refused, as :func:`relpos.schemes.base.check_positive_float` does)."""
+    if isinstance(value, bool) or not isinstance(value, Real) or not 0 < value < math.inf:
+        raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
 
 
 class SameShapeLayer(keras.layers.Layer):
