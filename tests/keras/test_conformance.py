@@ -147,11 +147,45 @@ def test_config_round_trip_and_output_shape(name):
     assert tuple(layer.compute_output_shape(tuple(x.shape))) == tuple(out.shape)
 
 
-@pytest.mark.parametrize("name", sorted(LAYERS))
+#: LAYERS, plus untied output tables (keras-hub draws them as the token table, reshaped) and
+#: seeded initializers (a copy with the token table's seed draws its values again).
+DRAWN = {
+    **LAYERS,
+    "TokenAndPositionEmbedding[untied]": (
+        lambda: TokenAndPositionEmbedding(10, N, WIDTH, tie_weights=False),
+        "tokens",
+    ),
+    "TokenAndPositionEmbedding[untied-seeded]": (
+        lambda: TokenAndPositionEmbedding(
+            10,
+            N,
+            WIDTH,
+            tie_weights=False,
+            embeddings_initializer=keras.initializers.RandomNormal(seed=3),
+        ),
+        "tokens",
+    ),
+    "TokenAndPositionEmbedding[untied-generator]": (
+        lambda: TokenAndPositionEmbedding(
+            10,
+            N,
+            WIDTH,
+            tie_weights=False,
+            embeddings_initializer=keras.initializers.GlorotUniform(
+                seed=keras.random.SeedGenerator(5)
+            ),
+        ),
+        "tokens",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(DRAWN))
 def test_weights_start_distinct(name):
     """No two random weights of a layer start equal (a reused initializer instance draws the
-    same values: Shaw's two tables, a dense layer's kernel and bias did)."""
-    make, kind = LAYERS[name]
+    same values: Shaw's two tables, a dense layer's kernel and bias, an untied
+    ``reverse_embeddings`` and its token table did)."""
+    make, kind = DRAWN[name]
     layer = make()
     layer.build(_input(kind).shape)  # no call: nothing to compile
     drawn = [np_(w).ravel() for w in layer.weights if np.unique(np_(w)).size > 1]

@@ -159,6 +159,22 @@ class SinePositionEncoding(SameShapeLayer):
         return config
 
 
+def _own_draw(initializer, offset: int = 1):
+    """A copy of ``initializer`` whose draw differs from its: the same instance, or a copy with
+    the same seed, draws the same values (keras-hub's untied ``reverse_embeddings`` start as the
+    token table, reshaped). An integer seed, or a ``SeedGenerator``'s, moves on by ``offset``
+    (reproducible); an unseeded copy draws its own default seed."""
+    config = keras.initializers.serialize(initializer)
+    inner = config.get("config") if isinstance(config, dict) else None
+    seed = inner.get("seed") if isinstance(inner, dict) else None
+    if isinstance(seed, dict) and isinstance(seed.get("config"), dict):  # a SeedGenerator
+        inner = seed["config"]
+        seed = inner.get("seed")
+    if isinstance(seed, int) and not isinstance(seed, bool):
+        inner["seed"] = seed + offset
+    return keras.initializers.get(config)
+
+
 @keras.saving.register_keras_serializable(package="relpos")
 class ReversibleEmbedding(keras.layers.Embedding):
     """A token embedding that also maps features back to logits: ``call(x, reverse=True)`` is
@@ -174,7 +190,7 @@ class ReversibleEmbedding(keras.layers.Embedding):
             self.reverse_embeddings = self.add_weight(
                 name="reverse_embeddings",
                 shape=(self.output_dim, self.input_dim),
-                initializer=self.embeddings_initializer,
+                initializer=_own_draw(self.embeddings_initializer),
             )
 
     def call(self, inputs, reverse: bool = False):
@@ -256,7 +272,7 @@ class TokenAndPositionEmbedding(keras.layers.Layer):
         )
         self.position_embedding = PositionEmbedding(
             sequence_length,
-            initializer=keras.initializers.get(init),
+            initializer=_own_draw(self.embeddings_initializer, offset=2),
             dtype=self.dtype_policy,
             name="position_embedding",
         )
