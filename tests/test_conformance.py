@@ -9,6 +9,7 @@ trips, and a torch.compile smoke test.
 from __future__ import annotations
 
 import json
+import math
 import random
 
 import pytest
@@ -146,6 +147,29 @@ def test_the_checks_catch_a_scheme_that_reads_array_indices():
     assert checks.padded_gap(model, docs, side="left") > 1e-3
     assert checks.packed_gap(model, [docs]) > 1e-3
     assert checks.cached_gap(model, torch.randint(0, VOCAB, (2, 8))) > 1e-3
+
+
+class NaNAfterFirst(Transformer):
+    """A broken model: NaN in every row of a batch but the first, and in every step a cache has
+    seen tokens before (the first row and the first step stay right)."""
+
+    def forward(self, tokens, *args, cache=None, **kwargs):
+        seen = cache is not None and len(cache[0]) > 0  # a list of KVCache, one per layer
+        out = super().forward(tokens, *args, cache=cache, **kwargs).clone()
+        out[1:] = math.nan
+        return out.fill_(math.nan) if seen else out
+
+
+def test_the_checks_report_nan():
+    """A gap that is NaN anywhere is NaN (so ``gap < tol`` fails), not dropped by ``max``."""
+    model = tiny_model({"name": "alibi"}, causal=True)
+    model.__class__ = NaNAfterFirst
+    docs = random_docs(random.Random(2), 3, lo=3)
+    assert math.isnan(checks.padded_gap(model, docs, side="left"))
+    assert math.isnan(checks.packed_gap(model, [docs[:1], docs[1:]]))
+    assert math.isnan(checks.cached_gap(model, torch.randint(0, VOCAB, (1, 6))))
+    prompts, more = docs, torch.randint(0, VOCAB, (3, 2))
+    assert math.isnan(checks.left_padded_decoding_gap(model, prompts, more))
 
 
 @pytest.mark.parametrize("spec", SCHEME_SPECS, ids=spec_id)

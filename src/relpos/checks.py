@@ -1,12 +1,15 @@
 """Parity checks: does a model give every sequence the same numbers however it is batched?
 
 Each check builds a batch the hard way (padded, packed, or decoded with a KV cache) on the model's
-device and returns the largest absolute difference from running every sequence alone. The test suite
-asserts they are ~0 for every scheme; ``relpos tour`` prints them. Use them on your own model as a
-self-test.
+device and returns the largest absolute difference from running every sequence alone (NaN if any
+difference is NaN, so ``gap < tol`` fails). The test suite asserts they are ~0 for every scheme;
+``relpos tour`` prints them. Use them on your own model as a self-test.
 """
 
 from __future__ import annotations
+
+import math
+from collections.abc import Iterable
 
 import torch
 from torch import Tensor
@@ -19,6 +22,12 @@ __all__ = ["cached_gap", "left_padded_decoding_gap", "packed_gap", "padded_gap"]
 def _device(model: Transformer) -> torch.device:
     """Where the model's parameters are: every batch a check builds goes there."""
     return next(model.parameters()).device
+
+
+def _largest(gaps: Iterable[float]) -> float:
+    """The largest gap, NaN if any is (Python's ``max`` keeps a NaN only when it comes first)."""
+    gaps = list(gaps)
+    return math.nan if any(math.isnan(g) for g in gaps) else max(gaps)
 
 
 def _alone(model: Transformer, doc: Tensor) -> Tensor:
@@ -40,7 +49,9 @@ def padded_gap(
         tokens[r, sl], mask[r, sl] = d, True
     tokens, mask = tokens.to(_device(model)), mask.to(_device(model))
     out = model(tokens, padding_mask=mask)
-    return max((out[r][mask[r]] - _alone(model, d)).abs().max().item() for r, d in enumerate(docs))
+    return _largest(
+        (out[r][mask[r]] - _alone(model, d)).abs().max().item() for r, d in enumerate(docs)
+    )
 
 
 @torch.no_grad()
@@ -56,7 +67,7 @@ def packed_gap(model: Transformer, rows: list[list[Tensor]], *, extra: int = 1) 
             t += len(d)
     tokens, seg = tokens.to(_device(model)), seg.to(_device(model))
     out = model(tokens, segment_ids=seg)
-    return max(
+    return _largest(
         (out[r][seg[r] == s] - _alone(model, d)).abs().max().item()
         for r, row in enumerate(rows)
         for s, d in enumerate(row)
@@ -80,7 +91,7 @@ def cached_gap(model: Transformer, tokens: Tensor, *, chunk: int = 1) -> float:
         step = model(tokens[:, t : t + chunk], cache=cache)
         ref = model(tokens[:, : t + chunk])[:, t:]
         gaps.append((step - ref).abs().max().item())
-    return max(gaps)
+    return _largest(gaps)
 
 
 @torch.no_grad()
@@ -108,4 +119,4 @@ def left_padded_decoding_gap(
         for r, p in enumerate(prompts):
             ref = _alone(model, torch.cat([p.to(device), continuation[r, : t + 1]]))[-1]
             gaps.append((step[r, 0] - ref).abs().max().item())
-    return max(gaps)
+    return _largest(gaps)
