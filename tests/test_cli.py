@@ -292,6 +292,7 @@ def test_generate_refuses(run, nan_checkpoint, tiny_data, tmp_path, capsys):
     refused(capsys, [*g, "--out", str(tmp_path)], "--out", "is a folder")
     refused(capsys, [*g, "--out", str(tmp_path / "x.wav")], "--out", r"\.mid")
     refused(capsys, [*g, "--out", f"{tiny_data}/x.mid"], "--out", "not a folder")
+    refused(capsys, [*g, "--prime-from", "bogus"], "--prime-from", "SPLIT:INDEX")  # steps or not
     p = [*g, "--prime-steps", "4", "--prime-from"]
     for bad in ("test:x", "foo", "test:", "test:-1"):
         refused(capsys, [*p, bad], "--prime-from", "SPLIT:INDEX")
@@ -309,7 +310,15 @@ def test_generate_shows_progress_and_takes_any_finite_temperature(run, tmp_path,
     assert "6/6" in capsys.readouterr().err  # the progress bar, one tick per step
     assert main([*argv, "--temperature", "1e30", "--no-progress"]) == 0
     assert capsys.readouterr().err == ""
+    for t in ("1e-300", "1e-39", "3.5e38", "1e300"):  # past float32's range: float64 sampling
+        assert main([*argv, "--temperature", t, "--no-progress"]) == 0
+    capsys.readouterr()
+    refused(capsys, [*argv, "--temperature", "5e-324"], "argument --temperature", "at least")
     model = Transformer(TransformerConfig(vocab_size=77, d_model=8, num_heads=2, num_layers=1))
+    greedy = sample_chorale(model, 3, top_k=1)
+    assert (sample_chorale(model, 3, temperature=1e-300) == greedy).all()  # tiny: greedy
+    for seed in range(3):  # top-k 1 is greedy at any temperature: no ties made by scaling
+        assert (sample_chorale(model, 3, temperature=1e38, top_k=1, seed=seed) == greedy).all()
     for bad in (float("nan"), float("inf"), 0.0):
         with pytest.raises(ValueError, match="temperature"):
             sample_chorale(model, 2, temperature=bad)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import sys
 from collections.abc import Callable
 
 __all__ = [
@@ -45,8 +46,11 @@ def positive_float(text: str) -> float:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not math.isfinite(value) or value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a finite number > 0, got {text!r}")
+    # A denormal one reads as 0 once the command line flushes denormals (relpos.runtime).
+    if not math.isfinite(value) or value < sys.float_info.min:
+        raise argparse.ArgumentTypeError(
+            f"expected a finite number > 0 (at least {sys.float_info.min:g}), got {text!r}"
+        )
     return value
 
 

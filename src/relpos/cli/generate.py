@@ -24,14 +24,14 @@ MAX_LENGTH = 10_000
 
 def _prime(args: argparse.Namespace, cfg) -> Any:
     """The first ``--prime-steps`` steps of the ``--prime-from`` chorale, or None."""
-    if not args.prime_steps:
-        return None
     split, sep, index = args.prime_from.partition(":")
     if split not in SPLIT_NAMES or not re.fullmatch(r"\d*", index) or (sep and not index):
         raise CLIError(
             f"--prime-from: expected SPLIT:INDEX with SPLIT train, valid or test and INDEX an "
             f"integer >= 0 (e.g. test:0), got {args.prime_from!r}"
         )
+    if not args.prime_steps:
+        return None
     chorales = run_chorales(cfg, "--prime-from").split(split)
     i = int(index or 0)
     if not 0 <= i < len(chorales):

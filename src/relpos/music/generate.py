@@ -83,11 +83,13 @@ def sample_chorale(
                     "cannot be sampled"
                 )
             logits[:, [PAD, BOS, EOS]] = -torch.inf
-            logits = (logits - logits.amax(-1, keepdim=True)) / temperature
-            if top_k:
+            if top_k:  # before scaling, which could round near-ties into ties
                 kth = torch.topk(logits, min(top_k, logits.shape[-1]), dim=-1).values[:, -1:]
                 logits = logits.masked_fill(logits < kth, -torch.inf)
-            probs = torch.softmax(logits, dim=-1).cpu()
+            # float64, and a divisor no smaller than the least normal float64 (a denormal one
+            # reads as 0 where denormals are flushed): every finite temperature works.
+            shifted = (logits - logits.amax(-1, keepdim=True)).double()
+            probs = torch.softmax(shifted / max(float(temperature), sys.float_info.min), -1).cpu()
             nxt = int(torch.multinomial(probs, 1, generator=generator))
             out.append(nxt)
             logits = model(torch.tensor([[nxt]], device=device), cache=cache)[:, -1]
