@@ -217,6 +217,17 @@ def test_corrupt_and_missing_checkpoints_are_clear_errors(tmp_path):
     torch.save({"weights": torch.zeros(2)}, bad)
     with pytest.raises(ValueError, match="expected keys"):
         load_checkpoint(bad)
+    # One flipped bit inside a weight: torch.load would read it as a wrong number.
+    good = tmp_path / "good.pt"
+    save_checkpoint(
+        good, {"step": 1, "model": {"w": torch.ones(256)}, "optimizer": {}, "config": {}}
+    )
+    raw = bytearray(good.read_bytes())
+    at = raw.find(torch.ones(256).numpy().tobytes())  # the tensor's bytes, stored uncompressed
+    raw[at + 500] ^= 0x40
+    bad.write_bytes(bytes(raw))
+    with pytest.raises(ValueError, match="does not match its checksum"):
+        load_checkpoint(bad)
 
 
 def test_cli_train_eval_generate(tiny_data, tmp_path, capsys):

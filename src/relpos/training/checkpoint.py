@@ -2,13 +2,15 @@
 
 A checkpoint is a plain dict of tensors and Python values (no pickled objects): the model and
 optimiser states, the step, the RNG states and the run's config. It is written to a temporary
-file and renamed into place, so the previous checkpoint stays usable if anything fails midway.
+file and renamed into place, so the previous checkpoint stays usable if anything fails midway;
+loading checks every member of its zip archive against its CRC-32 first.
 """
 
 from __future__ import annotations
 
 import pickle
 import re
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -54,11 +56,27 @@ def _load_error(path: Path, e: Exception) -> str:
     return f"checkpoint {path} is corrupt or not a relpos checkpoint ({first})"
 
 
+def _check_crcs(path: Path) -> None:
+    """Every member of the checkpoint's zip archive against its CRC-32: ``torch.load`` reads
+    tensors without checking them, so a flipped bit would load as a wrong weight, silently."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            bad = archive.testzip()
+    except (zipfile.BadZipFile, OSError, EOFError) as e:
+        raise ValueError(f"checkpoint {path} is corrupt or not a relpos checkpoint ({e})") from None
+    if bad is not None:
+        raise ValueError(
+            f"checkpoint {path} is corrupt: {bad} does not match its checksum (CRC-32); use "
+            "another checkpoint (--checkpoint best, last or a path)"
+        )
+
+
 def load_checkpoint(path: str | Path) -> dict[str, Any]:
     """Load and check a checkpoint; a clear ``ValueError`` if it is missing pieces or corrupt."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint {path} does not exist")
+    _check_crcs(path)
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # torch raises several types for truncated or foreign files
