@@ -454,6 +454,9 @@ def train(
         since_best = state.get("evals_since_best", 0)
         rng.bit_generator.state = state["numpy_rng"][ctx.rank]
         torch.set_rng_state(state["torch_rng"][ctx.rank])
+        device_rng = state.get("device_rng")  # CUDA's generator: its dropout masks go on
+        if device.type == "cuda" and device_rng and device_rng[ctx.rank] is not None:
+            torch.cuda.set_rng_state(device_rng[ctx.rank], device)
     average = WeightAverage(model, cfg.ema) if cfg.ema else None
     if average is not None and state is not None:
         average.load_state_dict(state["ema"])
@@ -470,13 +473,19 @@ def train(
             tmp.write_text(json.dumps(cfg.to_dict(), indent=2) + "\n")
         metrics = _Metrics(run.metrics, _read_metrics(run.metrics, step))
 
-    def gather_rng() -> tuple[list[Any], list[torch.Tensor]]:
-        mine = (rng.bit_generator.state, torch.get_rng_state())
+    def gather_rng() -> tuple[list[Any], ...]:
+        """Every rank's numpy, CPU and device (CUDA's, else None) generator states."""
+        on_cuda = device.type == "cuda"
+        mine = (
+            rng.bit_generator.state,
+            torch.get_rng_state(),
+            torch.cuda.get_rng_state(device) if on_cuda else None,
+        )
         if ctx.world == 1:
-            return [mine[0]], [mine[1]]
+            return tuple([x] for x in mine)
         everyone: list[Any] = [None] * ctx.world
         dist.all_gather_object(everyone, mine)
-        return [e[0] for e in everyone], [e[1] for e in everyone]
+        return tuple([e[t] for e in everyone] for t in range(3))
 
     def diverged(what: str) -> TrainingDiverged:
         kept = (
@@ -494,7 +503,7 @@ def train(
         # Same weights on every rank, so every rank takes the same branch.
         if not _all_finite(model.state_dict().values()):
             raise diverged("the model's weights are not finite")
-        numpy_rng, torch_rng = gather_rng()  # every rank takes part
+        numpy_rng, torch_rng, device_rng = gather_rng()  # every rank takes part
         if ctx.main:
             save_checkpoint(
                 path,
@@ -505,6 +514,7 @@ def train(
                     "config": cfg.to_dict(),
                     "numpy_rng": numpy_rng,
                     "torch_rng": torch_rng,
+                    "device_rng": device_rng,
                     "best_valid_nll": best,
                     "evals_since_best": since_best,
                     "valid_nll": valid_nll,
@@ -539,12 +549,13 @@ def train(
 
     bar = _progress_bar(progress and ctx.main, cfg.steps, step)
     session_start, t0, tokens_seen, interrupted = step, time.perf_counter(), 0, False
-    stopped_early = False
+    # A run that stopped early stays stopped: its last.pt holds the validation that ended it.
+    stopped_early = bool(cfg.patience) and since_best >= cfg.patience and step < cfg.steps
     net.train()
     params = list(model.parameters())
     try:
         with _graceful_interrupt() as flag:
-            while step < cfg.steps:
+            while step < cfg.steps and not stopped_early:
                 set_lr(opt, step, cfg)
                 w = random_windows(data.train, local_batch, cfg.context, rng, grid=data.grid)
                 tokens = torch.from_numpy(w.tokens).to(device)
