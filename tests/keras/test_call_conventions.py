@@ -52,6 +52,39 @@ def test_segment_ids_meet_the_keras_mask_of_a_mask_zero_embedding():
     assert not np_(want)[0, 0].any()
 
 
+#: Every position layer with ``segment_ids``: (factory, input).
+SEGMENT_LAYERS = {
+    "PositionEmbedding": (lambda: rk.PositionEmbedding(6), X),
+    "SinePositionEncoding": (lambda: rk.SinePositionEncoding(), X),
+    "RotaryEmbedding": (lambda: rk.RotaryEmbedding(), X.reshape(2, 6, 2, 4)),
+    "RelativePositionEmbedding": (lambda: rk.RelativePositionEmbedding(2, 4), X),
+    "AlibiBias": (lambda: rk.AlibiBias(2), X),
+    "T5RelativeBias": (lambda: rk.T5RelativeBias(2, 8, 6), X),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SEGMENT_LAYERS))
+def test_segment_ids_with_an_explicit_mask_combine(name):
+    """``segment_ids`` and ``mask=`` together: a token is real only where both say so, as
+    ``RelativeMultiHeadAttention`` reads them (token 1 of row 0 is masked inside document 0)."""
+    make, x = SEGMENT_LAYERS[name]
+    layer, x = make(), kt(x)
+    mask = np.ones((2, 6), bool)
+    mask[0, 1] = mask[1, 0] = False
+    want = np_(layer(x, segment_ids=kt(np.where(mask, SEG, -1))))
+    np.testing.assert_allclose(np_(layer(x, segment_ids=kt(SEG), mask=kt(mask))), want, atol=1e-6)
+    assert not np.allclose(np_(layer(x, segment_ids=kt(SEG))), want)  # the mask is read
+
+
+def test_token_and_position_embedding_segments_meet_mask_zero():
+    """With ``mask_zero`` the token mask and ``segment_ids`` combine: padding inside a document
+    takes no position."""
+    tokens = np.array([[4, 0, 5, 6, 7, 8], [3, 4, 5, 6, 0, 0]], "int32")
+    layer = rk.TokenAndPositionEmbedding(10, 6, 4, mask_zero=True)
+    want = layer(kt(tokens), segment_ids=kt(np.where(tokens != 0, SEG, -1)))
+    np.testing.assert_allclose(np_(layer(kt(tokens), segment_ids=kt(SEG))), np_(want), atol=1e-6)
+
+
 def test_functional_model_returns_scores_and_cache_as_keras_mha():
     q = keras.Input((5, 8))
     out, scores = rk.RelativeMultiHeadAttention(2, 4)(q, q, return_attention_scores=True)

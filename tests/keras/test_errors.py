@@ -162,14 +162,6 @@ DYNAMIC = {"rope_type": "dynamic", "factor": 2.0, "original_max_position_embeddi
             ValueError,
             r"the rotated features \(10\) must be even and <= the feature dim 8",
         ),
-        (
-            lambda: rk.AlibiBias(2),
-            lambda layer: layer(
-                kt(X), mask=kt(np.ones((2, 5), bool)), segment_ids=kt(np.zeros((2, 5), "int32"))
-            ),
-            ValueError,
-            "pass segment_ids or a mask, not both",
-        ),
         # Positions past a learned table, eagerly: a tensor start_index, explicit positions.
         (
             lambda: rk.PositionEmbedding(6),

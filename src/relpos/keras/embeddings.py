@@ -295,7 +295,7 @@ class TokenAndPositionEmbedding(keras.layers.Layer):
             tokens,
             start_index=start_index,
             positions=positions,
-            mask=None if segment_ids is not None else mask,
+            mask=mask,
             segment_ids=segment_ids,
         )
         return restore_ragged(tokens + pe, lengths)

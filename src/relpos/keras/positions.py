@@ -372,11 +372,12 @@ def resolve_positions(
 
     Priority: explicit ``positions`` (``(n,)`` or ``(b, n)`` integers: every token real, one
     sequence; a ``mask`` still marks padding), then ``segment_ids``, then ``mask`` (the Keras mask
-    or a padding mask), then ``0..n-1``. ``start_index`` (an int or one offset per row) is added
-    to positions derived from a mask, segments or the length.
+    or a padding mask), then ``0..n-1``. ``segment_ids`` with a ``mask`` combine: a token is real
+    only where both say so (:func:`segments_within_mask`). ``start_index`` (an int or one offset
+    per row) is added to positions derived from a mask, segments or the length.
     """
-    if segment_ids is not None and mask is not None:
-        raise ValueError("pass segment_ids or a mask, not both (segment -1 marks padding)")
+    if segment_ids is not None and mask is not None and positions is None:
+        segment_ids, mask = segments_within_mask(segment_ids, mask, batch, n), None
     if positions is not None:
         pos = _integer_tensor("positions", positions)
         if len(pos.shape) == 1:
