@@ -276,6 +276,13 @@ def test_any_int64_segment_ids(causal):
         want = BACKENDS["eager"](q, k, v, scheme, qp, keys, causal=causal)
         got = fused_attention(q, k, v, scheme, qp, keys, causal=causal)
         _assert_close(got, want, 1e-5, "cross" if keys is kp else "self")
+    # Batch-1 queries (broadcast) against two rows of keys: positions and ids expand together.
+    qp1 = relpos.Positions.from_length(7, device=DEVICE)
+    kp2 = relpos.Positions.from_segments(torch.tensor([kids[0], kids[0][::-1]], device=DEVICE))
+    q = torch.randn(2, 2, 7, 8, generator=g).to(DEVICE)
+    k, v = (torch.randn(2, 2, len(kp2), 8, generator=g).to(DEVICE) for _ in range(2))
+    want = BACKENDS["eager"](q, k, v, scheme, qp1, kp2, causal=causal)
+    _assert_close(fused_attention(q, k, v, scheme, qp1, kp2, causal=causal), want, 1e-5, "b=1")
 
 
 @pytest.mark.parametrize(

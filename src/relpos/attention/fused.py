@@ -91,17 +91,21 @@ def fused_supports(scheme: Scheme, *, device: torch.device | str | None = None) 
     return small or not (scheme.query_independent and "score_bias" in scheme.hooks)
 
 
-def _kernel_segments(q_positions: Positions, k_positions: Positions) -> tuple[Tensor, Tensor]:
-    """int32 segment ids ``(b|1, i)``, ``(b|1, j)`` for the kernel: renumbered per row over queries
-    and keys together, in their order (padding stays ``-1``), so ids of any int64 value (document
-    ids) neither wrap in int32 nor pass the block ranges' sentinels. Plain positions: as they are.
+def _kernel_positions(q_positions: Positions, k_positions: Positions) -> tuple[Tensor, ...]:
+    """int32 ``q_pos, q_seg (b|1, i), k_pos, k_seg (b|1, j)`` for the kernel (each pair of one
+    shape: one stride reads both). Segment ids are renumbered per row over queries and keys
+    together, in their order (padding stays ``-1``), so ids of any int64 value (document ids)
+    neither wrap in int32 nor pass the block ranges' sentinels. Plain positions: as they are.
     """
     if is_contiguous_self(q_positions, k_positions):
-        return q_positions.seg.to(torch.int32), k_positions.seg.to(torch.int32)
+        q, k = q_positions, k_positions
+        return tuple(t.to(torch.int32) for t in (q.pos, q.seg, k.pos, k.seg))
     b = max(q_positions.batch, k_positions.batch)
-    seg = torch.cat([q_positions.expand(b).seg, k_positions.expand(b).seg], 1)
+    q, k = q_positions.expand(b), k_positions.expand(b)
+    seg = torch.cat([q.seg, k.seg], 1)
     dense = torch.where(seg == PAD_SEGMENT, PAD_SEGMENT, dense_segment_ids(seg)).to(torch.int32)
-    return dense[:, : len(q_positions)], dense[:, len(q_positions) :]
+    i = len(q_positions)
+    return q.pos.to(torch.int32), dense[:, :i], k.pos.to(torch.int32), dense[:, i:]
 
 
 @outside_autocast
@@ -157,7 +161,7 @@ def fused_attention(
     drop = dropout_p if training else 0.0
     seed = int(torch.randint(2**31 - 1, (1,))) if drop > 0 else 0  # CPU generator: no sync
     int32 = torch.int32
-    q_seg, k_seg = _kernel_segments(q_positions, k_positions)
+    q_pos, q_seg, k_pos, k_seg = _kernel_positions(q_positions, k_positions)
     out, mass = _kernels().relative_flash_attention(
         q,
         k.to(q.dtype),
@@ -165,9 +169,9 @@ def fused_attention(
         None if rel is None else rel.float(),
         lut.to(int32),
         offset,
-        q_positions.pos.to(int32),
+        q_pos,
         q_seg,
-        k_positions.pos.to(int32),
+        k_pos,
         k_seg,
         rows=rows,
         causal=causal,
