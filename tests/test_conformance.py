@@ -162,8 +162,7 @@ class NaNAfterFirst(Transformer):
 
 def test_the_checks_report_nan():
     """A gap that is NaN anywhere is NaN (so ``gap < tol`` fails), not dropped by ``max``."""
-    model = tiny_model({"name": "alibi"}, causal=True)
-    model.__class__ = NaNAfterFirst
+    model = NaNAfterFirst(tiny_model({"name": "alibi"}, causal=True).cfg).eval()
     docs = random_docs(random.Random(2), 3, lo=3)
     assert math.isnan(checks.padded_gap(model, docs, side="left"))
     assert math.isnan(checks.packed_gap(model, [docs[:1], docs[1:]]))

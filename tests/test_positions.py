@@ -120,3 +120,5 @@ def test_distance_range_spans_real_tokens_only():
     nothing = Positions.from_padding_mask(torch.zeros(2, 3, dtype=torch.bool))
     assert distance_range(nothing, kp) == (0, 0) and distance_range(qp, nothing) == (0, 0)
     assert distance_range(Positions.from_length(0), kp) == (0, 0)
+    empty_batch = Positions.from_segments(torch.zeros(0, 3, dtype=torch.long))
+    assert distance_range(empty_batch, empty_batch) == (0, 0)

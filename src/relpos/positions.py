@@ -551,7 +551,7 @@ def distance_range(queries: Positions, keys: Positions) -> tuple[int, int]:
     Padding's position (0) does not widen it, so a table over the range stays the size of the real
     distances at any offset; callers clamp the index of a pair with padding (masked anyway).
     """
-    if len(queries) == 0 or len(keys) == 0:
+    if queries.pos.numel() == 0 or keys.pos.numel() == 0:  # no tokens, or an empty batch
         return 0, 0
     far = torch.iinfo(torch.int64).max // 4  # beyond any position; differences stay in range
 

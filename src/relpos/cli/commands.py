@@ -424,7 +424,8 @@ def cmd_train(args: argparse.Namespace) -> int:
         cfg = _train_config(args)
         fits_cfg, source = cfg, f" (in --config {args.config})" if args.config else ""
         flag = "--data" if args.data or not args.config else f"data in --config {args.config}"
-        check_data(flag, cfg.data)
+        if flag != "--data":  # --data, given or default, was checked with the other flags
+            check_data(flag, cfg.data)
         _check_data_file(flag, cfg.data)
     if fits_cfg is not None:
         if fits_cfg.seed > MAX_SEED:
