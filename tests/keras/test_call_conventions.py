@@ -1,6 +1,7 @@
 """How ``RelativeMultiHeadAttention`` and the position layers read their call arguments: the
-self-attention rule, packed ``segment_ids`` beside a Keras mask, symbolic outputs, keras MHA's
-constructor arguments, and what a traced call does with positions it cannot check."""
+self-attention rule, packed ``segment_ids`` beside a Keras mask, ``value_mask`` and ``key_mask``
+as keras MHA reads them, symbolic outputs, keras MHA's constructor arguments, and what a traced
+call does with positions it cannot check."""
 
 import keras
 import numpy as np
@@ -50,6 +51,117 @@ def test_segment_ids_meet_the_keras_mask_of_a_mask_zero_embedding():
     want = attn(plain, segment_ids=kt(np.where(tokens != 0, seg, -1)))
     np.testing.assert_allclose(got, np_(want), atol=1e-6)
     assert not np_(want)[0, 0].any()
+
+
+#: Keys masked by value_mask and key_mask: together they leave row 1's key 0 masked, so with a
+#: causal mask its first query has no key at all.
+VALUE_MASK = np.array([[1, 0, 1, 1, 0, 1], [0, 1, 0, 1, 1, 1]], bool)
+KEY_MASK = np.array([[1, 1, 1, 0, 1, 1], [1, 1, 1, 1, 0, 1]], bool)
+
+
+def _keras_mha_twin(layer):
+    """A ``keras.layers.MultiHeadAttention`` with the built ``layer``'s projections."""
+    ref = keras.layers.MultiHeadAttention(layer.num_heads, layer.key_dim)
+    ref(kt(X), kt(X))
+    pairs = (
+        (layer.query_dense, ref._query_dense),
+        (layer.key_dense, ref._key_dense),
+        (layer.value_dense, ref._value_dense),
+        (layer.output_dense, ref._output_dense),
+    )
+    for mine, theirs in pairs:
+        theirs.set_weights(mine.get_weights())
+    return ref
+
+
+@pytest.mark.parametrize("form", ["self", "self-pair", "cross"])
+@pytest.mark.parametrize("masks", ["value", "key", "both"])
+def test_value_and_key_masks_mask_keys_as_keras_mha(form, masks):
+    """``value_mask`` and ``key_mask`` mask keys as in keras MHA (which ANDs them), in
+    self-attention (``attn(x)``, ``attn(x, x)``) as in cross-attention (there with both given too:
+    ``key_mask`` was dropped beside ``value_mask``); in self-attention with the causal mask as
+    well. Scheme ``nope`` (no positions), fused and through the scores; a query left with no key
+    outputs zeros (keras MHA's spreads over every key instead)."""
+    kw = {}
+    if masks in ("value", "both"):
+        kw["value_mask"] = kt(VALUE_MASK)
+    if masks in ("key", "both"):
+        kw["key_mask"] = kt(KEY_MASK)
+    keep = np.ones((2, 1, 6), bool)
+    keep &= VALUE_MASK[:, None] if "value_mask" in kw else True
+    keep &= KEY_MASK[:, None] if "key_mask" in kw else True
+    layer = rk.RelativeMultiHeadAttention(2, 4, scheme="nope", bias_initializer="ones")
+    xt = kt(X)
+    context = kt(X[:, ::-1] * 0.5)
+    layer(xt, context)
+    ref = _keras_mha_twin(layer)
+    for causal in (False, True) if form != "cross" else (False,):
+        allowed = keep & (np.tril(np.ones((6, 6), bool)) if causal else True)
+        allowed = np.broadcast_to(allowed, (2, 6, 6))
+        attends = allowed.any(-1)
+        ckw = {**kw, "use_causal_mask": causal}
+        for scores in (False, True):
+            if form == "cross":
+                got = layer(xt, context, return_attention_scores=scores, **ckw)
+                want = ref(xt, context, return_attention_scores=scores, **ckw)
+            else:
+                args = (xt,) if form == "self" else (xt, xt)
+                got = layer(*args, return_attention_scores=scores, **ckw)
+                want = ref(xt, xt, return_attention_scores=scores, **ckw)
+            got, want = (got, want) if scores else ((got,), (want,))
+            np.testing.assert_allclose(np_(got[0])[attends], np_(want[0])[attends], atol=1e-5)
+            assert not np_(got[0])[~attends].any()
+            if scores:
+                g, w = np_(got[1]).transpose(0, 2, 1, 3), np_(want[1]).transpose(0, 2, 1, 3)
+                np.testing.assert_allclose(g[attends], w[attends], atol=1e-6)
+                assert not g[~attends].any()
+
+
+@pytest.mark.parametrize(
+    ("scheme", "causal"),
+    [
+        ("rope", False),
+        ("alibi", True),
+        ({"name": "t5", "num_buckets": 8, "max_distance": 6}, False),
+        ("forgetting", True),
+    ],
+    ids=["rope", "alibi-causal", "t5", "forgetting-causal"],
+)
+def test_value_mask_in_self_attention_masks_keys_at_their_positions(scheme, causal):
+    """In self-attention ``value_mask`` (and ``key_mask``) only mask keys: every token keeps the
+    position the query side gives it (here beside ``segment_ids``), as the same pairs masked by
+    ``attention_mask`` give. (It was ignored: the layer attended to the masked keys.)"""
+    layer = rk.RelativeMultiHeadAttention(2, 4, scheme=scheme, causal=causal)
+    xt, st = kt(X), kt(SEG)
+    pairs = np.broadcast_to((VALUE_MASK & KEY_MASK)[:, None], (2, 6, 6))
+    want = np_(layer(xt, segment_ids=st, attention_mask=kt(pairs)))
+    got = layer(xt, segment_ids=st, value_mask=kt(VALUE_MASK), key_mask=kt(KEY_MASK))
+    np.testing.assert_allclose(np_(got), want, atol=1e-6)
+    unmasked = np_(layer(xt, segment_ids=st))
+    assert not np.allclose(want, unmasked, atol=1e-3)
+
+
+def test_a_query_with_no_key_outputs_zeros():
+    """A real query whose keys are all masked (value_mask in cross- or self-attention, or
+    attention_mask) outputs exactly zero, not the output projection's bias nor, on the fused
+    path of ``nope``/``rope``, an average over every key."""
+    none_in_row_0 = np.array([[0] * 6, [1] * 6], bool)
+    pairs = np.ones((2, 6, 6), bool)
+    pairs[:, 2] = False
+    for scheme in ("nope", "rope", "alibi"):
+        layer = rk.RelativeMultiHeadAttention(2, 4, scheme=scheme, bias_initializer="ones")
+        xt = kt(X)
+        for got, empty in (
+            (layer(xt, kt(X * 2.0), value_mask=kt(none_in_row_0)), (slice(0, 1), slice(None))),
+            (layer(xt, value_mask=kt(none_in_row_0)), (slice(0, 1), slice(None))),
+            (layer(xt, attention_mask=kt(pairs)), (slice(None), slice(2, 3))),
+        ):
+            out = np_(got)
+            assert np.isfinite(out).all()
+            assert not out[empty].any(), scheme
+            full = np.ones(out.shape[:2], bool)
+            full[empty] = False
+            assert np.abs(out[full]).sum(axis=-1).all()
 
 
 #: Every position layer with ``segment_ids``: (factory, input).

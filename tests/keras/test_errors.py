@@ -204,6 +204,24 @@ DYNAMIC = {"rope_type": "dynamic", "factor": 2.0, "original_max_position_embeddi
             ValueError,
             "cache_update_index must be >= 0, got -1",
         ),
+        # value_mask / key_mask: (b, j), and not with a cache (cache_mask marks the slots).
+        (
+            lambda: rk.RelativeMultiHeadAttention(2, 4),
+            lambda layer: layer(kt(X), value_mask=kt(np.ones((2, 4), bool))),
+            ValueError,
+            r"value_mask must have shape \(b, j\) = \(2, 5\), got \(2, 4\)",
+        ),
+        (
+            lambda: rk.RelativeMultiHeadAttention(2, 4, causal=True),
+            lambda layer: layer(
+                kt(X),
+                cache=layer.empty_cache(2, 8),
+                cache_update_index=0,
+                key_mask=kt(np.ones((2, 5), bool)),
+            ),
+            ValueError,
+            "with a cache, cache_mask says which slots hold tokens; do not pass value_mask",
+        ),
         # Batch sizes that disagree with the query's b = 2.
         (
             lambda: rk.RelativeMultiHeadAttention(2, 4),

@@ -55,14 +55,15 @@ def attend(
         Returns ``(b, i, h, d)`` in ``q``'s dtype, and the probabilities ``(b, h, i, j)`` when
         ``return_scores``.
     """
-    # A row with no allowed key attends everywhere (finite, then zeroed by the caller's mask).
+    # A row with no allowed key attends everywhere (finite), then gets zeros.
     has_key = ops.any(allowed, axis=-1, keepdims=True)
     safe = ops.expand_dims(ops.logical_or(allowed, ops.logical_not(has_key)), 1)  # (b|1,1,i,j)
     use_dropout = dropout is not None and dropout.rate > 0 and bool(training)
     if not scheme.adds_terms and not return_scores and not use_dropout:
         scale = 1.0 / math.sqrt(q.shape[-1])
         mask = ops.broadcast_to(safe, (ops.shape(q)[0], 1, ops.shape(q)[1], ops.shape(k)[1]))
-        return ops.dot_product_attention(q, k, v, mask=mask, scale=scale), None
+        out = ops.dot_product_attention(q, k, v, mask=mask, scale=scale)
+        return ops.where(ops.expand_dims(has_key, -1), out, ops.zeros_like(out)), None
     qf, kf = ops.cast(q, "float32"), ops.cast(k, "float32")
     logits = ops.einsum("bihd,bjhd->bhij", qf, kf) / math.sqrt(q.shape[-1])
     bias = scheme.score_bias(q, q_positions, k_positions)
@@ -100,6 +101,15 @@ def _write_cache(cache, new, index):
 def _same_size(got, want) -> bool:
     """Whether a static size ``got`` may be ``want`` (None, unknown, matches anything)."""
     return got is None or want is None or got == want
+
+
+def _key_mask(name, mask, batch, j):
+    """An explicit ``value_mask`` / ``key_mask``: bool ``(b, j)``, its shape checked."""
+    mask = ops.convert_to_tensor(mask)
+    got = tuple(mask.shape)
+    if len(got) != 2 or not (_same_size(got[0], batch) and _same_size(got[1], j)):
+        raise ValueError(f"{name} must have shape (b, j) = ({batch}, {j}), got {got}")
+    return ops.cast(mask, "bool")
 
 
 def _check_batch(name, x, batch, layout) -> None:
@@ -177,7 +187,8 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
     Positions come from each token's place in its own sequence: the Keras mask (or
     ``query_mask``), ``segment_ids`` of packed rows, ``positions``, or ``start_index`` (an int or
     one offset per row). Padding queries output zeros; tokens of different segments never attend
-    to each other.
+    to each other. Keys masked by ``value_mask`` or ``key_mask`` are not attended, in self- and
+    cross-attention, as in Keras' layer; a query left with no key outputs zeros.
 
     Args:
         num_heads: query heads ``h``.
@@ -210,8 +221,15 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
             ``value``. Self-attention is decided on the arguments as passed, before Keras
             converts or casts each of them (numpy inputs, float32 under ``mixed_*``): ``attn(x,
             x)`` is ``attn(x)``; an equal but distinct tensor is cross-attention.
-        query_mask, value_mask: ``(b, i)``/``(b, j)`` True for tokens (filled from Keras masks;
-            ``mask`` is the query's when the layer is called on one tensor, ``attn(x)``).
+        query_mask, value_mask, key_mask: ``(b, i)``/``(b, j)``/``(b, j)`` True for tokens
+            (filled from Keras masks; ``mask`` is the query's when the layer is called on one
+            tensor, ``attn(x)``). A key that ``value_mask`` or ``key_mask`` marks False is not
+            attended, as in ``keras.layers.MultiHeadAttention``. Positions: in self-attention
+            every token keeps the query's position (``query_mask``, ``segment_ids``, ...), so
+            ``value_mask`` and ``key_mask`` only mask keys; in cross-attention the keys are
+            numbered among the real tokens of ``value_mask`` (else ``key_mask``), the value
+            sequence's padding mask. Not with a cache (``cache_mask`` says which slots hold
+            tokens; ``attention_mask`` masks pairs).
         attention_mask: ``(b, i, j)`` bool, pairs that may attend (combined with the positions').
         use_causal_mask: mask future keys (by position, not index).
         return_attention_scores: also return the probabilities ``(b, h, i, j)``.
@@ -452,6 +470,11 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
         if isinstance(cache_mask, tuple | list) and all(m is None for m in cache_mask):
             cache_mask = None  # Keras fills `cache_mask` with the Keras masks of a pair cache
         if cache is not None:
+            if value_mask is not None or key_mask is not None:
+                raise ValueError(
+                    "with a cache, cache_mask says which slots hold tokens; do not pass "
+                    "value_mask or key_mask (attention_mask (b, i, S) masks pairs)"
+                )
             cache, gates = self._split_cache(cache)
             self._check_cache(cache, query.shape[0])  # before projecting: a wrong cache fails fast
         q = self.query_dense(query)
@@ -511,6 +534,12 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
             ):
                 raise ValueError(f"attention_mask must have shape (b, i, j) = {want}, got {got}")
             allowed = ops.logical_and(allowed, ops.cast(attention_mask, "bool"))
+        # Keys that value_mask or key_mask rules out are not attended (Keras ANDs both), also in
+        # self-attention, where they keep the query's positions (a masked key is not padding).
+        for name, kmask in (("value_mask", value_mask), ("key_mask", key_mask)):
+            if kmask is not None:
+                kmask = _key_mask(name, kmask, query.shape[0], key.shape[1])
+                allowed = ops.logical_and(allowed, ops.expand_dims(kmask, 1))
         groups = self.num_heads // self.num_key_value_heads
         y, scores = attend(
             q,
@@ -525,8 +554,10 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
             return_scores=return_attention_scores,
         )
         y = self.output_dense(y)
-        # Padding queries attend nowhere: their output is exactly zero (not the bias).
-        y = ops.where(ops.expand_dims(q_pos.valid, -1), y, ops.zeros_like(y))
+        # A query that attends nowhere (padding, or every key masked) outputs exactly zero (not
+        # the bias).
+        attends = ops.any(allowed, axis=-1, keepdims=True)  # (b|1, i, 1)
+        y = ops.where(attends, y, ops.zeros_like(y))
         outputs = (restore_ragged(y, lengths),)
         if return_attention_scores:
             outputs += (scores,)
