@@ -122,3 +122,13 @@ def test_distance_range_spans_real_tokens_only():
     assert distance_range(Positions.from_length(0), kp) == (0, 0)
     empty_batch = Positions.from_segments(torch.zeros(0, 3, dtype=torch.long))
     assert distance_range(empty_batch, empty_batch) == (0, 0)
+
+
+def test_distance_range_is_per_row():
+    """Rows at far-apart offsets (per-row decoding) keep the range of one row's distances, and a
+    row without a real key adds nothing."""
+    far_apart = Positions.from_length(3, offset=torch.tensor([0, 10**9]))
+    assert distance_range(far_apart, far_apart) == (-2, 2)
+    keys = Positions.from_padding_mask(torch.tensor([[True, True], [False, False]]), offset=5)
+    queries = Positions.from_length(1, offset=torch.tensor([6, 10**9]))
+    assert distance_range(queries, keys) == (-1, 0)

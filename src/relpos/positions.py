@@ -545,23 +545,27 @@ def _segment_cumsum(
 
 
 def distance_range(queries: Positions, keys: Positions) -> tuple[int, int]:
-    """``(lo, hi)`` with every ``k_pos - q_pos`` between real tokens of these queries and keys in
-    ``[lo, hi]``; ``(0, 0)`` when either side has none. One device sync.
+    """``(lo, hi)`` with every ``k_pos - q_pos`` between real tokens of one row of these queries
+    and keys in ``[lo, hi]``; ``(0, 0)`` when no row has both. One device sync.
 
-    Padding's position (0) does not widen it, so a table over the range stays the size of the real
-    distances at any offset; callers clamp the index of a pair with padding (masked anyway).
+    Padding's position (0) does not widen it, nor do other rows' positions, so a table over the
+    range stays the size of the real distances at any offset, per-row offsets included; callers
+    clamp the index of a pair with padding (masked anyway).
     """
     if queries.pos.numel() == 0 or keys.pos.numel() == 0:  # no tokens, or an empty batch
         return 0, 0
     far = torch.iinfo(torch.int64).max // 4  # beyond any position; differences stay in range
 
-    def extremes(p: Positions) -> tuple[Tensor, Tensor]:
+    def extremes(p: Positions) -> tuple[Tensor, Tensor]:  # (b|1,) each
         real = p.seg != PAD_SEGMENT
-        return torch.where(real, p.pos, far).min(), torch.where(real, p.pos, -far).max()
+        return torch.where(real, p.pos, far).amin(1), torch.where(real, p.pos, -far).amax(1)
 
     (q_lo, q_hi), (k_lo, k_hi) = extremes(queries), extremes(keys)
-    lo, hi, q_first, k_first = torch.stack((k_lo - q_hi, k_hi - q_lo, q_lo, k_lo)).tolist()
-    return (0, 0) if far in (q_first, k_first) else (lo, hi)
+    both = (q_lo != far) & (k_lo != far)  # rows with a real query and a real key
+    lo = torch.where(both, k_lo - q_hi, far).min()
+    hi = torch.where(both, k_hi - q_lo, -far).max()
+    lo, hi = torch.stack((lo, hi)).tolist()
+    return (0, 0) if lo == far else (lo, hi)
 
 
 def dense_segment_ids(seg: Tensor) -> Tensor:

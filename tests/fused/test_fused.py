@@ -286,6 +286,37 @@ def test_any_int64_segment_ids(causal):
 
 
 @pytest.mark.parametrize(
+    "spec", [{"name": "alibi"}, {"name": "shaw", "max_distance": 4}], ids=spec_id
+)
+def test_positions_past_int32(spec):
+    """Rows whose positions cross ``2**31`` (where int32 wraps) and the block ranges' ``2**30``
+    sentinel, one with left padding, and a KV-cache step continuing them: the kernel's int32
+    positions count from each row's first real token, so their order survives. Outputs and
+    gradients against ``eager``, causal."""
+    scheme = relpos.make_scheme(spec, d_model=16, num_heads=2, causal=True).to(DEVICE)
+    randomize_parameters(scheme)
+    n = 150  # three blocks of keys
+    far = torch.tensor([2**31 - 70, 2**30 - 40], device=DEVICE)
+    mask = torch.ones(2, n, dtype=torch.bool, device=DEVICE)
+    mask[1, :6] = False  # left padding
+    keys = relpos.Positions.from_padding_mask(mask, offset=far)
+    step = relpos.Positions.from_length(3, offset=far + keys.valid.sum(1))  # the next tokens
+    g = torch.Generator().manual_seed(11)
+    for qp in (keys, step):
+        q = torch.randn(2, 2, len(qp), 8, generator=g).to(DEVICE).requires_grad_()
+        k, v = (torch.randn(2, 2, n, 8, generator=g).to(DEVICE).requires_grad_() for _ in "kv")
+        got = fused_attention(q, k, v, scheme, qp, keys, causal=True)
+        want = BACKENDS["eager"](q, k, v, scheme, qp, keys, causal=True)
+        grad_out = torch.randn_like(want)
+        _assert_all_close(
+            (got, *_grads(got, scheme, q, k, v, grad_out)),
+            (want, *_grads(want, scheme, q, k, v, grad_out)),
+            1e-5,
+            "self" if qp is keys else "cached",
+        )
+
+
+@pytest.mark.parametrize(
     ("spec", "p_drop"),
     [({"name": "music", "max_distance": 129}, 0.0), ({"name": "shaw", "max_distance": 5}, 0.3)],
     ids=["music-wide", "shaw-values-dropout"],

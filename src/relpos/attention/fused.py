@@ -93,19 +93,25 @@ def fused_supports(scheme: Scheme, *, device: torch.device | str | None = None) 
 
 def _kernel_positions(q_positions: Positions, k_positions: Positions) -> tuple[Tensor, ...]:
     """int32 ``q_pos, q_seg (b|1, i), k_pos, k_seg (b|1, j)`` for the kernel (each pair of one
-    shape: one stride reads both). Segment ids are renumbered per row over queries and keys
-    together, in their order (padding stays ``-1``), so ids of any int64 value (document ids)
-    neither wrap in int32 nor pass the block ranges' sentinels. Plain positions: as they are.
+    shape: one stride reads both). Plain positions: as they are (the kernel reads indices).
+
+    Otherwise both are renumbered per row, queries and keys together, keeping their order, so
+    that int64 values (document ids, offsets past ``2**31``) neither wrap in int32 nor pass the
+    block ranges' sentinels (``2**30``): segment ids become ``0, 1, …`` (padding stays ``-1``),
+    positions count from the row's first real one (padding stays 0); distances are unchanged.
     """
     if is_contiguous_self(q_positions, k_positions):
         q, k = q_positions, k_positions
         return tuple(t.to(torch.int32) for t in (q.pos, q.seg, k.pos, k.seg))
     b = max(q_positions.batch, k_positions.batch)
     q, k = q_positions.expand(b), k_positions.expand(b)
-    seg = torch.cat([q.seg, k.seg], 1)
-    dense = torch.where(seg == PAD_SEGMENT, PAD_SEGMENT, dense_segment_ids(seg)).to(torch.int32)
+    seg, pos = torch.cat([q.seg, k.seg], 1), torch.cat([q.pos, k.pos], 1)
+    real = seg != PAD_SEGMENT
+    dense = torch.where(real, dense_segment_ids(seg), PAD_SEGMENT).to(torch.int32)
+    first = torch.where(real, pos, torch.iinfo(torch.int64).max).amin(1, keepdim=True)
+    pos = torch.where(real, pos - first, 0).to(torch.int32)
     i = len(q_positions)
-    return q.pos.to(torch.int32), dense[:, :i], k.pos.to(torch.int32), dense[:, i:]
+    return pos[:, :i], dense[:, :i], pos[:, i:], dense[:, i:]
 
 
 @outside_autocast
