@@ -27,6 +27,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from relpos import KVCache, MultiheadAttention, Positions
+from relpos.attention.backends import BACKENDS as ATTENTION
 from tests.helpers import (
     SCHEME_SPECS,
     causal_only,
@@ -339,6 +340,21 @@ def test_empty_batch(backend, spec):
         out.sum().backward()
     with pytest.raises(ValueError, match="empty batch"):
         m(x, cache=KVCache())
+
+
+@pytest.mark.parametrize(("backend", "spec"), EMPTY_BATCH_CASES)
+def test_empty_batch_called_directly(backend, spec):
+    """A backend called with zero rows and batch-1 positions (which broadcast over any batch),
+    padded or not: an empty ``(0, h, i, d)`` result and a backward pass, not a broadcast error."""
+    scheme = build(spec, 2, 4, True).scheme
+    plain = Positions.from_length(5)
+    padded = Positions.from_padding_mask(torch.tensor([[False, True, True, True, True]]))
+    q = torch.randn(0, 2, 5, 4, requires_grad=True)
+    k, v = torch.randn(0, 2, 5, 4), torch.randn(0, 2, 5, 4)
+    for positions in (plain, padded):
+        out = ATTENTION[backend](q, k, v, scheme, positions, positions, causal=True)
+        assert out.shape == (0, 2, 5, 4)
+        out.sum().backward()
 
 
 def malformed(b: int, n: int) -> dict:

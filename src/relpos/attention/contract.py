@@ -112,13 +112,14 @@ def relative_rows(
 
 
 def is_empty(q: Tensor, k: Tensor) -> bool:
-    """Whether there are no queries or no keys: nothing for a kernel to do."""
-    return q.shape[-2] == 0 or k.shape[-2] == 0
+    """Whether there are no rows, no queries or no keys: nothing for a kernel to do (and batch-1
+    positions need not broadcast over zero rows)."""
+    return q.shape[0] == 0 or q.shape[-2] == 0 or k.shape[-2] == 0
 
 
 def empty_attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-    """The result when :func:`is_empty`: ``(b, h, 0, d)``, or zeros for queries with no keys —
-    ``eager``'s result, still connected to the graph."""
+    """The result when :func:`is_empty`: ``(0, h, i, d)``, ``(b, h, 0, d)``, or zeros for queries
+    with no keys, still connected to the graph."""
     return (q @ k.transpose(-1, -2) @ v).to(q.dtype)
 
 

@@ -11,7 +11,7 @@ from ..functional.dropout import dropout
 from ..functional.dtypes import compute_dtype, outside_autocast
 from ..positions import Positions
 from ..schemes.base import Scheme
-from .contract import validate_attention_inputs, zero_padding_keys
+from .contract import empty_attention, is_empty, validate_attention_inputs, zero_padding_keys
 
 __all__ = ["eager_attention"]
 
@@ -41,6 +41,8 @@ def eager_attention(
     """
     validate_attention_inputs(q, k, v, q_positions, k_positions)
     k, v = zero_padding_keys(k, v, k_positions)
+    if is_empty(q, k):
+        return empty_attention(q, k, v)
     dtype = compute_dtype(q.dtype)
     logits = (q.to(dtype) @ k.to(dtype).transpose(-1, -2)) / math.sqrt(q.shape[-1])
     bias = scheme.score_bias(q, q_positions, k_positions)

@@ -41,7 +41,7 @@ from ..functional.dropout import drop_mask
 from ..functional.dtypes import half_products, outside_autocast
 from ..positions import Positions
 from ..schemes.base import LOGIT_HOOKS, Scheme
-from .contract import validate_attention_inputs, zero_padding_keys
+from .contract import empty_attention, is_empty, validate_attention_inputs, zero_padding_keys
 
 __all__ = ["allowed_mask", "is_plain", "sdpa_attention", "sdpa_supports"]
 
@@ -132,6 +132,8 @@ def sdpa_attention(
             f"the sdpa backend cannot add the value term of scheme {type(scheme).__name__} "
             "(it needs the attention probabilities); use backend='chunked' or 'auto'"
         )
+    if is_empty(q, k):
+        return empty_attention(q, k, v)
     p = dropout_p if training else 0.0
     has_bias = bool(scheme.hooks & LOGIT_HOOKS)
     cpu_dropout = p > 0 and q.device.type == "cpu"  # below: the math path, our mask
