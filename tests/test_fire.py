@@ -35,20 +35,22 @@ def make(h: int = 2, spec: dict = SPEC, seed: int = 0, dtype=torch.float64) -> r
 
 
 def loop_bias(scheme: relpos.Fire, qp: Positions, kp: Positions) -> torch.Tensor:
-    """``f_θ(ψ(p_i - p_j) / ψ(max(L, p_i)))`` pair by pair, ``ψ(x) = log(|c|·x + 1)``."""
+    """``f_θ(ψ(p_i - p_j) / ψ(max(L, p_i)))`` pair by pair, ``ψ(x) = log(|c|·x + 1)``. A pair
+    with a padding key (masked in attention) reads distance 0, as relpos defines it."""
     c = scheme.c.abs()
     big_l = (scheme.threshold_scale * scheme.config.init_threshold).abs()
     w1, b1 = scheme.mlp[0].weight[:, 0], scheme.mlp[0].bias
     w2, b2 = scheme.mlp[2].weight, scheme.mlp[2].bias
     b = max(qp.batch, kp.batch)
-    qpos, kpos = qp.expand(b).pos.tolist(), kp.expand(b).pos.tolist()
+    qpos, kpos, kseg = qp.expand(b).pos.tolist(), kp.expand(b).pos.tolist(), kp.expand(b).seg
     rows = []
     for r in range(b):
         pairs = []
         for pi in qpos[r]:
-            for pj in kpos[r]:
+            for pj, sj in zip(kpos[r], kseg[r].tolist(), strict=True):
                 reach = big_l if big_l > pi else torch.tensor(float(pi), dtype=c.dtype)
-                x = torch.log(c * max(pi - pj, 0) + 1) / (torch.log(c * reach + 1) + 1e-6)
+                delta = max(pi - pj, 0) if sj != -1 else 0
+                x = torch.log(c * delta + 1) / (torch.log(c * reach + 1) + 1e-6)
                 hidden = torch.relu(w1 * x + b1)
                 pairs.append(w2 @ hidden + b2)  # one value per head
         rows.append(torch.stack(pairs).T.reshape(-1, len(qpos[r]), len(kpos[r])))
@@ -372,6 +374,24 @@ def test_chunked_tiles_run_the_kernel_and_its_gradient_sums(seed, cached):
         for name, a, r in zip(names, grads, ref_grads, strict=True):
             scale = r.abs().max().item() + 1.0
             torch.testing.assert_close(a / scale, r / scale, rtol=0, atol=1e-4, msg=name)
+
+
+@needs_compiler
+def test_the_distance_table_spans_real_tokens_at_any_offset():
+    """Left padding (position 0) beside tokens at 10**7, and rows at far-apart offsets: the C
+    kernel's table over distances holds one row's real distances, not ``p_i - 0`` (an 80 MB
+    table before); the bias of the real pairs equals the loop."""
+    scheme = make(2, dtype=torch.float32)
+    mask = torch.tensor([[False, False, True, True, True], [True, True, True, True, True]])
+    for offset in (10**7, torch.tensor([0, 10**7])):
+        kp = Positions.from_padding_mask(mask, offset=offset)
+        pairs = scheme.pair_bias(torch.zeros(2, 2, 5, 4), kp, kp)
+        assert pairs.psi.numel() == 5  # distances 0 … 4
+        real = kp.allowed(kp, causal=True)[:, None]
+        got = scheme.score_bias(None, kp, kp).double()
+        want = loop_bias(scheme.double(), kp, kp)
+        torch.testing.assert_close(got[real.expand_as(got)], want[real.expand_as(want)])
+        scheme.float()
 
 
 @needs_compiler

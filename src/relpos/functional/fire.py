@@ -195,7 +195,8 @@ class FirePairs(PairBias):
         # ψ and the normalisers in float64: c's gradient is the small difference of two large
         # sums (through ψ and through the normalisers), which float32 would round away.
         c = c.abs().double()
-        reach = max(int(q_pos.max()) - int(k_pos.min()), 0) + 1  # distances 0 … reach - 1
+        # Distances 0 … reach - 1: one row's, so rows at far-apart offsets keep a short table.
+        reach = max(int((q_pos.amax(1) - k_pos.amin(1)).max()), 0) + 1
         psi = torch.log1p(c * torch.arange(reach, dtype=c.dtype))
         norm = torch.log1p(c * torch.maximum(self.q_pos.to(c.dtype), threshold.abs().double()))
         inv = 1.0 / (norm + FIRE_EPS)

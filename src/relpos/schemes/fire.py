@@ -17,6 +17,9 @@ from .heads import check_heads_field, head_selection, select_heads
 
 __all__ = ["Fire", "FireConfig"]
 
+#: Where :func:`_key_positions` puts padding keys: past any query (``p_i - p_j`` stays in int64).
+PAST_EVERY_QUERY = 2**62
+
 
 @dataclass(frozen=True)
 class FireConfig(SchemeConfig):
@@ -101,11 +104,18 @@ class Fire(PairBiasScheme):
         )
 
     def score_bias(self, q: Tensor, q_positions: Positions, k_positions: Positions) -> Tensor:
-        return fire_bias(q_positions.pos, k_positions.pos, *self._arguments())
+        return fire_bias(q_positions.pos, _key_positions(k_positions), *self._arguments())
 
     def pair_bias(
         self, q: Tensor, q_positions: Positions, k_positions: Positions
     ) -> PairBias | None:
         if compute_dtype(q.dtype) != torch.float32:
             return None
-        return fire_pairs(q_positions.pos, k_positions.pos, *self._arguments())
+        return fire_pairs(q_positions.pos, _key_positions(k_positions), *self._arguments())
+
+
+def _key_positions(k_positions: Positions) -> Tensor:
+    """Key positions with padding (masked) moved past every query, so that its pairs read
+    distance 0: the tables over distances then span the real tokens', not ``p_i - 0`` at any
+    offset."""
+    return torch.where(k_positions.valid, k_positions.pos, PAST_EVERY_QUERY)
