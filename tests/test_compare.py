@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +16,7 @@ import pytest
 import torch
 
 from relpos.atomic import stale_temporaries
+from relpos.attention.flex import flex_available
 from relpos.cli import main
 from relpos.studies import compare, report, synthetic
 from relpos.studies.spec import DEFAULT_SCHEMES, default_spec
@@ -329,6 +331,43 @@ BAD = [
     (["--task", "copy", "--steps", "0"], ["--steps", ">= 1"]),
     (["--task", "copy", "--lr", "nan"], ["--lr", "finite"]),
     (["--task", "copy", "--schemes", "learned:max_len=4"], ["--schemes", "max_len"]),
+    # An explicit warm-up longer than the run: the learning rate would never reach --lr.
+    (
+        ["--task", "copy", "--steps", "3", "--warmup", "5"],
+        ["--warmup/--steps", r"warmup \(5\) is longer than steps \(3\)", "never reach lr"],
+    ),
+    # Settings whose model cannot be built or that the backend cannot train: refused before
+    # compare.json and cells/ are written (they crashed in the first cell), naming the flag.
+    pytest.param(
+        ["--task", "copy", "--schemes", "rope", "--backend", "flex"],
+        ["--backend: flex cannot train rope", "flex backend does not support gradients"],
+        marks=pytest.mark.skipif(not flex_available(), reason="no FlexAttention"),
+        id="--backend flex (gradients on the CPU)",
+    ),
+    (
+        ["--task", "copy", "--schemes", "shaw", "--backend", "sdpa"],
+        ["--backend: sdpa cannot train shaw", "cannot add the value term of scheme ShawRelative"],
+    ),
+    (
+        ["--task", "copy", "--schemes", "cope", "--backend", "chunked"],
+        ["--backend: chunked cannot train cope", "cannot add the key bias of scheme CoPE"],
+    ),
+    (
+        ["--task", "copy", "--schemes", "nope,alibi:heads=[7]"],
+        [r"--schemes: alibi:heads=\[7\] cannot be built", "head 7 is out of range"],
+    ),
+    (
+        ["--task", "copy", "--schemes", "rope:rotary_dim=64"],
+        ["--schemes: rope:rotary_dim=64 cannot be built", "rotary_dim must be even"],
+    ),
+    (
+        ["--task", "copy", "--schemes", "rope", "--d-model", "6", "--num-heads", "2"],
+        ["--d-model/--num-heads: rope", "d_model 6 and num_heads 2", "rotary_dim"],
+    ),
+    (
+        ["--task", "copy", "--schemes", "sinusoidal", "--d-model", "9", "--num-heads", "3"],
+        ["--d-model/--num-heads: sinusoidal", "even d_model, got 9"],
+    ),
 ]
 
 
@@ -345,12 +384,105 @@ def without(flags: list[str], names: list[str]) -> list[str]:
     return out
 
 
-@pytest.mark.parametrize(("extra", "patterns"), BAD, ids=[" ".join(b[0]) for b in BAD])
+@pytest.mark.parametrize(
+    ("extra", "patterns"),
+    BAD,
+    ids=[b.id if hasattr(b, "id") else " ".join(b[0]) for b in BAD],
+)
 def test_bad_input_is_refused_with_nothing_written(tmp_path, capsys, extra, patterns):
     run = tmp_path / "cmp"
     flags = without(TINY, [f for f in extra if f.startswith("--")])
     refused(capsys, ["compare", *extra, "--run-dir", str(run), *flags], *patterns)
     assert not run.exists()
+
+
+def test_a_default_test_length_past_the_task_names_the_train_length(tmp_path, capsys):
+    """count makes numbers up to 128: --train-length 40 gives default test lengths up to 160,
+    which the user never set; the error names the flag they did set."""
+    run = tmp_path / "cmp"
+    flags = without(TINY, ["--train-length", "--test-lengths"])
+    line = refused(
+        capsys,
+        ["compare", "--task", "count", "--train-length", "40", "--run-dir", str(run), *flags],
+        "^relpos compare: error: --train-length: ",
+        "default test lengths 40, 50, 60, 80, 120, 160",
+        "at most 128, got 160",
+    )
+    assert "--test-lengths" not in line
+    assert not run.exists()
+
+
+def test_the_default_warmup_is_capped_at_the_steps():
+    assert default_spec("copy").warmup == 100
+    assert default_spec("copy", steps=500).warmup == 100
+    assert default_spec("copy", steps=3).warmup == 3  # a quick run reaches lr at its last step
+    assert default_spec("chorales-extrapolate", steps=20).warmup == 20
+    assert default_spec("copy", steps=3, warmup=0).warmup == 0
+    with pytest.raises(ValueError, match=r"warmup \(5\) is longer than steps \(3\)"):
+        default_spec("copy", steps=3, warmup=5)
+
+
+def test_unrunnable_schemes_are_refused_by_prepare_with_nothing_written(tmp_path):
+    run = tmp_path / "cmp"
+    state = torch.get_rng_state()
+    with pytest.raises(ValueError, match=r"^backend: sdpa cannot train shaw"):
+        compare.prepare(run, tiny_spec(backend="sdpa"), ["nope", "shaw"], [0])
+    with pytest.raises(ValueError, match=r"^d_model/num_heads: rope"):
+        compare.prepare(run, tiny_spec(d_model=6), ["rope"], [0])
+    with pytest.raises(ValueError, match=r"^schemes: alibi:heads=\[7\]"):
+        compare.prepare(run, tiny_spec(), ["alibi:heads=[7]"], [0])
+    assert not run.exists()
+    # Building the models did not move the random state.
+    assert torch.equal(torch.get_rng_state(), state)
+    # Every scheme the backends can train passes (auto picks a backend that can).
+    compare.prepare(run, tiny_spec(), [*DEFAULT_SCHEMES, "cope"], [0])
+    compare.prepare(run, tiny_spec(backend="chunked"), ["shaw", "alibi"], [0])
+    assert not run.exists()
+
+
+def test_the_backend_is_asked_about_the_device_the_cells_train_on(monkeypatch):
+    """A chorale cell trains on CUDA where there is one: flex trains there (without attention
+    dropout), so it is refused only where the cells would train on the CPU."""
+    assert compare.cell_device(tiny_spec()).type == "cpu"
+    if not flex_available():
+        pytest.skip("no FlexAttention")
+    spec = tiny_spec(backend="flex")
+    with pytest.raises(ValueError, match=r"on cpu.*does not support gradients"):
+        compare.check_cell(spec, {"name": "alibi"})
+    monkeypatch.setattr(compare, "cell_device", lambda spec: torch.device("cuda"))
+    compare.check_cell(spec, {"name": "alibi"})
+    with pytest.raises(ValueError, match=r"^backend: flex cannot train alibi .*on cuda"):
+        compare.check_cell(tiny_spec(backend="flex", dropout=0.1), {"name": "alibi"})
+    with pytest.raises(ValueError, match=r"^backend: flex cannot train shaw"):
+        compare.check_cell(spec, {"name": "shaw"})
+
+
+def test_a_folder_with_cells_to_run_says_so_and_records_its_whole_command(tmp_path, capsys):
+    """A rerun that adds a scheme with another seed: each row holds one of the folder's two
+    seeds, marked; the cells missing are listed; the recorded command runs all of them."""
+    run = tmp_path / "cmp"
+    flags = [*without(TINY, ["--warmup"]), "--run-dir", str(run)]  # the default warm-up, capped
+    assert main(["compare", "--task", "copy", "--schemes", "rope", *flags]) == 0
+    assert main(["compare", "--task", "copy", "--schemes", "nope", "--seeds", "1", *flags]) == 0
+    capsys.readouterr()
+    table = (run / "table.md").read_text()
+    assert re.search(r"^\| rope \| \d+ \[1/2 seeds\] \| \d+ \[1/2 seeds\] \|$", table, re.M), table
+    assert re.search(r"^\| nope \| \d+ \[1/2 seeds\] \| \d+ \[1/2 seeds\] \|$", table, re.M), table
+    assert "- not finished yet: rope (seed 1), nope (seed 0)" in table
+    assert "2 of 4 cell(s) finished" in table
+    results = json.loads((run / "results.json").read_text())
+    assert results["not_finished"] == [{"scheme": "rope", "seed": 1}, {"scheme": "nope", "seed": 0}]
+    assert results["summary"]["rope"]["3"]["seeds"] == 2
+    command = results["command"]
+    assert "--schemes rope,nope --seeds 0,1" in command and command in table
+    assert "--warmup" not in command  # the default, capped at --steps 3
+    # The recorded command fills in the missing cells: the whole table, nothing marked.
+    argv = shlex.split(command)
+    assert argv[:2] == ["relpos", "compare"]
+    assert main([*argv[1:], "--no-progress"]) == 0
+    table = (run / "table.md").read_text()
+    assert "seeds]" not in table and "not finished" not in table and "4 of 4 cell" in table
+    assert json.loads((run / "results.json").read_text())["not_finished"] == []
 
 
 def test_a_folder_of_another_comparison_is_refused_and_kept(tmp_path, capsys):

@@ -1,8 +1,9 @@
 """``relpos compare``: which scheme generalises past its training length (:mod:`relpos.studies`).
 
 Its arguments are checked before anything is written: an unknown task or scheme, test lengths
-shorter than the training length, a flag the task does not read, or a run folder holding another
-comparison end with one line naming the flag, and status 2.
+shorter than the training length, a warm-up longer than the steps, a flag the task does not read,
+a scheme that cannot be built at this width or that the backend cannot train, or a run folder
+holding another comparison end with one line naming the flag, and status 2.
 """
 
 from __future__ import annotations
@@ -36,6 +37,13 @@ _FLAGS = {
     "max_shift": "--max-shift",
     "backend": "--backend",
 }
+# Every field an error may start with (``field: ...``), and its flag.
+_FIELD_FLAGS = {
+    **_FLAGS,
+    "schemes": "--schemes",
+    "seeds": "--seeds",
+    "d_model/num_heads": "--d-model/--num-heads",
+}
 # Flags that only one kind of task reads.
 _CHORALES_ONLY = ("data", "max_shift", "eval_every")
 _SYNTHETIC_ONLY = ("test_examples",)
@@ -44,6 +52,10 @@ _SYNTHETIC_ONLY = ("test_examples",)
 def _flag_of(message: str) -> str:
     if message.startswith("d_model (") and "divisible" in message:
         return "--d-model/--num-heads"
+    if message.startswith("d_model/num_heads:"):
+        return "--d-model/--num-heads"
+    if message.startswith("warmup (") and "steps (" in message:
+        return "--warmup/--steps"
     if message.startswith("unknown task"):
         return "--task"
     if message.startswith(("unknown scheme", "schemes")) or "scheme" in message.split(":")[0]:
@@ -54,6 +66,16 @@ def _flag_of(message: str) -> str:
         return "--backend"
     first = re.match(r"\w+", message)
     return _FLAGS.get(first.group(), "--schemes") if first else "--schemes"
+
+
+def _refused(e: Exception) -> CLIError:
+    """The error as one line, ``FLAG: message``, without a leading ``field:`` that repeats it."""
+    message = str(e)
+    flag = _flag_of(message)
+    field, sep, rest = message.partition(": ")
+    if sep and _FIELD_FLAGS.get(field) == flag:
+        message = rest
+    return CLIError(f"{flag}: {message}")
 
 
 def _int_list(flag: str, text: str) -> list[int]:
@@ -88,14 +110,16 @@ def _spec(args: argparse.Namespace):
     try:
         return default_spec(args.task, **fields)
     except (ValueError, TypeError) as e:
-        raise CLIError(f"{_flag_of(str(e))}: {e}") from None
+        raise _refused(e) from None
 
 
 def _command_line(spec, labels: list[str], seeds: list[int], run_dir: Path) -> str:
-    """The shortest ``relpos compare`` command that repeats this comparison."""
+    """The shortest ``relpos compare`` command that runs ``labels`` × ``seeds`` of this
+    comparison (all of a folder's: the command that gives its whole table)."""
     from ..studies.spec import DEFAULT_SCHEMES, default_spec
 
     base = default_spec(spec.task).to_dict()
+    base["warmup"] = default_spec(spec.task, steps=spec.steps).warmup  # capped at the steps
     words = ["relpos", "compare", "--task", spec.task]
     if tuple(labels) != DEFAULT_SCHEMES:
         words += ["--schemes", ",".join(labels)]
@@ -121,12 +145,15 @@ def cmd_compare(args: argparse.Namespace) -> int:
     seeds = _int_list("--seeds", args.seeds)
     run_dir = output_folder("--run-dir", args.run_dir)
     try:
-        prepare(run_dir, spec, schemes, seeds)  # every check, before anything is written
+        grid, _ = prepare(run_dir, spec, schemes, seeds)  # every check, before anything is written
     except ComparisonMismatch as e:
         raise CLIError(f"--run-dir: {e}") from None
     except (ValueError, TypeError) as e:
-        raise CLIError(f"{_flag_of(str(e))}: {e}") from None
-    command = _command_line(spec, schemes, seeds, run_dir)
+        raise _refused(e) from None
+    # The table's command gives the whole folder's table (its schemes and seeds, a rerun's
+    # included); an interrupted run continues with this request's.
+    command = _command_line(spec, grid.labels, grid.seeds, run_dir)
+    again = _command_line(spec, schemes, seeds, run_dir)
     data = None
     if not spec.synthetic:
         from ..music import load_token_data
@@ -156,7 +183,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     print(f"\nwrote {paths['table']}, {paths['results']} and {paths['plot']}")
     if summary["interrupted"]:
         print(
-            f"stopped before the end; continue with: {command}",
+            f"stopped before the end; continue with: {again}",
             file=sys.stderr,
         )
         return int(summary["exit_status"])

@@ -15,11 +15,13 @@ A *cell* is one (scheme, seed). A rerun of the same comparison skips finished ce
 interrupted one from its last checkpoint, and rewrites the table, results and plot after every
 cell (each file atomically). A rerun may add schemes or seeds; it may not change the spec: a
 folder holding another comparison (another task, lengths, model or budget), or anything that is
-not a comparison, is refused before anything is written.
+not a comparison, is refused before anything is written. So is a scheme that cannot train with
+these settings (:func:`check_cell`: its model cannot be built, or its backend cannot train it).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import time
@@ -27,8 +29,17 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from ..atomic import atomic_path
-from ..models.transformer import TransformerConfig
+from ..attention import MultiheadAttention, get_backend
+from ..attention.chunked import chunked_supports
+from ..attention.flex import flex_supports
+from ..attention.fused import fused_supports
+from ..attention.sdpa import sdpa_supports
+from ..models.transformer import Transformer, TransformerConfig
+from ..positions import Positions
+from ..schemes.base import Scheme
 from ..training.config import TrainConfig
 from ..training.dataset import TokenDataset
 from ..training.loop import TrainingDiverged
@@ -42,7 +53,9 @@ __all__ = [
     "ComparisonMismatch",
     "Grid",
     "cell_config",
+    "cell_device",
     "cell_name",
+    "check_cell",
     "prepare",
     "run_compare",
 ]
@@ -116,12 +129,13 @@ def prepare(
 
     Raises:
         ValueError: an unknown scheme, a repeated one, a bad seed, a learned table shorter than
-            the training sequences.
+            the training sequences, a scheme whose model cannot be built or whose backend cannot
+            train it (:func:`check_cell`).
         ComparisonMismatch: the folder holds another comparison, or other files.
     """
     parsed = check_grid(schemes, seeds)
     for scheme in parsed:
-        cell_config(spec, scheme, 0)  # a scheme that cannot train on this task fails here
+        check_cell(spec, scheme)  # a scheme that cannot train with these settings fails here
     if run_dir.exists() and not run_dir.is_dir():
         raise ComparisonMismatch(f"{run_dir} exists and is not a folder")
     saved = _saved_grid(run_dir)
@@ -178,6 +192,106 @@ def cell_config(spec: CompareSpec, scheme: dict[str, Any], seed: int) -> TrainCo
         max_shift=spec.max_shift,
         seed=seed,
     )
+
+
+def cell_device(spec: CompareSpec) -> torch.device:
+    """Where a cell trains: a synthetic cell on the CPU (:func:`.synthetic.train_synthetic`), a
+    chorale cell where :func:`relpos.training.train` puts it by default (CUDA when there is one)."""
+    if spec.synthetic:
+        return torch.device("cpu")
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def _trains(backend: str, scheme: Scheme, device: torch.device, dropout: float) -> bool:
+    """Whether ``backend`` can train ``scheme`` on ``device``: the backend's own support check,
+    with gradients (``flex`` also refuses attention dropout in training)."""
+    if backend == "sdpa":
+        return sdpa_supports(scheme, device=device, needs_grad=True)
+    if backend == "chunked":
+        return chunked_supports(scheme)
+    if backend == "flex":
+        return flex_supports(scheme, device=device, needs_grad=True) and dropout == 0
+    if backend == "fused":
+        return fused_supports(scheme, device=device)
+    return True  # eager runs every scheme; auto picks, per call, a backend that can
+
+
+def _refusal(attn: MultiheadAttention, device: torch.device) -> str:
+    """Why ``attn``'s backend refuses to train its scheme, in the backend's own words: a call on
+    a two-token input, which it refuses before computing anything (:func:`_trains` said so)."""
+    name = attn.backend
+    try:
+        q, k, v = (
+            torch.zeros(1, attn.num_heads, 2, attn.head_dim, device=device, requires_grad=True)
+            for _ in range(3)
+        )
+        positions = Positions.from_length(2, device=device)
+        with torch.enable_grad():
+            get_backend(name)(
+                q,
+                k,
+                v,
+                attn.scheme,
+                positions,
+                positions,
+                causal=attn.causal,
+                dropout_p=attn.dropout,
+                training=True,
+            )
+    except ValueError as e:
+        return str(e)
+    except Exception:  # a device it cannot reach, say: fall back to the words below
+        pass
+    return f"the {name} backend cannot train scheme {type(attn.scheme).__name__} on {device.type}"
+
+
+def _probe(model: TransformerConfig) -> Transformer:
+    """The cell's model with one layer and a one-unit MLP (a comparison's layers are alike, and
+    its MLP holds no positions), on the CPU, the random state left as it was."""
+    with torch.random.fork_rng(devices=[]):
+        return Transformer(dataclasses.replace(model, num_layers=1, d_ff=1))
+
+
+def check_cell(spec: CompareSpec, scheme: dict[str, Any]) -> None:
+    """Refuse a scheme that cannot train with ``spec``, before anything is written: build the
+    model a cell builds (:func:`_probe`), and ask the backend whether it can train every layer's
+    scheme on the device the cell trains on (:func:`cell_device`), with gradients and the
+    spec's dropout: ``sdpa_supports``, ``chunked_supports``, ``flex_supports`` or
+    ``fused_supports``; the reason given is the backend's own.
+
+    Raises:
+        ValueError: beginning ``schemes:`` (the scheme's own fields cannot be built with this
+            model, e.g. ``alibi:heads=[7]`` with 2 heads; or a learned table shorter than the
+            training sequences), ``d_model/num_heads:`` (the scheme as named, without fields,
+            cannot be built at this width, e.g. ``rope`` with a head dim of 3) or ``backend:``
+            (the backend cannot train it).
+    """
+    cfg = cell_config(spec, scheme, 0)
+    label = scheme_label(scheme)
+    try:
+        model = _probe(cfg.model)
+    except (ValueError, TypeError) as e:
+        if len(scheme) > 1:  # fields given: are they to blame, or the width?
+            try:
+                _probe(dataclasses.replace(cfg.model, scheme={"name": scheme["name"]}))
+            except (ValueError, TypeError):
+                pass
+            else:
+                raise ValueError(f"schemes: {label} cannot be built: {e}") from None
+        d, h = spec.d_model, spec.num_heads
+        raise ValueError(
+            f"d_model/num_heads: {label} cannot be built with d_model {d} and num_heads {h} "
+            f"(head dim {d // h}): {e}"
+        ) from None
+    device = cell_device(spec)
+    for attn in model.modules():
+        if isinstance(attn, MultiheadAttention) and not _trains(
+            attn.backend, attn.scheme, device, attn.dropout
+        ):
+            raise ValueError(
+                f"backend: {spec.backend} cannot train {label} (a cell trains on {device.type}): "
+                f"{_refusal(attn, device)}"
+            )
 
 
 def _read_result(path: Path) -> dict[str, Any] | None:

@@ -4,6 +4,10 @@ Pure functions of the cells' results; :func:`write_report` writes the three file
 A cell result is ``{"scheme": label, "seed": int, "values": {length: value or None}, "notes":
 [...], ...}``; a value is ``None`` where the scheme could not be tested (a length past a learned
 table) or the cell diverged.
+
+A folder whose schemes do not all have every seed finished (a rerun added schemes or seeds) says
+so: a value from fewer seeds than the folder's is marked ``[k/n seeds]``, and every (scheme, seed)
+without a finished cell is listed as not finished.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ __all__ = [
     "TABLE",
     "json_safe",
     "metric_of",
+    "not_finished",
     "render_table",
     "summarise",
     "write_report",
@@ -50,10 +55,16 @@ def metric_of(spec: CompareSpec) -> dict[str, Any]:
 
 
 def summarise(
-    cells: list[dict[str, Any]], schemes: list[str], lengths: list[int], key: str = "values"
+    cells: list[dict[str, Any]],
+    schemes: list[str],
+    lengths: list[int],
+    key: str = "values",
+    *,
+    seeds: int | None = None,
 ) -> dict:
     """Per scheme and length: the mean, min and max of the cells' ``key`` over the seeds with a
-    value, and how many seeds there are (``n``) and had a value (``n_valid``)."""
+    value, how many seeds finished (``n``) and had a value (``n_valid``), and how many the
+    comparison holds (``seeds``; default ``n``: a scheme with fewer finished has cells to run)."""
     out: dict[str, dict[str, dict[str, Any]]] = {}
     for label in schemes:
         mine = [c for c in cells if c["scheme"] == label]
@@ -69,6 +80,7 @@ def summarise(
                 "max": max(got) if got else None,
                 "n": len(vals),
                 "n_valid": len(got),
+                "seeds": len(vals) if seeds is None else seeds,
             }
         out[label] = row
     return out
@@ -81,9 +93,29 @@ def _cell_text(entry: dict[str, Any], metric: dict[str, Any]) -> str:
     text = f"{entry['mean'] * scale:.{digits}f}"
     if entry["n_valid"] > 1:
         text += f" ({entry['min'] * scale:.{digits}f}–{entry['max'] * scale:.{digits}f})"
-    if entry["n_valid"] < entry["n"]:
-        text += f" [{entry['n_valid']}/{entry['n']} seeds]"
+    total = entry.get("seeds", entry["n"])
+    if entry["n_valid"] < total:
+        text += f" [{entry['n_valid']}/{total} seeds]"
     return text
+
+
+def not_finished(
+    cells: list[dict[str, Any]], schemes: list[str], seeds: list[int]
+) -> list[tuple[str, int]]:
+    """Every (scheme, seed) of the comparison without a finished cell, scheme by scheme."""
+    done = {(c["scheme"], c["seed"]) for c in cells}
+    return [(s, seed) for s in schemes for seed in seeds if (s, seed) not in done]
+
+
+def _missing_text(missing: list[tuple[str, int]]) -> str:
+    """``rope (seed 1), alibi (seeds 0, 1)``."""
+    by_scheme: dict[str, list[int]] = {}
+    for label, seed in missing:
+        by_scheme.setdefault(label, []).append(seed)
+    return ", ".join(
+        f"{label} (seed{'s' if len(s) > 1 else ''} {', '.join(map(str, s))})"
+        for label, s in by_scheme.items()
+    )
 
 
 def _rows(
@@ -141,8 +173,10 @@ def render_table(
     """The markdown table: one row per scheme, one column per test length."""
     metric = metric_of(spec)
     lengths = list(spec.test_lengths)
-    summary = summarise(cells, schemes, lengths)
+    summary = summarise(cells, schemes, lengths, seeds=len(seeds))
     better = "higher" if metric["higher_is_better"] else "lower"
+    missing = not_finished(cells, schemes, seeds)
+    partial = any(0 < e["n_valid"] < e["seeds"] for row in summary.values() for e in row.values())
     lines = [f"# relpos compare: {spec.task}", ""]
     if command:
         lines += ["```bash", command, "```", ""]
@@ -152,12 +186,13 @@ def render_table(
         f"{metric['name'][0].upper()}{metric['name'][1:]} by test length ({better} is better; "
         f"training length {spec.train_length}"
         + ("; mean (min–max) over seeds" if len(seeds) > 1 else "")
+        + ("; [k/n seeds]: over the k of the n seeds with a value" if partial else "")
         + "):",
         "",
         *_rows(summary, schemes, lengths, spec.train_length, metric),
     ]
     if spec.synthetic:
-        tokens = summarise(cells, schemes, lengths, key="token_accuracy")
+        tokens = summarise(cells, schemes, lengths, key="token_accuracy", seeds=len(seeds))
         lines += [
             "",
             "Token accuracy (%: the share of target tokens, EOS included, written right by the "
@@ -165,18 +200,18 @@ def render_table(
             "",
             *_rows(tokens, schemes, lengths, spec.train_length, {**metric, "digits": 1}),
         ]
-    pending = [s for s in schemes if s not in summary]
     notes = sorted({f"{c['scheme']}: {note}" for c in cells for note in c.get("notes", [])})
-    if notes or pending:
+    if notes or missing:
         lines.append("")
     for note in notes:
         lines.append(f"- {note}")
-    if pending:
-        lines.append(f"- not finished yet: {', '.join(pending)}")
+    if missing:
+        lines.append(f"- not finished yet: {_missing_text(missing)}")
     seconds = sum(c.get("train_seconds", 0.0) + c.get("eval_seconds", 0.0) for c in cells)
     lines += [
         "",
-        f"{len(cells)} cell(s) finished; {seconds / 60:.1f} minutes of training and testing.",
+        f"{len(cells)} of {len(schemes) * len(seeds)} cell(s) finished; {seconds / 60:.1f} "
+        "minutes of training and testing.",
     ]
     return "\n".join(lines) + "\n"
 
@@ -256,8 +291,11 @@ def write_report(
         "spec": spec.to_dict(),
         "schemes": schemes,
         "seeds": seeds,
-        "summary": summarise(cells, schemes, lengths),
+        "summary": summarise(cells, schemes, lengths, seeds=len(seeds)),
         "cells": cells,
+        "not_finished": [
+            {"scheme": label, "seed": seed} for label, seed in not_finished(cells, schemes, seeds)
+        ],
         "command": command,
     }
     paths = {"table": run_dir / TABLE, "results": run_dir / RESULTS, "plot": run_dir / PLOT}

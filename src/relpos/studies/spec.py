@@ -46,7 +46,8 @@ class CompareSpec:
         test_lengths: lengths to test, each ``>= train_length``: window lengths in tokens
             (chorales) or string lengths (synthetic).
         d_model, num_heads, num_layers, dropout, backend: the model (:class:`TransformerConfig`).
-        steps, batch_size, lr, warmup: training (AdamW, warm-up then cosine decay).
+        steps, batch_size, lr, warmup: training (AdamW, warm-up then cosine decay);
+            ``warmup <= steps``, or the learning rate would never reach ``lr``.
         eval_every: validation (and checkpoint) interval of a chorale run, in steps.
         test_examples: held-out examples per test length (synthetic).
         data: the chorales (``music21`` or a JSB JSON path); ``""`` for a synthetic task.
@@ -86,6 +87,11 @@ class CompareSpec:
             ("max_shift", 0),
         ):
             check_int(name, getattr(self, name), minimum=minimum)
+        if self.warmup > self.steps:
+            raise ValueError(
+                f"warmup ({self.warmup}) is longer than steps ({self.steps}): the learning rate "
+                "would never reach lr; shorten the warm-up or raise the steps"
+            )
         lengths = self.test_lengths
         if (
             isinstance(lengths, (str, bytes))
@@ -184,19 +190,44 @@ _CHORALES = {
 }
 
 
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def default_spec(task: str, **overrides: Any) -> CompareSpec:
-    """The task's default spec, with ``overrides`` (``None`` values ignored); test lengths
-    default to ``N, 2N, 4N, 8N`` (chorales) or ``N, 1.25N, 1.5N, 2N, 3N, 4N`` (synthetic)."""
+    """The task's default spec, with ``overrides`` (``None`` values ignored).
+
+    Test lengths default to ``N, 2N, 4N, 8N`` (chorales) or ``N, 1.25N, 1.5N, 2N, 3N, 4N``
+    (synthetic); a default length the task cannot make is an error naming ``train_length``, where
+    it comes from. The default warm-up is capped at ``steps`` (a short run warms up over all its
+    steps); a ``warmup`` given longer than ``steps`` is an error.
+    """
     if task not in TASK_NAMES:
         raise ValueError(f"unknown task {task!r}; expected one of {list(TASK_NAMES)}")
     fields: dict[str, Any] = dict(_CHORALES if task == CHORALES else _SYNTHETIC)
     fields.update(_PER_TASK.get(task, {}))
-    fields.update({k: v for k, v in overrides.items() if v is not None})
+    given = {k: v for k, v in overrides.items() if v is not None}
+    fields.update(given)
+    steps = fields["steps"]
+    if "warmup" not in given and _is_int(steps) and 1 <= steps < fields["warmup"]:
+        fields["warmup"] = steps
     n = fields["train_length"]
-    if "test_lengths" not in fields and isinstance(n, int) and not isinstance(n, bool):
-        factors = (1, 2, 4, 8) if task == CHORALES else (1, 1.25, 1.5, 2, 3, 4)
+    factors = (1, 2, 4, 8) if task == CHORALES else (1, 1.25, 1.5, 2, 3, 4)
+    derived = "test_lengths" not in fields and _is_int(n)
+    if derived:
         fields["test_lengths"] = tuple(dict.fromkeys(max(1, round(f * n)) for f in factors))
-    return CompareSpec(task=task, **fields)
+    try:
+        return CompareSpec(task=task, **fields)
+    except ValueError as e:
+        field, sep, why = str(e).partition(": ")
+        if not (derived and sep and field == "test_lengths"):
+            raise
+        lengths = ", ".join(map(str, fields["test_lengths"]))
+        words = ", ".join("N" if f == 1 else f"{f:g}N" for f in factors)
+        raise ValueError(
+            f"train_length: {n} gives the default test lengths {lengths} ({words}), and {why}; "
+            "lower train_length or set the test lengths"
+        ) from None
 
 
 def parse_scheme(text: str) -> dict[str, Any]:
