@@ -39,6 +39,11 @@ from pathlib import Path
 
 os.environ.setdefault("KERAS_BACKEND", "jax")  # before Keras is imported
 
+# Before Keras, which imports TensorFlow where it is installed: PyTorch's optimisers load Triton
+# (through torch._dynamo), and Triton's LLVM aborts the process ("registered more than once")
+# when TensorFlow's came first; in this order both load.
+import torch._dynamo  # noqa: F401, I001
+
 import keras
 import numpy as np
 

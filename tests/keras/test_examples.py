@@ -1,0 +1,52 @@
+"""The examples (``examples/``) run end to end at a tiny size, in their own processes, as a user
+runs them: each once, in the JAX backend's run of the suite."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import keras
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+JSB = ROOT.parent / "shared/data/jsb-chorales/Jsb16thSeparated.json"
+
+pytestmark = pytest.mark.skipif(
+    keras.backend.backend() != "jax", reason="each example runs once, in the JAX suite"
+)
+
+
+def run_example(name: str, *args: str, backend: str) -> str:
+    env = {**os.environ, "KERAS_BACKEND": backend, "OMP_NUM_THREADS": "1"}
+    env["XLA_FLAGS"] = "--xla_cpu_multi_thread_eigen=false"
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / name), *args],
+        env=env, cwd=ROOT, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, f"{name} exited {done.returncode}:\n{done.stderr[-3000:]}"
+    return done.stdout
+
+
+@pytest.mark.skipif(not JSB.exists(), reason="needs the JSB chorales beside the repository")
+def test_keras_chorales_with_the_torch_baseline():
+    """Both sides train and report a finite NLL in one process (Keras on JAX, which imports
+    TensorFlow where it is installed, then PyTorch's trainer, which loads Triton)."""
+    tiny = "--steps 2 --minutes 1 --d-model 16 --num-heads 2 --num-layers 1 --context 16"
+    out = run_example("keras_chorales.py", *tiny.split(), "--batch-size", "2", "--warmup", "1",
+                      "--torch-baseline", backend="jax")  # fmt: skip
+    lines = [line.split() for line in out.splitlines() if line.startswith(("  keras/", "  torch "))]
+    assert [line[0] for line in lines] == ["keras/jax", "torch"], out
+    assert all(0 < float(line[1]) < 10 for line in lines), out
+
+
+def test_keras_map_fn_migration():
+    """The vectorised layer is exact (0) on every layout; ``tf.map_fn`` with index positions is
+    not, on the holed batch."""
+    out = run_example("keras_map_fn_migration.py", backend="tensorflow")
+    rows = [line for line in out.splitlines() if "RelativePositionEmbedding    all" in line]
+    assert len(rows) == 3 and all(row.split()[-1] == "0.0000" for row in rows), out
+    holes = [line for line in out.splitlines() if "holes" in line and "map_fn" in line]
+    assert holes and float(holes[0].split()[-1]) > 0, out
