@@ -897,6 +897,7 @@ def test_bench_memory_subprocess_sees_the_l_by_l_logits():
 
 def test_bench_rejects_too_few_repeats():
     from relpos.cli import bench
+    from relpos.cli.checks import CLIError
 
-    with pytest.raises(SystemExit):
+    with pytest.raises(CLIError, match="--repeats: expected an integer >= 5, got 3"):
         bench.main(["--repeats", "3"])

@@ -11,6 +11,7 @@ import json
 import math
 import re
 import shutil
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -434,10 +435,104 @@ def test_bench_tokens_fix_the_batch_times_length(tmp_path, capsys):
     assert {(r["config"]["L"], r["config"]["B"]) for r in rows} == {(16, 4), (32, 2)}
     assert all(r["first_s"] is not None for r in rows)  # the first call, timed
     capsys.readouterr()
-    for bad in (["--tokens", "64", "--batch", "2"], ["--tokens", "8"]):
-        with pytest.raises(SystemExit):
-            bench.main([*argv, "--lengths", "16,32", *bad])
-        assert "--tokens" in capsys.readouterr().err
+    for bad, what in ((["--tokens", "64", "--batch", "2"], "not both"), (["--tokens", "8"], "32")):
+        refused(capsys, ["bench", *argv, "--lengths", "16,32", *bad], "--tokens", what)
+
+
+def test_python_m_bench_checks_its_options_as_relpos_bench_does(tmp_path):
+    """``python -m relpos.cli.bench`` (benchmarks/gpu_check.sh's form) refuses a bad option in one
+    line naming it, status 2, as ``relpos bench``: the checks live in ``bench.main``."""
+    import subprocess
+
+    from relpos.cli import bench
+    from relpos.cli.checks import CLIError
+
+    for bad, expected in (
+        (["--heads", "0"], "relpos bench: error: --heads: expected an integer >= 1, got 0"),
+        (["--device", "bogus"], "relpos bench: error: --device: expected cpu, cuda, cuda:N or "),
+    ):
+        cmd = [sys.executable, "-m", "relpos.cli.bench", *bad, "--out", str(tmp_path / "b")]
+        done = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        assert done.returncode == 2, done.stderr
+        assert done.stderr.startswith(expected) and len(done.stderr.splitlines()) == 1, done.stderr
+    with pytest.raises(CLIError, match="--head-dim: expected an integer >= 1, got 0"):
+        bench.main(["--head-dim", "0", "--out", str(tmp_path / "b")])
+    assert not (tmp_path / "b").exists()
+
+
+def test_bench_says_what_it_cannot_run_and_why(tmp_path, capsys):
+    """A requested (scheme, impl) the library refuses here is a "skipped: <reason>" line, printed
+    and in bench.md, with the library's own reason; where nothing requested runs, --impls is
+    refused instead of a table of the baseline alone."""
+    argv = ["bench", "--lengths", "16", "--device", "cpu", "--repeats", "5", "--warmup", "1"]
+    argv += ["--no-memory", "--no-plot", "--out", str(tmp_path)]
+    assert main([*argv, "--schemes", "alibi,cope", "--impls", "chunked"]) == 0
+    out = capsys.readouterr().out
+    skipped = [line for line in out.splitlines() if "skipped:" in line]
+    assert len(skipped) == 1 and skipped[0].startswith("cope   chunked"), out
+    assert "cannot add the key bias of scheme CoPE" in skipped[0]
+    table = (tmp_path / "bench.md").read_text()
+    assert "| alibi | chunked | 16 | 1 | causal |" in table
+    assert "* cope / chunked, causal: skipped: the chunked backend cannot add the key bias" in table
+    # Refused before anything runs: the folder keeps the tables of the run above.
+    for bad, reason in (
+        (["--schemes", "alibi", "--impls", "flex"], "flex for alibi .causal.: the flex backend"),
+        (["--schemes", "cope", "--impls", "chunked"], "cannot add the key bias of scheme CoPE"),
+        (["--schemes", "shaw", "--impls", "naive-shaw", "--layout", "padded"], "--layout plain"),
+        (["--schemes", "cope", "--impls", "eager", "--mask", "bidirectional"], "causal only"),
+    ):
+        refused(
+            capsys, [*argv, *bad], r"^relpos bench: error: --impls \S+: none of them runs", reason
+        )
+    assert (tmp_path / "bench.md").read_text() == table
+
+
+def test_bench_records_the_command_as_typed(tmp_path, monkeypatch, capsys):
+    """``relpos bench`` with no options records "relpos bench", not "relpos bench bench"."""
+    from relpos.cli import bench
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "argv", ["relpos", "bench"])
+    monkeypatch.setattr(bench, "run", lambda args, log, on_result: [])  # nothing measured
+    assert main() == 0
+    header = (tmp_path / "bench-results" / "bench.md").read_text()
+    assert "Command: `relpos bench`\n" in header
+    argv = ["bench", "--lengths", "16", "--out", "my results"]
+    assert main(argv) == 0
+    assert (
+        "Command: `relpos bench --lengths 16 --out 'my results'`"
+        in (tmp_path / "my results" / "bench.md").read_text()
+    )
+    capsys.readouterr()
+
+
+def test_bench_leaves_no_plot_of_an_earlier_run(tmp_path, monkeypatch, capsys):
+    """The tables of a run cut short (or of --no-plot) never sit beside an older bench.png."""
+    from relpos.cli import bench
+
+    argv = ["bench", "--lengths", "16", "--schemes", "alibi", "--impls", "sdpa,chunked"]
+    argv += ["--device", "cpu", "--repeats", "5", "--warmup", "1", "--no-memory"]
+    argv += ["--out", str(tmp_path)]
+    (tmp_path / "bench.png").write_bytes(b"an earlier run's plot")
+    assert main([*argv, "--no-plot"]) == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bench.json", "bench.md"]
+
+    (tmp_path / "bench.png").write_bytes(b"an earlier run's plot")
+    run_one = bench._run_one
+    calls = []
+
+    def stop_at_the_second(*a, **kw):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return run_one(*a, **kw)
+
+    monkeypatch.setattr(bench, "_run_one", stop_at_the_second)
+    assert main(argv) == 130
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bench.json", "bench.md"]
+    rows = json.loads((tmp_path / "bench.json").read_text())
+    assert [r["config"]["impl"] for r in rows] == ["sdpa-plain"]
+    assert "interrupted" in capsys.readouterr().err
 
 
 def test_demo_bench_tour_and_no_command_refuse(tiny_data, tmp_path, capsys):

@@ -1,6 +1,7 @@
 """Attention speed and memory per scheme × backend: ``relpos bench``.
 
-``python -m relpos.cli.bench`` is the same.
+``python -m relpos.cli.bench`` is the same (it runs :func:`relpos.cli.main` with ``bench``): the
+options are checked before anything runs, and a bad one is refused in one line naming it (status 2).
 
 For every configuration (scheme, implementation, length ``L``, batch ``B``, causal or not) it
 measures, on inputs ``q, k, v`` of shape ``(B, H, L, d)`` (``H=8``, ``d=64`` by default):
@@ -25,10 +26,16 @@ where FlexAttention has a backward pass; the table says which one ``auto`` picks
 ``naive-shaw`` (Shaw et al. as written, the ``(L, L, d)`` relative embeddings materialised),
 ``sdpa-bias`` (SDPA with the bias materialised as a ``(B, H, L, L)`` float mask) and, for the Music
 Transformer, ``eager`` is the skew of Huang et al. Configurations that would not fit in memory or
-time are skipped with the reason.
+time are skipped with the reason; so is a requested (scheme, implementation) that cannot run here at
+all (the library's own refusal: ``flex`` with gradients on CPU, ``chunked`` for CoPE, ...), once,
+before the measurements and below the table. Where none of ``--impls`` runs any of ``--schemes``,
+the command is refused (status 2).
 
 Results: ``bench.md`` (markdown table), ``bench.png`` (time and memory vs ``L``) and ``bench.json``
-in ``--out``, each written atomically (temporary file, then ``os.replace``).
+in ``--out``, each written atomically (temporary file, then ``os.replace``). The tables are
+rewritten after every configuration and ``bench.png`` is drawn at the end: until then (and for good
+with ``--no-plot``, or when a run is cut short) no ``bench.png`` is left beside them, so that every
+file in ``--out`` is of the same run.
 
 Shape legend: ``B`` batch, ``H`` heads, ``L`` tokens, ``d`` head dim.
 """
@@ -40,6 +47,7 @@ import functools
 import json
 import math
 import resource
+import shlex
 import statistics
 import subprocess
 import sys
@@ -55,21 +63,27 @@ from torch import Tensor
 
 from ..atomic import atomic_path
 from ..runtime import cpu_name, flush_denormals, retain_freed_memory
+from .checks import CLIError, output_folder
+from .commands import _Parser
 
 __all__ = [
     "IMPLEMENTATIONS",
     "Config",
+    "NotRun",
     "Result",
     "Setup",
     "backend_call",
+    "check_args",
     "cuda_peak_bytes",
     "main",
     "make_setup",
     "measure_memory",
     "measure_time",
+    "not_run",
     "render_markdown",
     "run",
     "sdpa_plain",
+    "skip_reason",
     "wall_times",
 ]
 
@@ -116,15 +130,25 @@ def _positions(s: Setup) -> Any:
     return s.scheme.contextualize(s.x, s.positions)
 
 
+def _backend(name: str) -> Callable[..., Tensor]:
+    """The backend ``name``: the registered one, or for ``flex`` and ``fused`` (registered only
+    where they can run at all) their own function, whose error says why it cannot run here."""
+    from ..attention.backends import BACKENDS
+
+    if name in BACKENDS:
+        return BACKENDS[name]
+    from ..attention import flex, fused
+
+    return {"flex": flex.flex_attention_backend, "fused": fused.fused_attention}[name]
+
+
 def backend_call(name: str) -> Callable[[Setup], Tensor]:
-    """The registered backend ``name`` as a function of a :class:`Setup` (rotating ``q, k``)."""
+    """The backend ``name`` as a function of a :class:`Setup` (rotating ``q, k``)."""
 
     def fn(s: Setup) -> Tensor:
-        from ..attention.backends import BACKENDS
-
         p = _positions(s)
         q, k = s.scheme.rotate(s.q, s.k, p, p)
-        return BACKENDS[name](q, k, s.v, s.scheme, p, p, causal=s.causal)
+        return _backend(name)(q, k, s.v, s.scheme, p, p, causal=s.causal)
 
     return fn
 
@@ -224,6 +248,66 @@ def _supported(impl: str, scheme: str, causal: bool = True, device: str = "cpu")
     if scheme == "cope" and impl == "chunked":
         return False  # its key bias has no relative form (auto picks sdpa)
     return scheme in IMPLEMENTATIONS[impl].schemes
+
+
+@functools.cache
+def skip_reason(
+    impl: str,
+    scheme: str,
+    *,
+    causal: bool = True,
+    device: str = "cpu",
+    layout: str = "plain",
+    dtype: str = "float32",
+) -> str:
+    """Why ``impl`` cannot run ``scheme`` here at any shape, or ``""`` where it can: for a backend,
+    the library's own refusal (its error on a tiny input)."""
+    peer_of = IMPLEMENTATIONS[impl].schemes
+    if scheme not in peer_of:
+        return f"{impl} is a peer for {', '.join(peer_of)} only"
+    if impl == "naive-shaw" and layout != "plain":
+        return "naive-shaw masks the future only (no padding, no documents): --layout plain only"
+    if _supported(impl, scheme, causal, device):
+        return ""
+    try:
+        s = make_setup(
+            scheme, 4, 1, causal=causal, heads=1, head_dim=8, device=device,
+            dtype=getattr(torch, dtype), grad=True,
+        )  # fmt: skip
+        IMPLEMENTATIONS[impl].run(s)
+    except ValueError as e:  # the backend's refusal, or the scheme's (causal only)
+        return " ".join(str(e).split())
+    mask = "causal" if causal else "bidirectional"
+    return f"{impl} does not run {scheme} ({mask}) on {device}"
+
+
+@dataclass(frozen=True)
+class NotRun:
+    """Requested schemes that ``impl`` cannot run here at any shape, for one reason."""
+
+    schemes: tuple[str, ...]
+    impl: str
+    causal: bool
+    reason: str
+
+
+def not_run(args: argparse.Namespace) -> list[NotRun]:
+    """What the arguments request that cannot run here (:func:`skip_reason`), the schemes of one
+    implementation, mask and reason together."""
+    groups: dict[tuple[str, bool, str], list[str]] = {}
+    for causal in args.causal_modes:
+        for impl in args.impls:
+            for scheme in args.schemes:
+                why = _skip(args, impl, scheme, causal)
+                if why:
+                    groups.setdefault((impl, causal, why), []).append(scheme)
+    return [NotRun(tuple(sc), impl, causal, why) for (impl, causal, why), sc in groups.items()]
+
+
+def _skip(args: argparse.Namespace, impl: str, scheme: str, causal: bool) -> str:
+    return skip_reason(
+        impl, scheme, causal=causal, device=args.device, layout=args.layout, dtype=args.dtype
+    )
 
 
 def _built(scheme: str, causal: bool):
@@ -472,9 +556,13 @@ def _first_call(fn: Callable[[Setup], Tensor], s: Setup, device: str) -> float:
     return time.perf_counter() - start
 
 
+_CHILD = "import sys; from relpos.cli.bench import main; sys.exit(main(sys.argv[1:]))"
+
+
 def measure_memory(spec: dict[str, Any], timeout: float) -> tuple[float | None, str]:
     """Peak bytes of one configuration in a fresh subprocess, or ``(None, reason)``."""
-    cmd = [sys.executable, "-m", "relpos.cli.bench", "--child", json.dumps(spec)]
+    # Not through relpos.cli.main (python -m relpos.cli.bench): an error's last line is its own.
+    cmd = [sys.executable, "-c", _CHILD, "--child", json.dumps(spec)]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
     except subprocess.TimeoutExpired:
@@ -551,9 +639,7 @@ def run(
                 Config(sc, impl, n, b, causal, args.layout)
                 for sc in args.schemes
                 for impl in args.impls
-                if impl != "sdpa-plain"
-                and _supported(impl, sc, causal, device)
-                and (args.layout == "plain" or impl != "naive-shaw")  # it masks the future only
+                if impl != "sdpa-plain" and not _skip(args, impl, sc, causal)  # see not_run
             ]
             # Every configuration is timed alternating with the baseline (measure_paired).
             base = make_setup("none", n, b, causal=causal, grad=True, **kw)
@@ -672,8 +758,19 @@ def _line(r: Result) -> str:
     )
 
 
-def render_markdown(results: list[Result], header: str) -> str:
-    """A markdown table of every result (ratios to ``sdpa-plain`` at the same shape)."""
+def _mask_word(causal: bool) -> str:
+    return "causal" if causal else "bidirectional"
+
+
+def _not_run_line(n: NotRun) -> str:
+    return (
+        f"{','.join(n.schemes):6s} {n.impl:11s} every L {_mask_word(n.causal)}  skipped: {n.reason}"
+    )
+
+
+def render_markdown(results: list[Result], header: str, not_run: list[NotRun] = ()) -> str:
+    """A markdown table of every result (ratios to ``sdpa-plain`` at the same shape), then what
+    was requested and not run at any shape, with the reason."""
     lines = [
         header,
         "",
@@ -690,6 +787,16 @@ def render_markdown(results: list[Result], header: str) -> str:
             f"| {_fmt(r.first_s, '.2f')} | {r.auto} "
             f"| {r.skipped} |"
         )
+    if not_run:
+        lines += [
+            "",
+            "Not run at any shape (the reason is the library's own refusal where it has one):",
+            "",
+        ]
+        lines += [
+            f"* {', '.join(n.schemes)} / {n.impl}, {_mask_word(n.causal)}: skipped: {n.reason}"
+            for n in not_run
+        ]
     return "\n".join(lines) + "\n"
 
 
@@ -698,7 +805,8 @@ def _atomic_write(path: Path, data: bytes) -> None:
         tmp.write_bytes(data)
 
 
-def _plot(results: list[Result], path: Path) -> None:
+def _plot(results: list[Result], path: Path) -> bool:
+    """Draw ``path``; False (nothing drawn) where no configuration was measured."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -706,7 +814,7 @@ def _plot(results: list[Result], path: Path) -> None:
 
     done = [r for r in results if not r.skipped]
     if not done:
-        return
+        return False
     first = done[0].config
     pick = [r for r in done if r.config.B == first.B and r.config.causal == first.causal]
     fig, (ax_t, ax_m) = plt.subplots(1, 2, figsize=(13, 5))
@@ -752,16 +860,30 @@ def _plot(results: list[Result], path: Path) -> None:
             fig.savefig(tmp, dpi=110)
     finally:
         plt.close(fig)
+    return True
 
 
-def write_outputs(results: list[Result], out: Path, header: str, plot: bool = True) -> None:
-    """``bench.md``, ``bench.json`` and (with matplotlib) ``bench.png`` in ``out``, atomically."""
+def write_outputs(
+    results: list[Result],
+    out: Path,
+    header: str,
+    plot: bool = True,
+    not_run: list[NotRun] = (),
+) -> None:
+    """``bench.md``, ``bench.json`` and, with ``plot``, ``bench.png`` in ``out``, atomically.
+
+    Without ``plot`` (the tables of a run in progress, or ``--no-plot``), or with nothing measured
+    to draw, a ``bench.png`` already there is removed first: it would be of an earlier run.
+    """
     out.mkdir(parents=True, exist_ok=True)
-    _atomic_write(out / "bench.md", render_markdown(results, header).encode())
+    png = out / "bench.png"
+    if not plot:
+        png.unlink(missing_ok=True)
+    _atomic_write(out / "bench.md", render_markdown(results, header, not_run).encode())
     payload = [{**asdict(r), "config": asdict(r.config)} for r in results]
     _atomic_write(out / "bench.json", json.dumps(payload, indent=1).encode())
-    if plot:
-        _plot(results, out / "bench.png")
+    if plot and not _plot(results, png):
+        png.unlink(missing_ok=True)
 
 
 # ----------------------------------------------------------------------------- command line
@@ -788,7 +910,9 @@ def _names(valid: list[str]) -> Callable[[str], list[str]]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    """The options of ``relpos bench``; argparse's errors raise :class:`~.commands.UsageError`
+    (one line, status 2, from :func:`relpos.cli.main`)."""
+    p = _Parser(
         prog="relpos bench",
         description="Attention speed and memory per scheme and backend (see relpos.cli.bench).",
     )
@@ -877,17 +1001,81 @@ def _device_name(device: str) -> str:
     return cpu_name() if device == "cpu" else device
 
 
+def check_args(args: argparse.Namespace) -> None:
+    """Refuse a bad option before anything runs: a :class:`~.checks.CLIError` naming the flag, the
+    value and what was expected (one line, status 2, from :func:`relpos.cli.main`).
+
+    ``args.lengths`` is already resolved (``--lengths``, or the default of ``--all``).
+    """
+    from .limits import device_flag
+
+    device_flag(args.device)
+    for flag, value, minimum in (
+        ("--heads", args.heads, 1),
+        ("--head-dim", args.head_dim, 1),
+        ("--repeats", args.repeats, 5),  # a median of at least 5 runs
+        ("--warmup", args.warmup, 1),
+        ("--threads", args.threads, 1),
+    ):
+        if value is not None and value < minimum:
+            raise CLIError(f"{flag}: expected an integer >= {minimum}, got {value}")
+    for flag, value in (
+        ("--max-memory-gb", args.max_memory_gb),
+        ("--max-config-seconds", args.max_config_seconds),
+    ):
+        if value is not None and not (math.isfinite(value) and value > 0):
+            raise CLIError(f"{flag}: expected a finite number > 0, got {value}")
+    if args.tokens is not None:
+        if args.batch is not None:
+            raise CLIError(
+                f"--tokens {args.tokens} and --batch: --tokens fixes B·L (B = TOKENS // L at each "
+                "length); expected one of them, not both"
+            )
+        if args.tokens < max(args.lengths):
+            raise CLIError(
+                f"--tokens: expected at least the longest of --lengths ({max(args.lengths)}), "
+                f"got {args.tokens}"
+            )
+    output_folder("--out", args.out)
+
+
+def _check_something_runs(args: argparse.Namespace, skipped: list[NotRun]) -> None:
+    """Refuse ``--impls`` where none of them runs any of ``--schemes`` here (only the baseline
+    would be measured)."""
+    pairs = len(args.causal_modes) * len(args.impls) * len(args.schemes)
+    if sum(len(n.schemes) for n in skipped) < pairs:
+        return
+    why = "; ".join(
+        f"{n.impl} for {','.join(n.schemes)} ({_mask_word(n.causal)}): {n.reason}"
+        for n in skipped[:4]
+    )
+    if len(skipped) > 4:
+        why += f"; and {len(skipped) - 4} more"
+    raise CLIError(
+        f"--impls {','.join(args.impls)}: none of them runs any of --schemes "
+        f"{','.join(args.schemes)} here (--device {args.device}, --mask {args.mask}, --layout "
+        f"{args.layout}); expected at least one that does: {why}"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of ``relpos bench``; returns the exit status."""
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    """``relpos bench`` with ``argv`` (default ``sys.argv[1:]``); returns the exit status.
+
+    ``relpos bench`` and ``python -m relpos.cli.bench`` both run it through
+    :func:`relpos.cli.main`, which prints a refused option in one line (status 2).
+
+    Raises:
+        CLIError: a bad option (:func:`check_args`; argparse's errors as
+            :class:`~.commands.UsageError`), or ``--impls`` none of which runs any of
+            ``--schemes`` here; raised before anything is measured or written.
+    """
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = build_parser().parse_args(argv)
     if args.child:
         print(json.dumps(_memory_child(json.loads(args.child))))
         return 0
-    if args.repeats < 5:
-        parser.error(f"--repeats must be >= 5 (a median of at least 5 runs), got {args.repeats}")
-    if args.warmup < 1:
-        parser.error(f"--warmup must be >= 1, got {args.warmup}")
+    args.lengths = args.lengths or (ALL_LENGTHS if args.all else DEFAULT_LENGTHS)
+    check_args(args)
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     # Before any parallel op, so that the intra-op threads inherit it (relpos.runtime).
@@ -896,21 +1084,14 @@ def main(argv: list[str] | None = None) -> int:
         print("relpos bench: flush-to-zero did not take effect; denormals are kept", flush=True)
     args.flush_denormals = flushed
     args.retain_heap = args.retain_heap and retain_freed_memory()
-    args.lengths = args.lengths or (ALL_LENGTHS if args.all else DEFAULT_LENGTHS)
-    if args.tokens is not None:
-        if args.batch is not None:
-            parser.error("--tokens fixes B·L: give it or --batch, not both")
-        if args.tokens < max(args.lengths):
-            parser.error(
-                f"--tokens must be at least the longest of --lengths ({max(args.lengths)}), "
-                f"got {args.tokens}"
-            )
     args.batch = args.batch or ([1, 4] if args.all else [1])
     args.causal_modes = {"causal": [True], "bidirectional": [False], "both": [True, False]}[
         args.mask
     ]
     if args.dtype is None:
         args.dtype = "bfloat16" if args.device.startswith("cuda") else "float32"
+    skipped = not_run(args)
+    _check_something_runs(args, skipped)
     if args.max_memory_gb is None:
         args.max_memory_gb = 0.6 * _available_bytes() / 2**30
     header = (
@@ -922,19 +1103,22 @@ def main(argv: list[str] | None = None) -> int:
         f"torch {torch.__version__}); median of "
         f"{args.repeats} runs after {args.warmup} warm-up; ratios to sdpa-plain (no bias) at "
         "the same shape, the median of run-by-run ratios (each run alternates with one of "
-        "sdpa-plain).\n\nCommand: `relpos bench " + " ".join(argv or sys.argv[1:]) + "`"
+        f"sdpa-plain).\n\nCommand: `{shlex.join(['relpos', 'bench', *argv])}`"
     )
     print(header.splitlines()[0], flush=True)
-    # The tables are rewritten after every configuration: a run cut short keeps what it measured.
+    for n in skipped:
+        print(_not_run_line(n), flush=True)
+    # The tables are rewritten after every configuration: a run cut short keeps what it measured
+    # (and no plot of an earlier run: write_outputs).
     # Every shape of every scheme compiles its own FlexAttention kernels: past Dynamo's default
     # recompile limit (8) flex would be timed unfused.
     with torch._dynamo.config.patch(recompile_limit=512, accumulated_recompile_limit=4096):
         results = run(
             args,
             log=lambda line: print(line, flush=True),
-            on_result=lambda done: write_outputs(done, args.out, header, plot=False),
+            on_result=lambda done: write_outputs(done, args.out, header, False, skipped),
         )
-    write_outputs(results, args.out, header, plot=args.plot)
+    write_outputs(results, args.out, header, args.plot, skipped)
     print(
         f"wrote {args.out / 'bench.md'}, {args.out / 'bench.json'}"
         + (f", {args.out / 'bench.png'}" if args.plot else "")
@@ -943,4 +1127,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    # The relpos command line's handling: one-line errors, Ctrl-C, a traceback for a bug.
+    from .commands import main as relpos_main
+
+    raise SystemExit(relpos_main(["bench", *sys.argv[1:]]))

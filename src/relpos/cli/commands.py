@@ -24,7 +24,6 @@ import os
 import re
 import sys
 import traceback
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -538,42 +537,12 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def _bench(argv: list[str]) -> int:
-    """``relpos bench``: its options checked here (one line each), then :func:`.bench.main`."""
-    from . import bench  # which sets both itself (--keep-denormals, --default-malloc)
+    """``relpos bench`` (also ``python -m relpos.cli.bench``): :func:`.bench.main`, which checks
+    its options before anything runs (a :class:`CLIError` naming the flag) and makes both process
+    settings itself (``--keep-denormals``, ``--default-malloc``)."""
+    from . import bench
 
-    if "--child" in argv or any(a in ("-h", "--help") for a in argv):
-        return bench.main(argv)  # internal (a memory subprocess), or the help text
-    parser = bench.build_parser()
-    parser.error = _usage_error("relpos bench")  # type: ignore[method-assign]
-    args = parser.parse_args(argv)
-
-    from .limits import device_flag
-
-    device_flag(args.device)
-    for flag, value, minimum in (
-        ("--heads", args.heads, 1),
-        ("--head-dim", args.head_dim, 1),
-        ("--repeats", args.repeats, 5),
-        ("--warmup", args.warmup, 1),
-        ("--threads", args.threads, 1),
-    ):
-        if value is not None and value < minimum:
-            raise CLIError(f"{flag}: expected an integer >= {minimum}, got {value}")
-    for flag, value in (
-        ("--max-memory-gb", args.max_memory_gb),
-        ("--max-config-seconds", args.max_config_seconds),
-    ):
-        if value is not None and not (math.isfinite(value) and value > 0):
-            raise CLIError(f"{flag}: expected a finite number > 0, got {value}")
-    output_folder("--out", args.out)
     return bench.main(argv)
-
-
-def _usage_error(prog: str) -> Callable[[str], Any]:
-    def error(message: str):
-        raise UsageError(prog, message)
-
-    return error
 
 
 def cmd_tour(args: argparse.Namespace) -> int:
