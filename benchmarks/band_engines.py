@@ -21,6 +21,7 @@ import torch
 
 import relpos
 from relpos.attention.chunked import narrow
+from relpos.cli.argtypes import int_type
 from relpos.cli.bench import backend_call, make_setup, sdpa_plain
 from relpos.runtime import cpu_name, flush_denormals, retain_freed_memory
 
@@ -80,13 +81,18 @@ def measure(
     return {name: statistics.median(ts) for name, ts in times.items()}
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--cases", default="", help="only cases whose name starts with this")
-    p.add_argument("--repeats", type=int, default=9)
-    p.add_argument("--length", type=int, default=2048)
-    p.add_argument("--batch", type=int, default=1)
-    args = p.parse_args()
+    names = [name for name, _, _ in CASES]
+    p.add_argument(
+        "--cases", default="", help=f"only cases whose name starts with this, of: {names}"
+    )
+    p.add_argument("--repeats", type=int_type(1), default=9, help="timed runs, median reported")
+    p.add_argument("--length", type=int_type(1), default=2048)
+    p.add_argument("--batch", type=int_type(1), default=1)
+    args = p.parse_args(argv)
+    if not any(name.startswith(args.cases) for name in names):
+        p.error(f"--cases: no case name starts with {args.cases!r}; known cases: {names}")
     flush_denormals(True)  # before the thread pool starts
     torch.set_num_threads(2)
     retain_freed_memory()

@@ -1,7 +1,7 @@
 """Which FlexAttention block sizes compile on this GPU for a learned relative table with
 gradients, and how fast each runs (docs/performance.md, "On a GPU"; CUDA only).
 
-    PYTHONPATH=src python benchmarks/flex_kernel_options.py t5      # or music
+    PYTHONPATH=src python benchmarks/flex_kernel_options.py t5      # or music (default t5)
 
 For each candidate, `relpos`'s `flex` backend runs one forward+backward pass at L=4096, B=4, H=8,
 d=64 in bf16 (the first call compiles), then ten more; it prints the median, or the compile error
@@ -10,8 +10,8 @@ d=64 in bf16 (the first call compiles), then ten more; it prints the median, or 
 
 from __future__ import annotations
 
+import argparse
 import statistics
-import sys
 from unittest import mock
 
 import torch
@@ -28,7 +28,8 @@ CANDIDATES = {
 }
 
 
-def main(scheme: str) -> None:
+def probe(scheme: str) -> None:
+    """Print one ``PROBE`` line per candidate of :data:`CANDIDATES` for ``scheme``."""
     run = bench.backend_call("flex")
     for label, options in CANDIDATES.items():
         setup = bench.make_setup(
@@ -57,5 +58,24 @@ def main(scheme: str) -> None:
         print(f"PROBE {scheme} {label}: ok first {first:.1f} s, fwd+bwd median {median:.2f} ms")
 
 
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument(
+        "scheme",
+        nargs="?",
+        default="t5",
+        choices=bench.SCHEMES,
+        metavar="SCHEME",
+        help=f"the scheme to probe (default t5; the doc's runs: t5, music), one of {bench.SCHEMES}",
+    )
+    args = p.parse_args(argv)
+    if not torch.cuda.is_available():
+        p.error("needs a CUDA device: FlexAttention has a backward pass only there")
+    probe(args.scheme)
+    return 0
+
+
 if __name__ == "__main__":
-    main(sys.argv[1] if len(sys.argv) > 1 else "t5")
+    raise SystemExit(main())
