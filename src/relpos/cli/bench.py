@@ -63,8 +63,7 @@ from torch import Tensor
 
 from ..atomic import atomic_path
 from ..runtime import cpu_name, flush_denormals, retain_freed_memory
-from .checks import CLIError, output_folder
-from .commands import _Parser
+from .checks import CLIError, Parser, output_folder
 
 __all__ = [
     "IMPLEMENTATIONS",
@@ -910,9 +909,9 @@ def _names(valid: list[str]) -> Callable[[str], list[str]]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The options of ``relpos bench``; argparse's errors raise :class:`~.commands.UsageError`
+    """The options of ``relpos bench``; argparse's errors raise :class:`~.checks.UsageError`
     (one line, status 2, from :func:`relpos.cli.main`)."""
-    p = _Parser(
+    p = Parser(
         prog="relpos bench",
         description="Attention speed and memory per scheme and backend (see relpos.cli.bench).",
     )
@@ -1066,7 +1065,7 @@ def main(argv: list[str] | None = None) -> int:
 
     Raises:
         CLIError: a bad option (:func:`check_args`; argparse's errors as
-            :class:`~.commands.UsageError`), or ``--impls`` none of which runs any of
+            :class:`~.checks.UsageError`), or ``--impls`` none of which runs any of
             ``--schemes`` here; raised before anything is measured or written.
     """
     argv = sys.argv[1:] if argv is None else list(argv)

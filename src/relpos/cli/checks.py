@@ -5,15 +5,32 @@ Every failure is a :class:`CLIError`, one line naming the flag, exit status 2.
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import os
 from pathlib import Path
 
-__all__ = ["CLIError", "check_data", "input_file", "output_folder"]
+__all__ = ["CLIError", "Parser", "UsageError", "check_data", "input_file", "output_folder"]
 
 
 class CLIError(Exception):
     """A user-facing error: printed as one line, exit status 2."""
+
+
+class UsageError(CLIError):
+    """A malformed command line (argparse's errors), printed as one line instead of the usage."""
+
+    def __init__(self, prog: str, message: str) -> None:
+        super().__init__(message)
+        self.prog = prog
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse that raises :class:`UsageError` instead of printing the usage and exiting, so that
+    every mistake ends the same way (one line, status 2) and ``main`` returns in-process."""
+
+    def error(self, message: str):  # type: ignore[override]
+        raise UsageError(self.prog, message)
 
 
 def input_file(flag: str, path: str | os.PathLike[str], expected: str) -> Path:

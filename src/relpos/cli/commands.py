@@ -29,7 +29,7 @@ from typing import Any
 
 from ..runtime import flush_denormals, retain_freed_memory
 from .argtypes import MAX_SEED, SEED, OnOffAuto, int_type
-from .checks import CLIError, check_data, input_file, output_folder
+from .checks import CLIError, Parser, UsageError, check_data, input_file, output_folder
 from .generate import add_parser as add_generate
 from .runs import load_model, parse_splits, run_folder
 
@@ -50,22 +50,6 @@ DEMO = {
 }
 
 _COMMANDS = ("train", "eval", "generate", "demo", "bench", "tour", "compare")
-
-
-class UsageError(CLIError):
-    """A malformed command line (argparse's errors), printed as one line instead of the usage."""
-
-    def __init__(self, prog: str, message: str) -> None:
-        super().__init__(message)
-        self.prog = prog
-
-
-class _Parser(argparse.ArgumentParser):
-    """argparse that raises :class:`UsageError` instead of printing the usage and exiting, so that
-    every mistake ends the same way (one line, status 2) and ``main`` returns in-process."""
-
-    def error(self, message: str):  # type: ignore[override]
-        raise UsageError(self.prog, message)
 
 
 def _one_line(text: str) -> str:
@@ -555,7 +539,7 @@ def cmd_tour(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(
+    parser = Parser(
         prog="relpos",
         description="relpos: train, evaluate and sample chorale models; benchmark attention; "
         "compare schemes on length generalisation.",
