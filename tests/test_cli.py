@@ -161,6 +161,7 @@ TRAIN_CASES = [
     (["--autocast", "maybe"], ["--autocast", "on, off or auto", "maybe"]),
     (["--no-autocast=on"], ["--no-autocast", "takes no value"]),
     (["--warmup", "-1"], ["--warmup"]),
+    (["--warmup", "3"], ["--warmup", "3 is longer than the run's 2 steps"]),
     (["--eval-every", "0"], ["--eval-every"]),
     (["--max-shift", "-1"], ["--max-shift"]),
     (["--seed", "-1"], ["argument --seed"]),
@@ -189,6 +190,16 @@ def test_train_refuses(tiny_data, tmp_path, capsys, flags, patterns):
     argv = ["train", "--run-dir", str(tmp_path / "r"), "--data", str(tiny_data), *TINY_FLAGS]
     refused(capsys, argv + flags, *patterns)
     assert not (tmp_path / "r").exists()
+
+
+def test_a_default_warmup_is_cut_to_the_steps(tiny_data, tmp_path, capsys):
+    """The default warm-up (60 steps) in a 2-step run would keep the learning rate under 4 % of
+    --lr: it is cut to the steps, with a note."""
+    at = TINY_FLAGS.index("--warmup")
+    flags = TINY_FLAGS[:at] + TINY_FLAGS[at + 2 :]
+    assert main(["train", "--run-dir", str(tmp_path / "r"), "--data", str(tiny_data), *flags]) == 0
+    assert "warm-up cut from 60 to the run's 2 steps" in capsys.readouterr().err
+    assert json.loads((tmp_path / "r" / "config.json").read_text())["warmup"] == 2
 
 
 def test_train_refuses_configs_and_resumes(tiny_data, tmp_path, capsys):

@@ -261,10 +261,27 @@ def _train_config(args: argparse.Namespace):
             cfg = TrainConfig.load(path)
         except (ValueError, TypeError) as e:
             raise CLIError(f"--config {path}: {e}") from None
-        return _override(cfg, args, given) if given else cfg
-    if _DATA not in given:
-        given.append(_DATA)  # the default data is checked like a given one
-    return _override(_default_config(), args, given)
+        cfg = _override(cfg, args, given) if given else cfg
+    else:
+        if _DATA not in given:
+            given.append(_DATA)  # the default data is checked like a given one
+        cfg = _override(_default_config(), args, given)
+    return _fit_warmup(cfg, warmup_given=any(f.dest == "warmup" for f in given))
+
+
+def _fit_warmup(cfg, *, warmup_given: bool):
+    """``cfg`` with a warm-up no longer than the run: a longer one never lets the learning rate
+    reach ``lr``. One not given as ``--warmup`` (the default's, a config file's) is cut to the
+    steps, with a note; a ``--warmup`` longer than the steps is refused."""
+    if cfg.warmup <= cfg.steps:
+        return cfg
+    if warmup_given:
+        raise CLIError(
+            f"--warmup: {cfg.warmup} is longer than the run's {cfg.steps} steps: the learning "
+            "rate would never reach --lr; give a shorter --warmup or more --steps"
+        )
+    print(f"note: warm-up cut from {cfg.warmup} to the run's {cfg.steps} steps", file=sys.stderr)
+    return dataclasses.replace(cfg, warmup=cfg.steps)
 
 
 def _default_config():
