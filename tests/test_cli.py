@@ -496,6 +496,11 @@ def test_bench_says_what_it_cannot_run_and_why(tmp_path, capsys):
             capsys, [*argv, *bad], r"^relpos bench: error: --impls \S+: none of them runs", reason
         )
     assert (tmp_path / "bench.md").read_text() == table
+    # Not asked for: the default --impls print one line; bench.md still lists each with its reason.
+    assert main([*argv, "--schemes", "cope"]) == 0
+    out = capsys.readouterr().out
+    assert "skipped:" not in out and "pairs cannot run here: bench.md lists them" in out, out
+    assert "* cope / chunked, causal: skipped:" in (tmp_path / "bench.md").read_text()
 
 
 def test_bench_records_the_command_as_typed(tmp_path, monkeypatch, capsys):
