@@ -8,6 +8,7 @@ import relpos.keras as rk
 from .util import kt
 
 X = np.zeros((2, 5, 8), "float32")
+SEG = np.array([[0, 0, 1, 1, -1], [0, 1, 1, 1, 1]], "int32")
 DYNAMIC = {"rope_type": "dynamic", "factor": 2.0, "original_max_position_embeddings": 8}
 
 
@@ -265,6 +266,121 @@ DYNAMIC = {"rope_type": "dynamic", "factor": 2.0, "original_max_position_embeddi
             lambda layer: layer(kt(X), kt(np.zeros((3, 4, 8), "float32"))),
             ValueError,
             r"value must have shape \(b, j, D\) with the query's b = 2, got \(3, 4, 8\)",
+        ),
+        # The value sequence's own positions (cross-attention): shapes, dtypes, where they apply.
+        (
+            lambda: rk.RelativeMultiHeadAttention(2, 4),
+            lambda layer: layer(
+                kt(X), kt(X[:, :3]), segment_ids=kt(SEG), value_segment_ids=kt(SEG[:, :4])
+            ),
+            ValueError,
+            r"value_segment_ids must have shape \(b, n\) = \(2, 3\), got \(2, 4\)",
+        ),
+        (
+            lambda: rk.RelativeMultiHeadAttention(2, 4),
+            lambda layer: layer(
+                kt(X),
+                kt(X[:, :3]),
+                segment_ids=kt(SEG),
+                value_segment_ids=kt(SEG[:, :3]),
+                value_mask=kt(np.ones((2, 3), bool)),
+                key_mask=kt(np.ones((2, 4), bool)),
+            ),
+            ValueError,
+            r"key_mask must have shape \(b, j\) = \(2, 3\), got \(2, 4\)",
+        ),
+        (
+            lambda: rk.RelativeMultiHeadAttention(2, 4),
+            lambda layer: layer(
+                kt(X), kt(X[:, :3]), segment_ids=kt(SEG), value_segment_ids=kt(SEG[:1, :3])
+            ),
+            ValueError,
+            r"value_segment_ids must have shape \(b, n\) = \(2, 3\), got \(1, 3\)",
+        ),
+        (
+            lambda: rk.RelativeMultiHeadAttention(2, 4),
+            lambda layer: layer(
+                kt(X),
+                kt(X[:, :3]),
+                segment_ids=kt(SEG),
+                value_segment_ids=kt(np.zeros((2, 3), "float32")),
+            ),
+            TypeError,
+            "value_segment_ids must hold integers, got dtype float32",
+        ),
+        (
+            lambda: rk.RelativeMultiHeadAttention(2, 4),
+            lambda layer: layer(kt(X), kt(X[:, :3]), value_positions=kt(np.zeros((3, 3), "int32"))),
+            ValueError,
+            r"value_positions must have shape \(n,\) or \(b, n\) = \(2, 3\), got \(3, 3\)",
+        ),
+        (
+            lambda: rk.RelativeMultiHeadAttention(2, 4),
+            lambda layer: layer(kt(X), kt(X[:, :3]), value_positions=kt(np.arange(5))),
+            ValueError,
+            r"value_positions must have shape \(n,\) or \(b, n\) = \(2, 3\), got \(1, 5\)",
+        ),
+        (
+            lambda: rk.RelativeMultiHeadAttention(2, 4),
+            lambda layer: layer(
+                kt(X),
+                kt(X[:, :3]),
+                segment_ids=kt(SEG),
+                value_segment_ids=kt(SEG[:, :3]),
+                value_positions=kt(np.arange(3)),
+            ),
+            ValueError,
+            "pass at most one of value_positions and value_segment_ids",
+        ),
+        (
+            lambda: rk.RelativeMultiHeadAttention(2, 4),
+            lambda layer: layer(kt(X), segment_ids=kt(SEG), positions=kt(np.arange(5))),
+            ValueError,
+            "pass at most one of positions and segment_ids: explicit positions are one sequence",
+        ),
+        *(
+            (
+                lambda: rk.RelativeMultiHeadAttention(2, 4),
+                call,
+                ValueError,
+                r"value_segment_ids need a distinct value sequence \(cross-attention\)",
+            )
+            for call in (
+                lambda layer: layer(kt(X), value_segment_ids=kt(SEG)),
+                lambda layer: layer(X, X, segment_ids=SEG, value_segment_ids=SEG),
+            )
+        ),
+        (
+            lambda: rk.RelativeMultiHeadAttention(2, 4),
+            lambda layer: layer(kt(X), value_positions=kt(np.arange(5))),
+            ValueError,
+            r"value_positions need a distinct value sequence \(cross-attention\)",
+        ),
+        (
+            lambda: rk.RelativeMultiHeadAttention(2, 4, causal=True),
+            lambda layer: layer(
+                kt(X),
+                kt(X),
+                cache=layer.empty_cache(2, 8),
+                cache_update_index=0,
+                value_positions=kt(np.arange(5)),
+            ),
+            ValueError,
+            "with a cache, positions come from cache_mask; do not pass value_positions",
+        ),
+        # In cross-attention segment_ids go with value_segment_ids: one side alone would be one
+        # document, and the other side's documents past 0 would attend to nothing (zeros).
+        (
+            lambda: rk.RelativeMultiHeadAttention(2, 4),
+            lambda layer: layer(kt(X), kt(X[:, :3]), segment_ids=kt(SEG)),
+            ValueError,
+            r"in cross-attention segment_ids needs value_segment_ids \(b, j\)",
+        ),
+        (
+            lambda: rk.RelativeMultiHeadAttention(2, 4),
+            lambda layer: layer(kt(X), kt(X[:, :3]), value_segment_ids=kt(SEG[:, :3])),
+            ValueError,
+            r"in cross-attention value_segment_ids needs the queries' segment_ids \(b, i\)",
         ),
     ],
 )

@@ -169,6 +169,78 @@ def test_attention_equals_torch(spec, shape, causal):
         np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-5, err_msg=kind)
 
 
+#: Cross-attention: RoPE, ALiBi, T5 and Shaw (keys and values) clipped inside the rows, KERPLE.
+CROSS = [
+    "rope",
+    "alibi",
+    {"name": "t5", "num_buckets": 8, "max_distance": 6},
+    {"name": "shaw", "max_distance": 3},
+    KERPLE,
+]
+
+
+def _cross_layouts(b, i, j):
+    """(kind, PyTorch keyword arguments, Keras keyword arguments) of a cross-attention of ``i``
+    queries over ``j`` value tokens: packed pairs of documents (ids 0, 1, 2 on both sides),
+    padding (queries left, values right), and explicit positions with gaps (the values' beside
+    their padding mask)."""
+    q_seg, k_seg = layout("packed", b, i, seed=i)["seg"], layout("packed", b, j, seed=j)["seg"]
+    q_mask, k_mask = layout("left", b, i, seed=1)["mask"], layout("right", b, j, seed=2)["mask"]
+    rng = np.random.default_rng(3)
+    q_pos = np.sort(rng.integers(0, 3 * i, size=(b, i)), axis=1).astype("int32")
+    k_pos = np.sort(rng.integers(0, 3 * j, size=(b, j)), axis=1).astype("int32")
+    long = lambda a: torch.from_numpy(a).long()  # noqa: E731
+    torch_k_pos = relpos.Positions(long(np.where(k_mask, k_pos, 0)), long(np.where(k_mask, 0, -1)))
+    return [
+        (
+            "packed",
+            {"segment_ids": long(q_seg), "context_segment_ids": long(k_seg)},
+            {"segment_ids": kt(q_seg), "value_segment_ids": kt(k_seg)},
+        ),
+        (
+            "padded",
+            {
+                "padding_mask": torch.from_numpy(q_mask),
+                "context_padding_mask": torch.from_numpy(k_mask),
+            },
+            {"query_mask": kt(q_mask), "value_mask": kt(k_mask)},
+        ),
+        (
+            "positions",
+            {
+                "positions": relpos.Positions(long(q_pos), torch.zeros(b, i, dtype=torch.long)),
+                "context_positions": torch_k_pos,
+            },
+            {"positions": kt(q_pos), "value_positions": kt(k_pos), "value_mask": kt(k_mask)},
+        ),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("spec", "causal"),
+    every_other(
+        [(spec, causal) for spec in CROSS for causal in (False, True)],
+        ids=lambda c: f"{c[0]}-{'causal' if c[1] else 'bidirectional'}",
+    ),
+)
+def test_cross_attention_equals_torch(spec, causal):
+    """Cross-attention with the value sequence's own positions equals the PyTorch layer's with
+    ``context=`` on the same weights (grouped-query): ``value_segment_ids`` as
+    ``context_segment_ids`` (packed encoder-decoder rows), ``value_mask`` as
+    ``context_padding_mask``, ``value_positions`` as ``context_positions``; causal keeps
+    ``k_pos <= q_pos`` (a query left with no key outputs zeros on both sides)."""
+    b, i, j, width, h, kvh = 3, 9, 7, 32, 4, 2
+    torch.manual_seed(zlib.crc32(repr((spec, causal, "cross")).encode()))
+    module = _module(spec, width, h, kvh, causal=causal)
+    layer = from_torch(module)
+    x, context = torch.randn(b, i, width), torch.randn(b, j, width)
+    for kind, torch_kw, keras_kw in _cross_layouts(b, i, j):
+        with torch.no_grad():
+            want = module(x, context=context, **torch_kw).numpy()
+        got = np_(layer(kt(x), kt(context), **keras_kw))
+        np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-5, err_msg=kind)
+
+
 def test_learned_frequencies_start_at_the_scaled_ladder():
     spec = {"name": "rope", "learned_freq": True, "scaling": {"rope_type": "linear", "factor": 2.0}}
     module = relpos.MultiheadAttention(16, 2, spec, causal=True)

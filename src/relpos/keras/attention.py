@@ -170,6 +170,48 @@ def _inside_cache(index, n, slots):
     return ops.logical_and(new >= 0, new < slots)
 
 
+def _check_value_positions(
+    value_segment_ids, value_positions, segment_ids, self_attention: bool, cached: bool
+) -> None:
+    """Refuse ``value_segment_ids`` / ``value_positions`` where they cannot apply (self-attention,
+    a cache), and ``segment_ids`` on one side only of a cross-attention: the other side would be
+    one document (0), so the queries of every other document would attend to nothing (zeros) or
+    only to the keys of document 0. Static checks (which arguments are given): also under jit."""
+    given = [
+        name
+        for name, v in (
+            ("value_segment_ids", value_segment_ids),
+            ("value_positions", value_positions),
+        )
+        if v is not None
+    ]
+    if given and self_attention:
+        raise ValueError(
+            f"{' and '.join(given)} need a distinct value sequence (cross-attention): in "
+            "self-attention the keys are the query's tokens, at the query's positions "
+            "(segment_ids=, positions=)"
+        )
+    if given and cached:
+        raise ValueError(
+            f"with a cache, positions come from cache_mask; do not pass {' or '.join(given)}"
+        )
+    if self_attention or cached:
+        return
+    if segment_ids is not None and value_segment_ids is None:
+        raise ValueError(
+            "in cross-attention segment_ids needs value_segment_ids (b, j), the documents of the "
+            "value sequence (query document s attends to value document s): without them every "
+            "key is in document 0 and the queries of any other document attend to nothing. For "
+            "padding alone pass query_mask"
+        )
+    if value_segment_ids is not None and segment_ids is None:
+        raise ValueError(
+            "in cross-attention value_segment_ids needs the queries' segment_ids (b, i) (query "
+            "document s attends to value document s): without them every query is in document 0 "
+            "and attends only to value document 0. For padding alone pass value_mask"
+        )
+
+
 def repeat_kv_heads(x, groups: int):
     """Grouped-query attention: each of the ``h_kv`` key/value heads of ``x (b, j, h_kv, d)``
     repeated ``groups`` times in place, ``(b, j, h_kv·groups, d)``, so query head ``i`` reads
@@ -187,8 +229,10 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
     Positions come from each token's place in its own sequence: the Keras mask (or
     ``query_mask``), ``segment_ids`` of packed rows, ``positions``, or ``start_index`` (an int or
     one offset per row). Padding queries output zeros; tokens of different segments never attend
-    to each other. Keys masked by ``value_mask`` or ``key_mask`` are not attended, in self- and
-    cross-attention, as in Keras' layer; a query left with no key outputs zeros.
+    to each other. In cross-attention the value sequence has its own positions: ``value_mask``,
+    ``value_segment_ids`` (packed encoder-decoder rows) or ``value_positions``. Keys masked by
+    ``value_mask`` or ``key_mask`` are not attended, in self- and cross-attention, as in Keras'
+    layer; a query left with no key outputs zeros.
 
     Args:
         num_heads: query heads ``h``.
@@ -228,15 +272,29 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
             every token keeps the query's position (``query_mask``, ``segment_ids``, ...), so
             ``value_mask`` and ``key_mask`` only mask keys; in cross-attention the keys are
             numbered among the real tokens of ``value_mask`` (else ``key_mask``), the value
-            sequence's padding mask. Not with a cache (``cache_mask`` says which slots hold
-            tokens; ``attention_mask`` masks pairs).
+            sequence's padding mask, unless ``value_segment_ids`` or ``value_positions`` place
+            them. Not with a cache (``cache_mask`` says which slots hold tokens;
+            ``attention_mask`` masks pairs).
         attention_mask: ``(b, i, j)`` bool, pairs that may attend (combined with the positions').
         use_causal_mask: mask future keys (by position, not index).
         return_attention_scores: also return the probabilities ``(b, h, i, j)``.
         positions: ``(i,)`` or ``(b, i)`` integer positions. segment_ids: ``(b, i)`` int, -1 for
             padding; with a query mask (an upstream ``mask_zero`` layer's, which Keras passes
             by itself, or ``query_mask``) a token is real only where both say so.
-            start_index: int or ``(b,)`` offset of the first token.
+            start_index: int or ``(b,)`` offset of the first token. ``positions`` and
+            ``segment_ids`` together are refused (explicit positions are one sequence per row).
+        value_segment_ids, value_positions: cross-attention only (a distinct ``value``; refused
+            in self-attention, where keys are the query's tokens, and with a cache): the value
+            sequence's own ``segment_ids`` ``(b, j)`` (-1 for padding) or ``positions`` ``(j,)``
+            / ``(b, j)``, resolved as the query's (with ``value_mask``, else ``key_mask``, as
+            their mask), at most one of them. Packed encoder-decoder rows: query document ``s``
+            attends to value document ``s`` only, each token at its position in its own
+            document; the scheme sees ``k_pos - q_pos`` (``causal``: ``k_pos <= q_pos``). As
+            :class:`relpos.MultiheadAttention`'s ``context_segment_ids`` /
+            ``context_positions``, same numbers. In cross-attention ``segment_ids`` and
+            ``value_segment_ids`` go together (a ``ValueError`` for either alone: the other side
+            would be one document, 0, and the queries of any other document would attend to
+            nothing); a query whose document has no key outputs zeros.
         cache: ``(b, 2, S, h_kv, d)`` keys and values of ``S`` slots (keras-hub's layout). Keys
             are stored rotated, except for a scheme that ``rotates_cached_keys`` (RoPE with a
             ``dynamic`` or ``longrope`` scaling): it stores raw keys and rotates every cached key
@@ -433,12 +491,17 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
         cache=None,
         cache_update_index=None,
         cache_mask=None,
+        value_segment_ids=None,
+        value_positions=None,
         mask=None,
     ):
         query_mask = mask if query_mask is None else query_mask  # `attn(x)`: Keras fills `mask`
         # `__call__` already turned `value` that was the query's object into None; `is` here
         # serves direct `call()` use.
         self_attention = value is None or value is query
+        _check_value_positions(
+            value_segment_ids, value_positions, segment_ids, self_attention, cache is not None
+        )
         query, query_mask, lengths = dense_and_mask(query, query_mask)
         if len(query.shape) != 3:
             raise ValueError(f"query must have shape (b, i, D), got {tuple(query.shape)}")
@@ -458,6 +521,11 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
                 f"key must have shape (b, j, D) with value's j = {value.shape[1]}, got "
                 f"{tuple(key.shape)}"
             )
+        if cache is None:  # with a cache they are refused below
+            if value_mask is not None:
+                value_mask = _key_mask("value_mask", value_mask, query.shape[0], key.shape[1])
+            if key_mask is not None:
+                key_mask = _key_mask("key_mask", key_mask, query.shape[0], key.shape[1])
         b, n = ops.shape(query)[0], sequence_length(query)
         causal = self.causal or bool(use_causal_mask)
         scheme = self.position_scheme
@@ -521,9 +589,15 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
                 q_pos = with_log_decay(q_pos, scheme.token_log_decay(query))
             if self_attention:
                 k_pos = q_pos
-            else:
-                kmask = value_mask if value_mask is not None else key_mask
-                k_pos = resolve_positions(sequence_length(key), batch=key.shape[0], mask=kmask)
+            else:  # the value sequence's own positions, resolved as the query's
+                k_pos = resolve_positions(
+                    sequence_length(key),
+                    batch=query.shape[0],
+                    mask=value_mask if value_mask is not None else key_mask,
+                    segment_ids=value_segment_ids,
+                    positions=value_positions,
+                    prefix="value_",
+                )
             q, k = self.position_scheme.rotate(q, k, q_pos, k_pos)
         allowed = allowed_pairs(q_pos, k_pos, causal=causal)
         if attention_mask is not None:
@@ -536,9 +610,8 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
             allowed = ops.logical_and(allowed, ops.cast(attention_mask, "bool"))
         # Keys that value_mask or key_mask rules out are not attended (Keras ANDs both), also in
         # self-attention, where they keep the query's positions (a masked key is not padding).
-        for name, kmask in (("value_mask", value_mask), ("key_mask", key_mask)):
+        for kmask in (value_mask, key_mask):
             if kmask is not None:
-                kmask = _key_mask(name, kmask, query.shape[0], key.shape[1])
                 allowed = ops.logical_and(allowed, ops.expand_dims(kmask, 1))
         groups = self.num_heads // self.num_key_value_heads
         y, scores = attend(

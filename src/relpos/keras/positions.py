@@ -205,13 +205,14 @@ def positions_from_segments(segment_ids, start_index=0) -> Positions:
     return Positions(pos, ops.where(valid, seg, PAD_SEGMENT), compact=True)
 
 
-def segments_within_mask(segment_ids, mask, batch=None, n=None):
+def segments_within_mask(segment_ids, mask, batch=None, n=None, *, prefix: str = ""):
     """``segment_ids`` ``(b, n)`` with padding (-1) wherever ``mask`` ``(b, n)`` is False: a token
     is real only where both say so. Lets packed ``segment_ids`` meet the Keras mask an upstream
-    ``mask_zero`` layer attaches (Keras passes it to the attention layer by itself)."""
-    seg = _check_integer_tensor("segment_ids", segment_ids, rank=2)
-    _check_shape("segment_ids", seg, batch, n)
-    return ops.where(_check_mask(mask, batch, n), seg, PAD_SEGMENT)
+    ``mask_zero`` layer attaches (Keras passes it to the attention layer by itself). ``prefix``
+    goes before the argument names in error messages (``"value_"``: ``value_segment_ids``)."""
+    seg = _check_integer_tensor(prefix + "segment_ids", segment_ids, rank=2)
+    _check_shape(prefix + "segment_ids", seg, batch, n)
+    return ops.where(_check_mask(mask, batch, n, prefix + "mask"), seg, PAD_SEGMENT)
 
 
 def continue_positions(cached: Positions, n) -> Positions:
@@ -367,19 +368,30 @@ def resolve_positions(
     segment_ids=None,
     positions=None,
     start_index=0,
+    prefix: str = "",
 ) -> Positions:
     """The :class:`Positions` of ``n`` tokens from whichever the caller gave.
 
-    Priority: explicit ``positions`` (``(n,)`` or ``(b, n)`` integers: every token real, one
-    sequence; a ``mask`` still marks padding), then ``segment_ids``, then ``mask`` (the Keras mask
-    or a padding mask), then ``0..n-1``. ``segment_ids`` with a ``mask`` combine: a token is real
-    only where both say so (:func:`segments_within_mask`). ``start_index`` (an int or one offset
-    per row) is added to positions derived from a mask, segments or the length.
+    Explicit ``positions`` (``(n,)`` or ``(b, n)`` integers: every token real, one sequence; a
+    ``mask`` still marks padding), or ``segment_ids``, not both (a ``ValueError``: explicit
+    positions hold one sequence per row, so the segments would be dropped); else ``mask`` (the
+    Keras mask or a padding mask), else ``0..n-1``. ``segment_ids`` with a ``mask`` combine: a
+    token is real only where both say so (:func:`segments_within_mask`). ``start_index`` (an int
+    or one offset per row) is added to positions derived from a mask, segments or the length.
+    ``prefix`` goes before the argument names in error messages, for a caller whose arguments
+    are called e.g. ``value_segment_ids`` (``prefix="value_"``), as the PyTorch
+    :func:`relpos.positions.resolve_positions` does.
     """
-    if segment_ids is not None and mask is not None and positions is None:
-        segment_ids, mask = segments_within_mask(segment_ids, mask, batch, n), None
+    if positions is not None and segment_ids is not None:
+        raise ValueError(
+            f"pass at most one of {prefix}positions and {prefix}segment_ids: explicit positions "
+            "are one sequence per row, so the segments would be ignored"
+        )
+    if segment_ids is not None and mask is not None:
+        segment_ids = segments_within_mask(segment_ids, mask, batch, n, prefix=prefix)
+        mask = None
     if positions is not None:
-        pos = _integer_tensor("positions", positions)
+        pos = _integer_tensor(prefix + "positions", positions)
         if len(pos.shape) == 1:
             pos = ops.expand_dims(pos, 0)
         rows = pos.shape[0] if len(pos.shape) == 2 else None
@@ -389,19 +401,20 @@ def resolve_positions(
             or (_is_int(rows) and _is_int(batch) and rows not in (1, batch))
         ):
             raise ValueError(
-                f"positions must have shape (n,) or (b, n) = ({batch}, {n}), got {tuple(pos.shape)}"
+                f"{prefix}positions must have shape (n,) or (b, n) = ({batch}, {n}), got "
+                f"{tuple(pos.shape)}"
             )
         pos = ops.cast(pos, "int32")
         if mask is None:
             return Positions(pos, ops.zeros_like(pos))
-        valid = _check_mask(mask, batch, n)
+        valid = _check_mask(mask, batch, n, prefix + "mask")
         return Positions(ops.where(valid, pos, 0), ops.where(valid, 0, PAD_SEGMENT))
     if segment_ids is not None:
-        seg = _check_integer_tensor("segment_ids", segment_ids, rank=2)
-        _check_shape("segment_ids", seg, batch, n)
+        seg = _check_integer_tensor(prefix + "segment_ids", segment_ids, rank=2)
+        _check_shape(prefix + "segment_ids", seg, batch, n)
         return positions_from_segments(seg, start_index)
     if mask is not None:
-        return positions_from_mask(_check_mask(mask, batch, n), start_index)
+        return positions_from_mask(_check_mask(mask, batch, n, prefix + "mask"), start_index)
     return plain_positions(n, start_index, batch)
 
 
@@ -415,9 +428,9 @@ def _check_shape(name, x, batch, n) -> None:
         raise ValueError(f"{name} must have shape (b, n) = ({batch}, {n}), got {shape}")
 
 
-def _check_mask(mask, batch, n):
+def _check_mask(mask, batch, n, name="mask"):
     mask = ops.convert_to_tensor(mask)
-    _check_shape("mask", mask, batch, n)
+    _check_shape(name, mask, batch, n)
     return ops.cast(mask, "bool")
 
 
