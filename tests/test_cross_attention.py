@@ -393,6 +393,12 @@ ERRORS = [
      TypeError, "context_padding_mask must be a bool tensor"),
     ("cache with context", {"context": torch.randn(2, 4, D), "cache": KVCache()}, ValueError,
      "cache cannot be combined with context: .* pass the context at every decoding step"),
+    ("packed queries, one-document context",
+     {"context": torch.randn(2, 4, D), "segment_ids": torch.tensor([[0, 0, 1]] * 2)}, ValueError,
+     "segment_ids given without context_segment_ids or context_positions: .* its own segment"),
+    ("packed context, one-document queries",
+     {"context": torch.randn(2, 4, D), "context_segment_ids": torch.tensor([[0, 0, 1, 1]] * 2)},
+     ValueError, "context_segment_ids given without segment_ids or positions"),
 ]  # fmt: skip
 
 

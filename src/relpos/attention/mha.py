@@ -19,6 +19,28 @@ from .contract import rows_with_keys
 __all__ = ["MultiheadAttention"]
 
 
+def _check_both_packed(
+    segment_ids: Tensor | None,
+    queries_placed: bool,
+    context_segment_ids: Tensor | None,
+    context_positions: Positions | None,
+) -> None:
+    """In cross-attention a query attends to the context tokens of its own segment: documents on
+    one side only would leave every query document but the first with no key (zeros).
+    ``queries_placed``: the queries' segment ids or positions were given."""
+    if segment_ids is not None and context_segment_ids is None and context_positions is None:
+        given, missing = "segment_ids", "context_segment_ids or context_positions"
+    elif context_segment_ids is not None and not queries_placed:
+        given, missing = "context_segment_ids", "segment_ids or positions"
+    else:
+        return
+    raise ValueError(
+        f"{given} given without {missing}: in cross-attention a query attends to the context "
+        "tokens of its own segment, so both sides need their documents (for padding alone, "
+        "pass padding_mask / context_padding_mask)"
+    )
+
+
 class MultiheadAttention(nn.Module):
     """Multi-head self- or cross-attention with a positional scheme; grouped-query attention
     optional.
@@ -135,6 +157,7 @@ class MultiheadAttention(nn.Module):
                 raise ValueError(f"{', '.join(named)} given without context=")
         else:
             self._check_context(x, context, cache)
+        packed_queries = segment_ids is not None or positions is not None
         positions = resolve_positions(
             b,
             n,
@@ -167,6 +190,7 @@ class MultiheadAttention(nn.Module):
                 device=x.device,
                 prefix="context_",
             )
+            _check_both_packed(segment_ids, packed_queries, context_segment_ids, context_positions)
             # The fused weight's query rows on x, its key and value rows on the context.
             weight, bias = self.qkv.weight, self.qkv.bias
             q = F.linear(x, weight[: h * d], None if bias is None else bias[: h * d])
