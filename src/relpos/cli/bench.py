@@ -1137,6 +1137,6 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     # The relpos command line's handling: one-line errors, Ctrl-C, a traceback for a bug.
-    from .commands import main as relpos_main
+    from . import main as relpos_main  # the package's (a child importing commands is a cycle)
 
     raise SystemExit(relpos_main(["bench", *sys.argv[1:]]))
