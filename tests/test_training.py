@@ -856,7 +856,7 @@ def test_native_bf16_reads_the_cpu_flags(monkeypatch):
 )
 def test_autocast_flag_takes_on_off_auto(tiny_data, tmp_path, flags, expected):
     run = tmp_path / "run"
-    base = [*TINY_FLAGS, "--steps", "1", "--eval-every", "1"]
+    base = [*TINY_FLAGS, "--steps", "1", "--eval-every", "1", "--warmup", "1"]
     assert main(["train", "--run-dir", str(run), "--data", str(tiny_data), *base, *flags]) == 0
     assert TrainConfig.load(run / "config.json").autocast == expected
 
