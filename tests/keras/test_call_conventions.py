@@ -281,3 +281,37 @@ def test_xla_training_of_a_distance_bias_at_a_second_sequence_length():
         t = np.arange(1, 2 * n + 1, dtype="int32").reshape(2, n) % 10
         t[1, :2] = 0
         assert np.isfinite(model.fit(t, t, batch_size=2, verbose=0).history["loss"][0])
+
+
+def test_positions_beside_start_index_is_decided_on_the_arguments_given():
+    """``positions`` with a ``start_index`` is refused (the offset used to be ignored) on which
+    arguments are given, never on their values, so eagerly and traced alike: the default int 0
+    passes (explicitly too), a tensor start_index is refused even holding 0 (as is a numpy
+    scalar, which Keras turns into one), and under jit the check needs no value (a traced
+    start_index is refused while tracing)."""
+    layer = rk.RelativeMultiHeadAttention(2, 4, scheme="alibi")
+    xt, pos = kt(X), kt(np.array([[3, 4, 5, 6, 7, 8], [0, 2, 4, 6, 8, 10]], "int32"))
+    want = np_(layer(xt, positions=pos))
+    np.testing.assert_array_equal(np_(layer(xt, positions=pos, start_index=0)), want)
+    with pytest.raises(ValueError, match="pass at most one of positions and start_index"):
+        layer(xt, positions=pos, start_index=kt(np.zeros(2, "int32")))
+    if traced(lambda: None) is None:
+        return  # the torch backend runs eagerly
+    np.testing.assert_allclose(np_(traced(lambda p: layer(xt, positions=p))(pos)), want, atol=1e-6)
+    run = traced(lambda p, s: layer(xt, positions=p, start_index=s))
+    with pytest.raises(ValueError, match="pass at most one of positions and start_index"):
+        run(pos, kt(np.zeros(2, "int32")))
+
+
+@pytest.mark.skipif(BACKEND == "torch", reason="the torch backend runs eagerly: always checked")
+def test_traced_segment_ids_below_minus_one_are_one_more_document():
+    """Under jit traced segment ids cannot be checked (eagerly an id below -1 is a ValueError):
+    such an id is then a document like any other, its tokens attending to each other at their
+    positions in it, as if it were a fresh id >= 0."""
+    layer = rk.RelativeMultiHeadAttention(2, 4, scheme="alibi", causal=True)
+    seg = np.array([[0, 0, -3, -3, -3, 1], [-3, -3, 1, 1, -1, -1]], "int32")
+    want = np_(layer(kt(X), segment_ids=kt(np.where(seg == -3, 7, seg))))
+    got = np_(traced(lambda s: layer(kt(X), segment_ids=s))(kt(seg)))
+    np.testing.assert_allclose(got, want, atol=1e-6)
+    with pytest.raises(ValueError, match=r"segment_ids must be >= 0, or -1 for padding"):
+        layer(kt(X), segment_ids=kt(seg))

@@ -25,7 +25,7 @@ DYNAMIC = {"rope_type": "dynamic", "factor": 2.0, "original_max_position_embeddi
             lambda: rk.RelativeMultiHeadAttention(2, 4),
             lambda layer: layer(kt(X), query_mask=kt(np.ones((2, 4), bool))),
             ValueError,
-            r"mask must have shape \(b, n\) = \(2, 5\), got \(2, 4\)",
+            r"mask must have shape \(b, i\) = \(2, 5\), got \(2, 4\)",
         ),
         (
             lambda: rk.RelativeMultiHeadAttention(2, 4),
@@ -228,7 +228,7 @@ DYNAMIC = {"rope_type": "dynamic", "factor": 2.0, "original_max_position_embeddi
             lambda: rk.RelativeMultiHeadAttention(2, 4),
             lambda layer: layer(kt(X), positions=kt(np.zeros((3, 5), "int32"))),
             ValueError,
-            r"positions must have shape \(n,\) or \(b, n\) = \(2, 5\), got \(3, 5\)",
+            r"positions must have shape \(i,\) or \(b, i\) = \(2, 5\), got \(3, 5\)",
         ),
         (
             lambda: rk.RelativeMultiHeadAttention(2, 4, causal=True),
@@ -274,7 +274,7 @@ DYNAMIC = {"rope_type": "dynamic", "factor": 2.0, "original_max_position_embeddi
                 kt(X), kt(X[:, :3]), segment_ids=kt(SEG), value_segment_ids=kt(SEG[:, :4])
             ),
             ValueError,
-            r"value_segment_ids must have shape \(b, n\) = \(2, 3\), got \(2, 4\)",
+            r"value_segment_ids must have shape \(b, j\) = \(2, 3\), got \(2, 4\)",
         ),
         (
             lambda: rk.RelativeMultiHeadAttention(2, 4),
@@ -295,7 +295,7 @@ DYNAMIC = {"rope_type": "dynamic", "factor": 2.0, "original_max_position_embeddi
                 kt(X), kt(X[:, :3]), segment_ids=kt(SEG), value_segment_ids=kt(SEG[:1, :3])
             ),
             ValueError,
-            r"value_segment_ids must have shape \(b, n\) = \(2, 3\), got \(1, 3\)",
+            r"value_segment_ids must have shape \(b, j\) = \(2, 3\), got \(1, 3\)",
         ),
         (
             lambda: rk.RelativeMultiHeadAttention(2, 4),
@@ -312,13 +312,13 @@ DYNAMIC = {"rope_type": "dynamic", "factor": 2.0, "original_max_position_embeddi
             lambda: rk.RelativeMultiHeadAttention(2, 4),
             lambda layer: layer(kt(X), kt(X[:, :3]), value_positions=kt(np.zeros((3, 3), "int32"))),
             ValueError,
-            r"value_positions must have shape \(n,\) or \(b, n\) = \(2, 3\), got \(3, 3\)",
+            r"value_positions must have shape \(j,\) or \(b, j\) = \(2, 3\), got \(3, 3\)",
         ),
         (
             lambda: rk.RelativeMultiHeadAttention(2, 4),
             lambda layer: layer(kt(X), kt(X[:, :3]), value_positions=kt(np.arange(5))),
             ValueError,
-            r"value_positions must have shape \(n,\) or \(b, n\) = \(2, 3\), got \(1, 5\)",
+            r"value_positions must have shape \(j,\) or \(b, j\) = \(2, 3\), got \(1, 5\)",
         ),
         (
             lambda: rk.RelativeMultiHeadAttention(2, 4),
@@ -356,17 +356,113 @@ DYNAMIC = {"rope_type": "dynamic", "factor": 2.0, "original_max_position_embeddi
             ValueError,
             r"value_positions need a distinct value sequence \(cross-attention\)",
         ),
+        # A cache is self-attention only: in cross-attention it used to take the value tokens
+        # into slots sized by the query (meaningless numbers), whatever else is passed.
+        *(
+            (
+                lambda: rk.RelativeMultiHeadAttention(2, 4, causal=True),
+                call,
+                ValueError,
+                r"a cache cannot be combined with cross-attention \(a distinct value\): a "
+                "cross-attention layer takes the whole context at every step",
+            )
+            for call in (
+                lambda layer: layer(
+                    kt(X), kt(X[:, :3]), cache=layer.empty_cache(2, 8), cache_update_index=0
+                ),
+                lambda layer: layer(  # an equal but distinct tensor is cross-attention
+                    kt(X), kt(X), cache=layer.empty_cache(2, 8), cache_update_index=0
+                ),
+                lambda layer: layer(
+                    kt(X),
+                    kt(X),
+                    cache=layer.empty_cache(2, 8),
+                    cache_update_index=0,
+                    value_positions=kt(np.arange(5)),
+                ),
+            )
+        ),
+        # start_index beside what places every token (it used to be ignored); the default 0 is
+        # not "given", any tensor is (decided on the arguments, as under jit).
+        *(
+            (
+                lambda: rk.RelativeMultiHeadAttention(2, 4),
+                call,
+                ValueError,
+                "pass at most one of positions and start_index: explicit positions place every "
+                "token, so start_index would be ignored",
+            )
+            for call in (
+                lambda layer: layer(kt(X), positions=kt(np.arange(5)), start_index=2),
+                lambda layer: layer(
+                    kt(X), positions=kt(np.arange(5)), start_index=kt(np.zeros(2, "int32"))
+                ),
+                lambda layer: layer(kt(X), kt(X[:, :3]), positions=kt(np.arange(5)), start_index=1),
+            )
+        ),
+        (
+            lambda: rk.RelativeMultiHeadAttention(2, 4, causal=True),
+            lambda layer: layer(
+                kt(X), cache=layer.empty_cache(2, 8), cache_update_index=0, start_index=3
+            ),
+            ValueError,
+            "with a cache, positions come from cache_mask; do not pass start_index",
+        ),
         (
             lambda: rk.RelativeMultiHeadAttention(2, 4, causal=True),
             lambda layer: layer(
                 kt(X),
-                kt(X),
                 cache=layer.empty_cache(2, 8),
                 cache_update_index=0,
-                value_positions=kt(np.arange(5)),
+                positions=kt(np.arange(5)),
+                segment_ids=kt(SEG),
             ),
             ValueError,
-            "with a cache, positions come from cache_mask; do not pass value_positions",
+            "with a cache, positions come from cache_mask; do not pass positions or segment_ids",
+        ),
+        # Segment ids below -1, eagerly, as PyTorch's Positions.from_segments: the query's (alone
+        # or beside query_mask), the value sequence's, and the position layers'.
+        *(
+            (make, call, ValueError, rf"{name} must be >= 0, or -1 for padding \(got -2\)")
+            for make, call, name in (
+                (
+                    lambda: rk.RelativeMultiHeadAttention(2, 4),
+                    lambda layer: layer(kt(X), segment_ids=kt(SEG - 1)),
+                    "segment_ids",
+                ),
+                (
+                    lambda: rk.RelativeMultiHeadAttention(2, 4),
+                    lambda layer: layer(
+                        kt(X), segment_ids=kt(SEG - 1), query_mask=kt(np.ones((2, 5), bool))
+                    ),
+                    "segment_ids",
+                ),
+                (
+                    lambda: rk.RelativeMultiHeadAttention(2, 4),
+                    lambda layer: layer(
+                        kt(X),
+                        kt(X[:, :3]),
+                        segment_ids=kt(SEG),
+                        value_segment_ids=kt(SEG[:, :3] - 2),
+                    ),
+                    "value_segment_ids",
+                ),
+                (
+                    lambda: rk.RotaryEmbedding(),
+                    lambda layer: layer(kt(X), segment_ids=kt(SEG - 1)),
+                    "segment_ids",
+                ),
+                (
+                    lambda: rk.PositionEmbedding(6),
+                    lambda layer: layer(kt(X), segment_ids=kt(SEG - 1), mask=kt(SEG >= 0)),
+                    "segment_ids",
+                ),
+                (
+                    lambda: None,
+                    lambda _: rk.positions.positions_from_segments(kt(SEG - 1)),
+                    "segment_ids",
+                ),
+            )
         ),
         # In cross-attention segment_ids go with value_segment_ids: one side alone would be one
         # document, and the other side's documents past 0 would attend to nothing (zeros).

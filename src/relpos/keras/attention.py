@@ -4,6 +4,7 @@ per-row positions and a decoding cache."""
 from __future__ import annotations
 
 import math
+from numbers import Integral
 from typing import Any
 
 import keras
@@ -18,7 +19,6 @@ from .positions import (
     positions_from_mask,
     resolve_positions,
     restore_ragged,
-    segments_within_mask,
     sequence_length,
     slot_log_decay,
     with_log_decay,
@@ -171,12 +171,13 @@ def _inside_cache(index, n, slots):
 
 
 def _check_value_positions(
-    value_segment_ids, value_positions, segment_ids, self_attention: bool, cached: bool
+    value_segment_ids, value_positions, segment_ids, self_attention: bool
 ) -> None:
-    """Refuse ``value_segment_ids`` / ``value_positions`` where they cannot apply (self-attention,
-    a cache), and ``segment_ids`` on one side only of a cross-attention: the other side would be
-    one document (0), so the queries of every other document would attend to nothing (zeros) or
-    only to the keys of document 0. Static checks (which arguments are given): also under jit."""
+    """Refuse ``value_segment_ids`` / ``value_positions`` where they cannot apply (self-attention;
+    a cache is self-attention only, :func:`_check_call_arguments`), and ``segment_ids`` on one
+    side only of a cross-attention: the other side would be one document (0), so the queries of
+    every other document would attend to nothing (zeros) or only to the keys of document 0.
+    Static checks (which arguments are given): also under jit."""
     given = [
         name
         for name, v in (
@@ -191,11 +192,7 @@ def _check_value_positions(
             "self-attention the keys are the query's tokens, at the query's positions "
             "(segment_ids=, positions=)"
         )
-    if given and cached:
-        raise ValueError(
-            f"with a cache, positions come from cache_mask; do not pass {' or '.join(given)}"
-        )
-    if self_attention or cached:
+    if self_attention:
         return
     if segment_ids is not None and value_segment_ids is None:
         raise ValueError(
@@ -209,6 +206,50 @@ def _check_value_positions(
             "in cross-attention value_segment_ids needs the queries' segment_ids (b, i) (query "
             "document s attends to value document s): without them every query is in document 0 "
             "and attends only to value document 0. For padding alone pass value_mask"
+        )
+
+
+def _start_index_given(start_index) -> bool:
+    """Whether the caller passed a ``start_index``: anything but the default, the int 0. Decided
+    on the argument as passed, never on its values: a tensor counts as given (even one holding 0),
+    so the answer is the same eagerly and under ``jit`` / ``tf.function``, where it is traced."""
+    return not (
+        isinstance(start_index, Integral)
+        and not isinstance(start_index, bool)
+        and int(start_index) == 0
+    )
+
+
+def _check_call_arguments(
+    positions, start_index, segment_ids, self_attention: bool, cached: bool
+) -> None:
+    """Refuse what would be silently ignored or meaningless; static checks (which arguments are
+    given), so also under jit. A cache in cross-attention: a cross-attention layer takes the whole
+    value sequence (the encoder's output) at every step, so there are no keys of its own to cache
+    (the layer would write the value tokens into slots sized by the query). ``start_index`` beside
+    explicit ``positions`` (which place every token) or a cache (``cache_mask`` places the
+    slots) would be ignored."""
+    if cached and not self_attention:
+        raise ValueError(
+            "a cache cannot be combined with cross-attention (a distinct value): a "
+            "cross-attention layer takes the whole context at every step, so it has no keys of "
+            "its own to cache; pass the value sequence at every decoding step and no cache"
+        )
+    start = _start_index_given(start_index)
+    if cached:
+        given = [
+            name
+            for name, v in (("positions", positions), ("segment_ids", segment_ids))
+            if v is not None
+        ] + (["start_index"] if start else [])
+        if given:
+            raise ValueError(
+                f"with a cache, positions come from cache_mask; do not pass {' or '.join(given)}"
+            )
+    elif start and positions is not None:
+        raise ValueError(
+            "pass at most one of positions and start_index: explicit positions place every "
+            "token, so start_index would be ignored (add the offset to positions)"
         )
 
 
@@ -278,11 +319,18 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
         attention_mask: ``(b, i, j)`` bool, pairs that may attend (combined with the positions').
         use_causal_mask: mask future keys (by position, not index).
         return_attention_scores: also return the probabilities ``(b, h, i, j)``.
-        positions: ``(i,)`` or ``(b, i)`` integer positions. segment_ids: ``(b, i)`` int, -1 for
-            padding; with a query mask (an upstream ``mask_zero`` layer's, which Keras passes
-            by itself, or ``query_mask``) a token is real only where both say so.
+        positions: ``(i,)`` or ``(b, i)`` integer positions. segment_ids: ``(b, i)`` int, ``>= 0``
+            or -1 for padding; with a query mask (an upstream ``mask_zero`` layer's, which Keras
+            passes by itself, or ``query_mask``) a token is real only where both say so. An id
+            below -1 is a ``ValueError`` wherever the ids hold values (eagerly, as PyTorch's
+            ``Positions.from_segments``); under ``jit`` / ``tf.function`` traced ids are not
+            checked, and such an id is one more document (as the cache index and a learned
+            table's positions, a traced value is not checked but gives a defined result).
             start_index: int or ``(b,)`` offset of the first token. ``positions`` and
-            ``segment_ids`` together are refused (explicit positions are one sequence per row).
+            ``segment_ids`` together are refused (explicit positions are one sequence per row),
+            and so is ``positions`` with a ``start_index`` other than the default int 0 (it
+            would be ignored; decided on the arguments given, so a tensor ``start_index``
+            counts as given, also under ``jit``).
         value_segment_ids, value_positions: cross-attention only (a distinct ``value``; refused
             in self-attention, where keys are the query's tokens, and with a cache): the value
             sequence's own ``segment_ids`` ``(b, j)`` (-1 for padding) or ``positions`` ``(j,)``
@@ -295,11 +343,15 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
             ``value_segment_ids`` go together (a ``ValueError`` for either alone: the other side
             would be one document, 0, and the queries of any other document would attend to
             nothing); a query whose document has no key outputs zeros.
-        cache: ``(b, 2, S, h_kv, d)`` keys and values of ``S`` slots (keras-hub's layout). Keys
-            are stored rotated, except for a scheme that ``rotates_cached_keys`` (RoPE with a
-            ``dynamic`` or ``longrope`` scaling): it stores raw keys and rotates every cached key
-            at each call with the length its sequence has now, so decoding step ``t`` equals the
-            forward over the row's first ``t`` tokens.
+        cache: ``(b, 2, S, h_kv, d)`` keys and values of ``S`` slots (keras-hub's layout), in
+            self-attention only: with a distinct ``value`` it is a ``ValueError``, as
+            :class:`relpos.MultiheadAttention` refuses a cache with ``context=`` (a
+            cross-attention layer takes the whole context at every step). ``positions``,
+            ``segment_ids`` and ``start_index`` are refused with it (``cache_mask`` places the
+            tokens). Keys are stored rotated, except for a scheme that ``rotates_cached_keys``
+            (RoPE with a ``dynamic`` or ``longrope`` scaling): it stores raw keys and rotates
+            every cached key at each call with the length its sequence has now, so decoding step
+            ``t`` equals the forward over the row's first ``t`` tokens.
             A ``contextual`` scheme (``forgetting``) takes the pair ``(that, log_gates)``,
             ``log_gates`` float32 ``(b, S, h)``: each slot's log forget gate per head, written
             with its key (:meth:`empty_cache` builds either kind).
@@ -499,9 +551,10 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
         # `__call__` already turned `value` that was the query's object into None; `is` here
         # serves direct `call()` use.
         self_attention = value is None or value is query
-        _check_value_positions(
-            value_segment_ids, value_positions, segment_ids, self_attention, cache is not None
+        _check_call_arguments(
+            positions, start_index, segment_ids, self_attention, cache is not None
         )
+        _check_value_positions(value_segment_ids, value_positions, segment_ids, self_attention)
         query, query_mask, lengths = dense_and_mask(query, query_mask)
         if len(query.shape) != 3:
             raise ValueError(f"query must have shape (b, i, D), got {tuple(query.shape)}")
@@ -549,11 +602,6 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
         k = self.key_dense(key)
         v = self.value_dense(value)
         if cache is not None:
-            if positions is not None or segment_ids is not None:
-                raise ValueError(
-                    "with a cache, positions come from cache_mask; "
-                    "do not pass positions or segment_ids"
-                )
             q_pos, k_pos, index = self._cache_positions(cache, cache_update_index, cache_mask, n, b)
             if gates is not None:  # per-token log gates beside the keys; c over every slot
                 gates = _write_cache(gates, scheme.token_log_decay(query), index)
@@ -573,10 +621,8 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
         else:
             if cache_update_index is not None or cache_mask is not None:
                 raise ValueError("cache_update_index and cache_mask need a cache")
-            if segment_ids is not None and query_mask is not None:
-                # Keras fills query_mask from an upstream mask_zero: both mark padding.
-                segment_ids = segments_within_mask(segment_ids, query_mask, query.shape[0], n)
-                query_mask = None
+            # segment_ids with query_mask (Keras fills it from an upstream mask_zero): both mark
+            # padding, a token is real where both say so.
             q_pos = resolve_positions(
                 n,
                 batch=query.shape[0],
@@ -584,6 +630,7 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
                 segment_ids=segment_ids,
                 positions=positions,
                 start_index=start_index,
+                axis="i",
             )
             if scheme.contextual:  # per-document sums of the gates of x's tokens (FoX)
                 q_pos = with_log_decay(q_pos, scheme.token_log_decay(query))
@@ -597,6 +644,7 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
                     segment_ids=value_segment_ids,
                     positions=value_positions,
                     prefix="value_",
+                    axis="j",
                 )
             q, k = self.position_scheme.rotate(q, k, q_pos, k_pos)
         allowed = allowed_pairs(q_pos, k_pos, causal=causal)

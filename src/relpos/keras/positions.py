@@ -187,14 +187,33 @@ def positions_from_mask(mask, start_index=0) -> Positions:
     return Positions(pos, ops.where(valid, 0, PAD_SEGMENT), compact=True)
 
 
+def _check_segment_ids(name: str, segment_ids) -> Any:
+    """``segment_ids`` as int32 ``(b, n)``: integers of rank 2, and ``>= 0`` or ``-1`` (padding)
+    wherever they hold values (:func:`holds_values`), with the message of the PyTorch
+    :meth:`relpos.Positions.from_segments`. Under ``jit`` / ``tf.function`` traced ids cannot be
+    read: an id below -1 is not checked there and is one more document (its tokens attend to each
+    other, as any other id's)."""
+    seg = _check_integer_tensor(name, segment_ids, rank=2)
+    if holds_values(seg) and 0 not in tuple(seg.shape):
+        lowest = int(ops.convert_to_numpy(ops.min(seg)))
+        if lowest < PAD_SEGMENT:
+            raise ValueError(f"{name} must be >= 0, or -1 for padding (got {lowest})")
+    return seg
+
+
 def positions_from_segments(segment_ids, start_index=0) -> Positions:
     """Positions for packed rows from ``(b, n)`` integer segment ids (``-1`` for padding).
 
     A token's position is the number of earlier tokens of its row with the same id, so positions
     restart at every document whatever the layout. Computed as a ``(b, n, n)`` comparison (no
-    sort), vectorised over the batch.
+    sort), vectorised over the batch. Ids below -1 are a ``ValueError`` where they hold values
+    (eagerly); under ``jit`` such an id is one more document.
     """
-    seg = _check_integer_tensor("segment_ids", segment_ids, rank=2)
+    return _segment_positions(_check_segment_ids("segment_ids", segment_ids), start_index)
+
+
+def _segment_positions(seg, start_index=0) -> Positions:
+    """:func:`positions_from_segments` of int32 ``seg`` ``(b, n)`` already checked."""
     n = ops.shape(seg)[1]
     idx = ops.arange(n, dtype="int32")
     earlier = ops.expand_dims(idx, 1) > ops.expand_dims(idx, 0)  # (i, j): j before i
@@ -205,14 +224,17 @@ def positions_from_segments(segment_ids, start_index=0) -> Positions:
     return Positions(pos, ops.where(valid, seg, PAD_SEGMENT), compact=True)
 
 
-def segments_within_mask(segment_ids, mask, batch=None, n=None, *, prefix: str = ""):
+def segments_within_mask(
+    segment_ids, mask, batch=None, n=None, *, prefix: str = "", axis: str = "n"
+):
     """``segment_ids`` ``(b, n)`` with padding (-1) wherever ``mask`` ``(b, n)`` is False: a token
     is real only where both say so. Lets packed ``segment_ids`` meet the Keras mask an upstream
     ``mask_zero`` layer attaches (Keras passes it to the attention layer by itself). ``prefix``
-    goes before the argument names in error messages (``"value_"``: ``value_segment_ids``)."""
-    seg = _check_integer_tensor(prefix + "segment_ids", segment_ids, rank=2)
-    _check_shape(prefix + "segment_ids", seg, batch, n)
-    return ops.where(_check_mask(mask, batch, n, prefix + "mask"), seg, PAD_SEGMENT)
+    goes before the argument names in error messages (``"value_"``: ``value_segment_ids``), and
+    ``axis`` names their token axis there (an attention layer's ``"i"`` or ``"j"``)."""
+    seg = _check_segment_ids(prefix + "segment_ids", segment_ids)
+    _check_shape(prefix + "segment_ids", seg, batch, n, axis)
+    return ops.where(_check_mask(mask, batch, n, prefix + "mask", axis), seg, PAD_SEGMENT)
 
 
 def continue_positions(cached: Positions, n) -> Positions:
@@ -369,6 +391,7 @@ def resolve_positions(
     positions=None,
     start_index=0,
     prefix: str = "",
+    axis: str = "n",
 ) -> Positions:
     """The :class:`Positions` of ``n`` tokens from whichever the caller gave.
 
@@ -380,15 +403,18 @@ def resolve_positions(
     or one offset per row) is added to positions derived from a mask, segments or the length.
     ``prefix`` goes before the argument names in error messages, for a caller whose arguments
     are called e.g. ``value_segment_ids`` (``prefix="value_"``), as the PyTorch
-    :func:`relpos.positions.resolve_positions` does.
+    :func:`relpos.positions.resolve_positions` does; ``axis`` names the token axis in shape
+    errors (``"n"``; an attention layer's queries ``"i"``, its value sequence ``"j"``).
+    ``segment_ids`` must be ``>= 0`` or -1 (see :func:`positions_from_segments`).
     """
     if positions is not None and segment_ids is not None:
         raise ValueError(
             f"pass at most one of {prefix}positions and {prefix}segment_ids: explicit positions "
             "are one sequence per row, so the segments would be ignored"
         )
-    if segment_ids is not None and mask is not None:
-        segment_ids = segments_within_mask(segment_ids, mask, batch, n, prefix=prefix)
+    seg = None
+    if segment_ids is not None and mask is not None:  # checked there
+        seg = segments_within_mask(segment_ids, mask, batch, n, prefix=prefix, axis=axis)
         mask = None
     if positions is not None:
         pos = _integer_tensor(prefix + "positions", positions)
@@ -401,36 +427,39 @@ def resolve_positions(
             or (_is_int(rows) and _is_int(batch) and rows not in (1, batch))
         ):
             raise ValueError(
-                f"{prefix}positions must have shape (n,) or (b, n) = ({batch}, {n}), got "
-                f"{tuple(pos.shape)}"
+                f"{prefix}positions must have shape ({axis},) or (b, {axis}) = ({batch}, {n}), "
+                f"got {tuple(pos.shape)}"
             )
         pos = ops.cast(pos, "int32")
         if mask is None:
             return Positions(pos, ops.zeros_like(pos))
-        valid = _check_mask(mask, batch, n, prefix + "mask")
+        valid = _check_mask(mask, batch, n, prefix + "mask", axis)
         return Positions(ops.where(valid, pos, 0), ops.where(valid, 0, PAD_SEGMENT))
     if segment_ids is not None:
-        seg = _check_integer_tensor(prefix + "segment_ids", segment_ids, rank=2)
-        _check_shape(prefix + "segment_ids", seg, batch, n)
-        return positions_from_segments(seg, start_index)
+        if seg is None:
+            seg = _check_segment_ids(prefix + "segment_ids", segment_ids)
+            _check_shape(prefix + "segment_ids", seg, batch, n, axis)
+        return _segment_positions(seg, start_index)
     if mask is not None:
-        return positions_from_mask(_check_mask(mask, batch, n, prefix + "mask"), start_index)
+        return positions_from_mask(_check_mask(mask, batch, n, prefix + "mask", axis), start_index)
     return plain_positions(n, start_index, batch)
 
 
-def _check_shape(name, x, batch, n) -> None:
+def _check_shape(name, x, batch, n, axis: str = "n") -> None:
+    """``x`` of shape ``(b, n)`` where those are known; the message calls the token axis
+    ``axis`` (an attention layer's ``"i"`` for the queries, ``"j"`` for the value sequence)."""
     shape = tuple(x.shape)
     ok = len(shape) == 2 and all(
         not _is_int(want) or got is None or got == want
         for got, want in zip(shape, (batch, n), strict=True)
     )
     if not ok:
-        raise ValueError(f"{name} must have shape (b, n) = ({batch}, {n}), got {shape}")
+        raise ValueError(f"{name} must have shape (b, {axis}) = ({batch}, {n}), got {shape}")
 
 
-def _check_mask(mask, batch, n, name="mask"):
+def _check_mask(mask, batch, n, name="mask", axis: str = "n"):
     mask = ops.convert_to_tensor(mask)
-    _check_shape(name, mask, batch, n)
+    _check_shape(name, mask, batch, n, axis)
     return ops.cast(mask, "bool")
 
 
