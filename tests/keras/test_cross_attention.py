@@ -15,22 +15,30 @@ import relpos.keras as rk
 from .util import kt, np_, traced
 
 WIDTH = 16
-#: Queries (2, 7) and keys (2, 6) of packed rows: ids are labels (5, 2, 7; any order, document 1
-#: first among row 0's keys); row 1's query document 7 has no key and outputs zeros.
-Q_SEG = np.array([[0, 0, 0, 1, 1, 1, 1], [2, 2, 5, 5, 5, 7, -1]], "int32")
-K_SEG = np.array([[1, 1, 0, 0, 0, -1], [5, 5, 2, 2, 2, -1]], "int32")
-PAIRS = [(0, 0), (0, 1), (1, 2), (1, 5)]  # (row, document)
+#: Queries (2, 7) and keys (2, 6) of packed rows: ids are labels (any order: row 1's query
+#: documents 5 then 2, its keys 2 then 5; row 0's keys document 1 first). Every (query document,
+#: value document) pair is 3 queries over 2 keys, so the pairs alone are one plain batch: one shape
+#: for JAX to compile each op at, not one per pair. Row 1's query document 7 has no key and
+#: outputs zeros; row 0's value document 9 has no query.
+Q_SEG = np.array([[0, 0, 0, 1, 1, 1, -1], [5, 5, 5, 2, 2, 2, 7]], "int32")
+K_SEG = np.array([[1, 1, 0, 0, 9, -1], [-1, 2, 2, 5, 5, -1]], "int32")
+PAIRS = [(0, 0), (0, 1), (1, 5), (1, 2)]  # (row, document)
 RNG = np.random.default_rng(0)
 X = RNG.normal(size=(2, 7, WIDTH)).astype("float32")
 CONTEXT = RNG.normal(size=(2, 6, WIDTH)).astype("float32")
+#: Where each pair sits in the padded rows, of the packed rows' lengths (7 queries, 6 keys): its
+#: 3 queries from slot QUERY_AT[p], its 2 keys from slot KEY_AT[p]; padding on the left, the
+#: right or both sides.
+QUERY_AT, KEY_AT = (4, 0, 2, 3), (0, 4, 1, 2)
 
 #: (scheme, causal): RoPE, ALiBi (causal: a key at a position <= the query's), T5 buckets and
-#: Shaw's relative embeddings (keys and values), clipped inside the documents.
+#: Shaw's relative embeddings (keys and values), clipped inside the documents (Shaw's at 1: the
+#: pairs' distances -2..1 reach past it).
 SCHEMES = [
     ("rope", False),
     ("alibi", True),
     ({"name": "t5", "num_buckets": 8, "max_distance": 6}, False),
-    ({"name": "shaw", "max_distance": 2}, False),
+    ({"name": "shaw", "max_distance": 1}, False),
 ]
 IDS = ["rope", "alibi-causal", "t5", "shaw"]
 
@@ -39,46 +47,60 @@ def _layer(scheme, causal):
     layer = rk.RelativeMultiHeadAttention(
         2, 8, scheme=scheme, causal=causal, bias_initializer="ones"
     )
-    layer(kt(X), kt(CONTEXT))  # build
+    layer.build(X.shape, CONTEXT.shape)  # no call: each call shape compiles on JAX
     for w in layer.position_scheme.weights:  # tables start at 0 (T5): give them values
         w.assign(RNG.normal(size=w.shape).astype("float32"))
     return layer
 
 
-def _alone(layer, r, s):
-    """The pair (query document ``s``, value document ``s``) of row ``r``, alone: ``(i_s, D)``."""
-    q, k = X[r, Q_SEG[r] == s][None], CONTEXT[r, K_SEG[r] == s][None]
-    return np_(layer(kt(q), kt(k)))[0]
+def _pairs():
+    """The queries ``(P, 3, D)`` and keys ``(P, 2, D)`` of each pair of :data:`PAIRS`."""
+    q = np.stack([X[r, Q_SEG[r] == s] for r, s in PAIRS])
+    k = np.stack([CONTEXT[r, K_SEG[r] == s] for r, s in PAIRS])
+    return q, k
 
 
 @pytest.mark.parametrize(("scheme", "causal"), SCHEMES, ids=IDS)
 def test_packed_cross_attention_equals_each_pair_alone(scheme, causal):
     """Every query document of a packed row attends to its value document only, each token at
-    its position in its own document: the packed output equals each pair run alone, and so does
-    a batch of the pairs padded (queries left, keys right: ``query_mask`` / ``value_mask``).
-    A query document with no key, and padding, output zeros. (Without ``value_segment_ids`` every
-    key was in document 0: the queries of documents 1 and later output zeros.)"""
+    its position in its own document: the packed output equals each pair run alone (a row each
+    of one plain batch: rows never attend to each other), and so does a batch of the pairs
+    padded (``query_mask`` / ``value_mask``, at other slots in each row). A query document with
+    no key, and padding, output zeros. (Without ``value_segment_ids`` every key was in document
+    0: the queries of documents 1 and later output zeros.)"""
     layer = _layer(scheme, causal)
     got = np_(layer(kt(X), kt(CONTEXT), segment_ids=kt(Q_SEG), value_segment_ids=kt(K_SEG)))
-    alone = {(r, s): _alone(layer, r, s) for r, s in PAIRS}
-    for (r, s), want in alone.items():
-        np.testing.assert_allclose(got[r, Q_SEG[r] == s], want, atol=1e-5, err_msg=f"{r}, {s}")
-    assert not got[1, 5:].any()  # document 7 (no key) and padding
-    assert np.abs(got[1, :5]).sum(-1).all()
+    q, k = _pairs()
+    alone = np_(layer(kt(q), kt(k)))
+    for p, (r, s) in enumerate(PAIRS):
+        np.testing.assert_allclose(got[r, Q_SEG[r] == s], alone[p], atol=1e-5, err_msg=f"{r}, {s}")
+    assert not got[:, 6].any()  # row 1's document 7 (no key), row 0's padding
+    assert np.abs(got[:, :6]).sum(-1).all()
 
-    # The pairs in a padded batch, one a row.
-    iq = max(int((Q_SEG[r] == s).sum()) for r, s in PAIRS)
-    jk = max(int((K_SEG[r] == s).sum()) for r, s in PAIRS)
-    q = np.zeros((len(PAIRS), iq, WIDTH), "float32")
-    k = np.full((len(PAIRS), jk, WIDTH), 3.0, "float32")  # padding keys with values
-    q_mask, k_mask = np.zeros((len(PAIRS), iq), bool), np.zeros((len(PAIRS), jk), bool)
-    for row, (r, s) in enumerate(PAIRS):
-        qs, ks = X[r, Q_SEG[r] == s], CONTEXT[r, K_SEG[r] == s]
-        q[row, iq - len(qs) :], q_mask[row, iq - len(qs) :] = qs, True
-        k[row, : len(ks)], k_mask[row, : len(ks)] = ks, True
-    padded = np_(layer(kt(q), kt(k), query_mask=kt(q_mask), value_mask=kt(k_mask)))
-    for row, pair in enumerate(PAIRS):
-        np.testing.assert_allclose(padded[row][q_mask[row]], alone[pair], atol=1e-5)
+    # The pairs padded, one a row, at other slots than alone: two calls of the packed call's
+    # shape (2, 7, 6), so that JAX, which compiles each op per shape, compiles no third one.
+    rng = np.random.default_rng(1)
+    padded_q = rng.normal(size=(len(PAIRS), 7, WIDTH)).astype("float32")  # padding: any values
+    padded_k = np.full((len(PAIRS), 6, WIDTH), 3.0, "float32")
+    q_mask, k_mask = np.zeros((len(PAIRS), 7), bool), np.zeros((len(PAIRS), 6), bool)
+    for p, (qa, ka) in enumerate(zip(QUERY_AT, KEY_AT, strict=True)):
+        padded_q[p, qa : qa + 3], q_mask[p, qa : qa + 3] = q[p], True
+        padded_k[p, ka : ka + 2], k_mask[p, ka : ka + 2] = k[p], True
+    padded = np.concatenate(
+        [
+            np_(
+                layer(
+                    kt(padded_q[rows]),
+                    kt(padded_k[rows]),
+                    query_mask=kt(q_mask[rows]),
+                    value_mask=kt(k_mask[rows]),
+                )
+            )
+            for rows in (slice(0, 2), slice(2, 4))
+        ]
+    )
+    np.testing.assert_allclose(padded[q_mask].reshape(alone.shape), alone, atol=1e-5)
+    assert not padded[~q_mask].any()
 
 
 @pytest.mark.parametrize(("scheme", "causal"), SCHEMES[:3], ids=IDS[:3])
