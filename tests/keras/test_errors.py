@@ -478,6 +478,13 @@ DYNAMIC = {"rope_type": "dynamic", "factor": 2.0, "original_max_position_embeddi
             ValueError,
             r"in cross-attention value_segment_ids needs the queries' segment_ids \(b, i\)",
         ),
+        # Keys of another sequence with the queries as values: Keras' layer needs value= too.
+        (
+            lambda: rk.RelativeMultiHeadAttention(2, 4),
+            lambda layer: layer(kt(X), key=kt(X + 1.0)),
+            ValueError,
+            "key given without value: pass value= too",
+        ),
     ],
 )
 def test_bad_call_arguments(make, call, error, match):

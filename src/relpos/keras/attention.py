@@ -303,7 +303,7 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
     Call arguments:
         query: ``(b, i, D)``. value: ``(b, j, D)``, or None (or the very object passed as
             ``query``) for self-attention, where keys share the query's positions. key: default
-            ``value``. Self-attention is decided on the arguments as passed, before Keras
+            ``value``; not without ``value`` (a ``ValueError``). Self-attention is decided on the arguments as passed, before Keras
             converts or casts each of them (numpy inputs, float32 under ``mixed_*``): ``attn(x,
             x)`` is ``attn(x)``; an equal but distinct tensor is cross-attention.
         query_mask, value_mask, key_mask: ``(b, i)``/``(b, j)``/``(b, j)`` True for tokens
@@ -551,6 +551,11 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
         # `__call__` already turned `value` that was the query's object into None; `is` here
         # serves direct `call()` use.
         self_attention = value is None or value is query
+        if value is None and key is not None and key is not query:
+            raise ValueError(
+                "key given without value: pass value= too (keys and values come from one "
+                "sequence), or neither for self-attention"
+            )
         _check_call_arguments(
             positions, start_index, segment_ids, self_attention, cache is not None
         )
