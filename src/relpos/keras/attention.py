@@ -303,9 +303,10 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
     Call arguments:
         query: ``(b, i, D)``. value: ``(b, j, D)``, or None (or the very object passed as
             ``query``) for self-attention, where keys share the query's positions. key: default
-            ``value``; not without ``value`` (a ``ValueError``). Self-attention is decided on the arguments as passed, before Keras
-            converts or casts each of them (numpy inputs, float32 under ``mixed_*``): ``attn(x,
-            x)`` is ``attn(x)``; an equal but distinct tensor is cross-attention.
+            ``value``; not without ``value`` (a ``ValueError``). Self-attention is decided on
+            the arguments as passed, before Keras converts or casts each of them (numpy inputs,
+            float32 under ``mixed_*``): ``attn(x, x)`` is ``attn(x)``; an equal but distinct
+            tensor is cross-attention.
         query_mask, value_mask, key_mask: ``(b, i)``/``(b, j)``/``(b, j)`` True for tokens
             (filled from Keras masks; ``mask`` is the query's when the layer is called on one
             tensor, ``attn(x)``). A key that ``value_mask`` or ``key_mask`` marks False is not
