@@ -14,6 +14,7 @@ from .positions import (
     PAD_SEGMENT,
     Positions,
     allowed_pairs,
+    check_mask,
     dense_and_mask,
     holds_values,
     positions_from_mask,
@@ -101,15 +102,6 @@ def _write_cache(cache, new, index):
 def _same_size(got, want) -> bool:
     """Whether a static size ``got`` may be ``want`` (None, unknown, matches anything)."""
     return got is None or want is None or got == want
-
-
-def _key_mask(name, mask, batch, j):
-    """An explicit ``value_mask`` / ``key_mask``: bool ``(b, j)``, its shape checked."""
-    mask = ops.convert_to_tensor(mask)
-    got = tuple(mask.shape)
-    if len(got) != 2 or not (_same_size(got[0], batch) and _same_size(got[1], j)):
-        raise ValueError(f"{name} must have shape (b, j) = ({batch}, {j}), got {got}")
-    return ops.cast(mask, "bool")
 
 
 def _check_batch(name, x, batch, layout) -> None:
@@ -582,9 +574,9 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
             )
         if cache is None:  # with a cache they are refused below
             if value_mask is not None:
-                value_mask = _key_mask("value_mask", value_mask, query.shape[0], key.shape[1])
+                value_mask = check_mask(value_mask, query.shape[0], key.shape[1], "value_mask", "j")
             if key_mask is not None:
-                key_mask = _key_mask("key_mask", key_mask, query.shape[0], key.shape[1])
+                key_mask = check_mask(key_mask, query.shape[0], key.shape[1], "key_mask", "j")
         b, n = ops.shape(query)[0], sequence_length(query)
         causal = self.causal or bool(use_causal_mask)
         scheme = self.position_scheme

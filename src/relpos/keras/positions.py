@@ -28,6 +28,7 @@ __all__ = [
     "accumulation_dtype",
     "allowed_pairs",
     "check_finite_positive",
+    "check_mask",
     "continue_positions",
     "dense_and_mask",
     "distance_range",
@@ -234,7 +235,7 @@ def segments_within_mask(
     ``axis`` names their token axis there (an attention layer's ``"i"`` or ``"j"``)."""
     seg = _check_segment_ids(prefix + "segment_ids", segment_ids)
     _check_shape(prefix + "segment_ids", seg, batch, n, axis)
-    return ops.where(_check_mask(mask, batch, n, prefix + "mask", axis), seg, PAD_SEGMENT)
+    return ops.where(check_mask(mask, batch, n, prefix + "mask", axis), seg, PAD_SEGMENT)
 
 
 def continue_positions(cached: Positions, n) -> Positions:
@@ -433,7 +434,7 @@ def resolve_positions(
         pos = ops.cast(pos, "int32")
         if mask is None:
             return Positions(pos, ops.zeros_like(pos))
-        valid = _check_mask(mask, batch, n, prefix + "mask", axis)
+        valid = check_mask(mask, batch, n, prefix + "mask", axis)
         return Positions(ops.where(valid, pos, 0), ops.where(valid, 0, PAD_SEGMENT))
     if segment_ids is not None:
         if seg is None:
@@ -441,7 +442,7 @@ def resolve_positions(
             _check_shape(prefix + "segment_ids", seg, batch, n, axis)
         return _segment_positions(seg, start_index)
     if mask is not None:
-        return positions_from_mask(_check_mask(mask, batch, n, prefix + "mask", axis), start_index)
+        return positions_from_mask(check_mask(mask, batch, n, prefix + "mask", axis), start_index)
     return plain_positions(n, start_index, batch)
 
 
@@ -457,7 +458,8 @@ def _check_shape(name, x, batch, n, axis: str = "n") -> None:
         raise ValueError(f"{name} must have shape (b, {axis}) = ({batch}, {n}), got {shape}")
 
 
-def _check_mask(mask, batch, n, name="mask", axis: str = "n"):
+def check_mask(mask, batch, n, name="mask", axis: str = "n"):
+    """``mask`` as bool ``(b, n)``, its shape checked where known (:func:`_check_shape`)."""
     mask = ops.convert_to_tensor(mask)
     _check_shape(name, mask, batch, n, axis)
     return ops.cast(mask, "bool")
