@@ -23,8 +23,8 @@ Each run is `relpos train` (the scheme, and with --config every other field from
 study can be stopped and started again. `results.md` and `results.json` (mean and spread over the
 seeds of each scheme) and `valid_curves.png` are written into --out, each atomically.
 `--table-only --out DIR` writes them again from the finished runs in DIR and trains nothing: a
-run's config.json, metrics.jsonl and eval.json are all it needs (benchmarks/results/study-recipe
-keeps just those).
+run's config.json, metrics.jsonl and eval.json are all it needs
+(benchmarks/results/2026-11-26-cpu-amd-epyc-jsb-study keeps just those).
 """
 
 from __future__ import annotations

@@ -28,7 +28,7 @@ baseline's own row is timed alone, first. ``cpu/wall`` is process CPU time over 
 the timed runs (about 1 when a single thread works).
 
     KERAS_BACKEND=jax python benchmarks/keras_bench.py --lengths 1024 --causal --repeats 5 \\
-        --out benchmarks/results/keras/jax-causal-L1024
+        --out benchmarks/results/2026-11-23-keras-cpu/jax-causal-L1024
 
 Results: ``<out>.md`` (header and table) and ``<out>.json`` (everything, raw runs included),
 each written atomically (temporary file, then ``os.replace``).
