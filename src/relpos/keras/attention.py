@@ -26,7 +26,21 @@ from .positions import (
 )
 from .schemes import make_attention_scheme, scheme_config
 
-__all__ = ["RelativeMultiHeadAttention", "attend", "repeat_kv_heads"]
+__all__ = ["RelativeMultiHeadAttention", "attend", "repeat_kv_heads", "zero_padding"]
+
+
+def zero_padding(x, valid):
+    """``x`` ``(b, n, ...)`` with exact zeros at the tokens ``valid`` ``(b|1, n)`` marks False.
+
+    Applied to the queries, keys and values before attention, after every scheme hook that reads
+    them per token (rotations; the forget gate's sums skip padding by themselves): then nothing a
+    padding token holds, not even NaN or inf, reaches a real token (a masked probability is 0,
+    but ``0·NaN`` is NaN), on every scheme's path (DeBERTa's and CoPE's key terms read the keys).
+    The Keras twin of the PyTorch backends' ``zero_padding_keys``."""
+    keep = ops.cast(valid, "bool")
+    for _ in range(len(x.shape) - 2):
+        keep = ops.expand_dims(keep, -1)
+    return ops.where(keep, x, ops.zeros_like(x))
 
 
 def attend(
@@ -656,9 +670,15 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
             allowed = ops.logical_and(allowed, ops.cast(attention_mask, "bool"))
         # Keys that value_mask or key_mask rules out are not attended (Keras ANDs both), also in
         # self-attention, where they keep the query's positions (a masked key is not padding).
+        key_valid = k_pos.valid
         for kmask in (value_mask, key_mask):
             if kmask is not None:
                 allowed = ops.logical_and(allowed, ops.expand_dims(kmask, 1))
+                key_valid = ops.logical_and(key_valid, kmask)
+        # Padding (and masked keys) is zeroed, as the PyTorch layer does: no NaN or inf there
+        # reaches a real token.
+        q = zero_padding(q, q_pos.valid)
+        k, v = zero_padding(k, key_valid), zero_padding(v, key_valid)
         groups = self.num_heads // self.num_key_value_heads
         y, scores = attend(
             q,

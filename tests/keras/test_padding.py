@@ -1,0 +1,55 @@
+"""The padding guarantee of the PyTorch layer, on every Keras backend and every Keras attention
+scheme: whatever a padding token holds, NaN and inf included, the real tokens' outputs are
+exactly those of the same batch with finite padding, and padding outputs exactly 0."""
+
+import numpy as np
+import pytest
+
+import relpos
+from relpos.keras import KERAS_SCHEMES, RelativeMultiHeadAttention
+
+from .util import kt, np_
+
+# test_properties.py's shapes (JAX compiles once per shape)
+B, N, WIDTH, HEADS = 3, 8, 16, 2
+
+
+def _poison(x, padding):
+    """``x`` with NaN, +inf and -inf spread over its ``padding`` ``(b, n)`` tokens."""
+    bad = np.array([np.nan, np.inf, -np.inf], "float32")
+    fill = bad[np.arange(x.size).reshape(x.shape) % 3]
+    return np.where(padding[..., None], fill, x).astype("float32")
+
+
+def _assert_real_equal(call, x, padding, **kw):
+    """``call`` on ``x`` and on ``x`` poisoned at ``padding``: real outputs identical, padding
+    outputs 0."""
+    clean = np_(call(kt(x), **kw))
+    dirty = np_(call(kt(_poison(x, padding)), **kw))
+    np.testing.assert_array_equal(dirty[~padding], clean[~padding])
+    assert (dirty[padding] == 0).all()
+
+
+@pytest.mark.parametrize("name", sorted(KERAS_SCHEMES))
+def test_non_finite_padding_does_not_reach_real_tokens(name):
+    causal = relpos.SCHEMES[name].causal_only
+    layer = RelativeMultiHeadAttention(HEADS, WIDTH // HEADS, scheme=name, causal=causal)
+    layer.build((None, None, WIDTH))
+    x = np.random.default_rng(0).normal(size=(B, N, WIDTH)).astype("float32")
+    mask = np.ones((B, N), bool)
+    mask[1, :3] = False  # left padding
+    mask[2, 5:] = False  # right padding
+    _assert_real_equal(layer, x, ~mask, query_mask=kt(mask))
+    seg = np.array(
+        [[0, 0, 0, 1, 1, 1, 1, 1], [0, 0, 1, 1, 1, 2, -1, -1], [-1, 0, 0, 0, 1, 1, 1, 1]], "int32"
+    )
+    _assert_real_equal(layer, x, seg == -1, segment_ids=kt(seg))
+    if KERAS_SCHEMES[name].contextual:  # self-attention only
+        return
+
+    def cross(value, **kw):  # padding in the value sequence: the queries stay real
+        return layer(kt(x), value, **kw)
+
+    clean = np_(cross(kt(x), value_mask=kt(mask)))
+    dirty = np_(cross(kt(_poison(x, ~mask)), value_mask=kt(mask)))
+    np.testing.assert_array_equal(dirty, clean)
