@@ -30,7 +30,7 @@ run: $(STAMP)
 	$(BIN)/relpos demo --run-dir runs/demo
 
 # The JSB recipe (docs/results.md): train (or resume) runs/jsb, evaluate, sample 20 chorales and
-# compare them with the test split. Needs the standard split in ../shared/data/jsb-chorales.
+# compare them with the test split. The standard split ships with relpos (`--data jsb`).
 RECIPE := runs/jsb
 recipe: $(STAMP)
 	if [ -f $(RECIPE)/last.pt ]; then $(BIN)/relpos train --run-dir $(RECIPE) --resume; \

@@ -20,8 +20,8 @@ which compiles the train step (its time is printed apart); the PyTorch trainer i
 timed SIGTERM, which it handles as Ctrl-C (it finishes the step and writes ``last.pt``; a
 background job ignores SIGINT).
 
-Data: ``--data`` (default: ``../shared/data/jsb-chorales/Jsb16thSeparated.json`` next to the
-repository if present, else the music21 corpus). Nothing is downloaded.
+Data: ``--data`` (default: ``jsb``, the standard JSB split that ships with relpos; ``music21`` or
+a JSB JSON file also work). Nothing is downloaded.
 """
 
 from __future__ import annotations
@@ -52,12 +52,10 @@ from relpos.music import VOCAB_SIZE, load_token_data
 from relpos.runtime import flush_denormals
 from relpos.training import eval_windows, random_windows
 
-JSB = Path(__file__).resolve().parents[1].parent / "shared/data/jsb-chorales/Jsb16thSeparated.json"
-
 
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--data", default=str(JSB) if JSB.exists() else "music21")
+    p.add_argument("--data", default="jsb", help="'jsb' (shipped), 'music21' or a JSB JSON file")
     p.add_argument("--minutes", type=float, default=3.0, help="training budget of each side")
     p.add_argument("--steps", type=int, default=600, help="step cap (and the lr schedule's length)")
     p.add_argument("--torch-baseline", action="store_true", help="also train the PyTorch model")

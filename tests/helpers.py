@@ -8,7 +8,8 @@ import pytest
 import torch
 
 import relpos
-from relpos import Positions
+from relpos import MultiheadAttention, Positions
+from tests import oracles
 
 #: Devices the device-parametrised suites run on: the CPU, and CUDA where a GPU is present.
 DEVICES: list[str] = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
@@ -90,6 +91,12 @@ def contextual(spec: dict) -> bool:
     return "contextualize" in relpos.SCHEMES[spec["name"]].hooks
 
 
+def absolute(spec: dict) -> bool:
+    """Whether a spec's scheme acts at the input (``embed``: sinusoidal, learned positions); an
+    attention layer refuses it."""
+    return "embed" in relpos.SCHEMES[spec["name"]].hooks
+
+
 def length_dependent(spec: dict) -> bool:
     """Whether a spec's frequencies follow each sequence's length (dynamic NTK, LongRoPE)."""
     return (
@@ -144,6 +151,10 @@ BACKEND_SPECS: list[dict] = [
     for s in SCHEME_SPECS
     if not _same_backend_path(s) and not (causal_only(s) and tiles_refuse(s)) and not contextual(s)
 ]
+
+
+#: The specs an attention layer takes: every spec but the absolute ones.
+ATTENTION_SPECS: list[dict] = [s for s in SCHEME_SPECS if not absolute(s)]
 
 
 def spec_id(spec: dict) -> str:
@@ -239,3 +250,28 @@ def skip_if_refused_deterministic(error: RuntimeError, what: str) -> None:
     if "determinis" not in str(error):
         raise error
     pytest.skip(f"{what}: {' '.join(str(error).split())[:200]}")
+
+
+def oracle_attention_layer(attn: MultiheadAttention, x: torch.Tensor, p: Positions):
+    """``attn``'s projections around the loop oracle (``tests/oracles.attention``)."""
+    b, n, _ = x.shape
+    h, d = attn.num_heads, attn.head_dim
+    q, k, v = (t.view(b, n, h, d).transpose(1, 2) for t in attn.qkv(x).split(h * d, dim=-1))
+    p = p.expand(b)
+    pos, seg = p.pos.tolist(), p.seg.tolist()
+    coords = None if p.coords is None else p.coords.tolist()
+    y = oracles.attention(
+        attn.scheme,
+        q,
+        k,
+        v,
+        pos,
+        seg,
+        pos,
+        seg,
+        causal=attn.causal,
+        q_coords=coords,
+        k_coords=coords,
+    )
+    y = attn.out(y.transpose(1, 2).reshape(b, n, h * d))
+    return torch.where(p.valid.unsqueeze(-1), y, 0.0)

@@ -111,3 +111,17 @@ def test_piano_roll_is_a_png_written_atomically(tmp_path):
     out = write_piano_roll(HAND_MADE, tmp_path / "roll.png", title="hand-made")
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert [p.name for p in tmp_path.iterdir()] == ["roll.png"]
+
+
+def test_piano_roll_marks_where_the_prime_ends(tmp_path):
+    """A primed sample shades its prime and draws a line where generation begins; the image
+    differs from the unmarked one only by that mark (same size)."""
+    image = pytest.importorskip("matplotlib.image")
+    plain = image.imread(write_piano_roll(HAND_MADE, tmp_path / "plain.png"))
+    marked = image.imread(write_piano_roll(HAND_MADE, tmp_path / "marked.png", prime_steps=4))
+    assert plain.shape == marked.shape
+    assert (plain != marked).any()
+    for bad, exc in [(-1, ValueError), (len(HAND_MADE) + 1, ValueError), (1.5, TypeError)]:
+        with pytest.raises(exc, match="prime_steps"):
+            write_piano_roll(HAND_MADE, tmp_path / "bad.png", prime_steps=bad)
+    assert not (tmp_path / "bad.png").exists()

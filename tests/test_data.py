@@ -3,6 +3,9 @@ relpos.training.windows (batching)."""
 
 from __future__ import annotations
 
+import fnmatch
+import gzip
+import hashlib
 import json
 import math
 import os
@@ -50,10 +53,9 @@ from relpos.music.cache import (
     load_splits,
     save_splits,
 )
+from relpos.music.jsb import packaged_jsb_path
 from relpos.music.midi import voice_runs
 from relpos.training.windows import eval_windows, random_windows
-
-REAL_JSB = Path(__file__).resolve().parents[2] / "shared/data/jsb-chorales/Jsb16thSeparated.json"
 
 # --------------------------------------------------------------------------- strategies, helpers
 
@@ -609,6 +611,29 @@ def test_jsb_loader_wrong_format(tmp_path, content, words):
     assert str(path) in str(info.value)
 
 
+def test_jsb_loader_reads_gzip_and_names_a_bad_one(tmp_path):
+    content = {"train": [[[60, 55, 52, 48]]], "valid": [], "test": []}
+    path = tmp_path / "c.json.gz"
+    path.write_bytes(gzip.compress(json.dumps(content).encode()))
+    assert load_chorales(path).num_steps("train") == 1
+    bad = tmp_path / "bad.json.gz"
+    bad.write_bytes(b"{not gzip}")
+    with pytest.raises(ValueError, match="not a gzip file") as info:
+        load_chorales(bad)
+    assert str(bad) in str(info.value)
+
+
+def test_jsb_name_without_the_packaged_file_says_so(monkeypatch, tmp_path):
+    """A build without the package data: ``"jsb"`` names the missing file and the way out."""
+    from relpos.music import jsb
+
+    monkeypatch.setattr(jsb, "_PACKAGED", tmp_path / "absent.json.gz")
+    with pytest.raises(
+        FileNotFoundError, match=r"'jsb': the packaged JSB split .*absent\.json\.gz"
+    ):
+        load_chorales("jsb")
+
+
 def test_jsb_loader_missing_file_and_bad_source(tmp_path):
     with pytest.raises(FileNotFoundError):
         load_chorales(tmp_path / "missing.json")
@@ -620,9 +645,15 @@ def test_jsb_loader_missing_file_and_bad_source(tmp_path):
         load_chorales(path)
 
 
-@pytest.mark.skipif(not REAL_JSB.is_file(), reason=f"reference data not at {REAL_JSB}")
-def test_jsb_loader_on_reference_file():
-    s = load_chorales(REAL_JSB)
+def test_the_packaged_jsb_split_is_the_reference_file():
+    """The shipped ``jsb`` split decompresses to the reference file's bytes (the checksum in
+    ``relpos/music/data/README.md``) and holds the standard split's counts."""
+    raw = gzip.decompress(packaged_jsb_path().read_bytes())
+    digest = hashlib.sha256(raw).hexdigest()
+    assert digest == "79294cc374f9252e95ef4b703161524c1c53dc1f712c236f00f1c1f5d54af5a7"
+    assert digest in (packaged_jsb_path().parent / "README.md").read_text()
+    s = load_chorales("jsb")
+    assert s.source == str(packaged_jsb_path())
     assert [len(s.split(k)) for k in ("train", "valid", "test")] == [229, 76, 77]
     assert [s.num_steps(k) for k in ("train", "valid", "test")] == [55228, 18408, 18900]
     everything = np.concatenate([c for k in ("train", "valid", "test") for c in s.split(k)])
@@ -812,3 +843,17 @@ def test_music21_full_corpus(tmp_path):
             np.testing.assert_array_equal(decode(encode(c)), c)
             assert allowed_shifts(c).size > 0
     assert os.path.getsize(tmp_path / "music21-bach-chorales.npz") > 0
+
+
+def test_the_packaged_split_is_in_the_wheels_package_data():
+    """``pyproject.toml``'s package data names the split and its README, so a wheel (not only a
+    clone) carries ``--data jsb``."""
+    tomllib = pytest.importorskip("tomllib")
+    root = Path(__file__).resolve().parents[1]
+    patterns = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"][
+        "package-data"
+    ]["relpos"]
+    package = root / "src" / "relpos"
+    for path in (packaged_jsb_path(), packaged_jsb_path().parent / "README.md"):
+        rel = path.relative_to(package).as_posix()
+        assert any(fnmatch.fnmatch(rel, p) for p in patterns), (rel, patterns)

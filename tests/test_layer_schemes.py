@@ -5,6 +5,8 @@ import torch
 
 import relpos
 from relpos import Transformer, TransformerConfig, checks
+from tests import oracles
+from tests.helpers import oracle_attention_layer, randomize_parameters
 
 BASE = {"vocab_size": 12, "d_model": 32, "num_heads": 4, "num_layers": 4, "dropout": 0.0}
 
@@ -98,3 +100,40 @@ def test_mixed_and_shared_models_pass_the_parity_checks(share):
     assert checks.packed_gap(model, [docs[:2], docs[2:]]) < 1e-5
     assert checks.cached_gap(model, torch.randint(1, 12, (2, 9)), chunk=2) < 1e-5
     assert checks.left_padded_decoding_gap(model, docs, torch.randint(1, 12, (3, 3))) < 1e-5
+
+
+def test_relative_attention_with_a_timing_signal_is_the_sum_of_its_parts():
+    """The paper's "relative + timing" model (``configs/jsb-music-timing.json``): a sinusoidal
+    ``scheme`` at the input and the Music Transformer's relative attention in every layer equals
+    the model written out from the two schemes' loop oracles (token embedding · √d + the
+    sinusoid at each token's own position, then each block's attention through
+    :func:`oracles.attention`), on a left-padded batch."""
+    torch.manual_seed(0)
+    music = {"name": "music", "max_distance": 4}
+    cfg = TransformerConfig(
+        **{**BASE, "num_layers": 2, "d_model": 16},
+        scheme="sinusoidal",
+        layer_schemes=[music, music],
+    )
+    model = Transformer(cfg).double().eval()
+    for block in model.blocks:
+        randomize_parameters(block.attn.scheme, seed=1)
+    tokens = torch.randint(0, BASE["vocab_size"], (2, 7))
+    mask = torch.tensor([[0, 0, 1, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1, 1]], dtype=torch.bool)
+    p = relpos.Positions.from_padding_mask(mask)
+    sinusoid = model.embed.scheme
+    x = model.embed.tokens.weight[tokens] * cfg.d_model**0.5
+    x = (
+        x
+        + torch.stack(
+            [torch.stack([oracles.embedding(sinusoid, q) for q in row]) for row in p.pos.tolist()]
+        ).double()
+    )
+    for block in model.blocks:
+        x = x + oracle_attention_layer(block.attn, block.ln1(x), p)
+        x = x + block.mlp(block.ln2(x))
+    want = model.head(model.ln_f(x))
+    got = model(tokens, padding_mask=mask)
+    # float32 sinusoids (angles are float32 by design), float64 everything else
+    torch.testing.assert_close(got[mask], want[mask], rtol=1e-6, atol=1e-6)
+    assert [type(b.attn.scheme).__name__ for b in model.blocks] == ["MusicRelative"] * 2

@@ -29,8 +29,7 @@ import torch
 import relpos
 from relpos import KVCache, MultiheadAttention, Positions, Transformer, TransformerConfig
 from relpos.attention.backends import BACKENDS
-from tests import oracles
-from tests.helpers import randomize_parameters
+from tests.helpers import oracle_attention_layer, randomize_parameters
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore::UserWarning"),
@@ -269,30 +268,6 @@ def random_case(rng: random.Random, variant: str) -> tuple[dict, int, Positions]
     p = Positions.from_grids(grids, n)
     shift = torch.tensor([[[rng.randint(0, 6) for _ in range(a)]] for _ in range(p.batch)])
     return spec, r + 2 * rng.randint(0, 1), p.with_coords(p.coords + shift)
-
-
-def oracle_attention_layer(attn: MultiheadAttention, x: torch.Tensor, p: Positions):
-    """``attn``'s projections around the loop oracle (``tests/oracles.attention``)."""
-    b, n, _ = x.shape
-    h, d = attn.num_heads, attn.head_dim
-    q, k, v = (t.view(b, n, h, d).transpose(1, 2) for t in attn.qkv(x).split(h * d, dim=-1))
-    p = p.expand(b)
-    pos, seg, coords = p.pos.tolist(), p.seg.tolist(), p.coords.tolist()
-    y = oracles.attention(
-        attn.scheme,
-        q,
-        k,
-        v,
-        pos,
-        seg,
-        pos,
-        seg,
-        causal=attn.causal,
-        q_coords=coords,
-        k_coords=coords,
-    )
-    y = attn.out(y.transpose(1, 2).reshape(b, n, h * d))
-    return torch.where(p.valid.unsqueeze(-1), y, 0.0)
 
 
 @pytest.mark.parametrize("seed", range(3))

@@ -872,12 +872,26 @@ def test_recipe_flags_reach_the_config(tiny_data, tmp_path):
 
 @pytest.mark.parametrize("path", sorted((ROOT / "configs").glob("*.json")), ids=lambda p: p.name)
 def test_shipped_recipes_load_and_fit_the_vocabulary(path):
-    """Every ``configs/*.json`` is a valid ``TrainConfig`` for the chorales' vocabulary, with its
-    data path relative to the repository (where the standard split lives)."""
+    """Every ``configs/*.json`` is a valid ``TrainConfig`` for the chorales' vocabulary whose data
+    is a name (``jsb``: shipped inside the package) or a file inside the repository, so that it
+    runs from any fresh clone."""
     cfg = TrainConfig.load(path)
     assert cfg.model.vocab_size == VOCAB_SIZE
-    assert not Path(cfg.data).is_absolute()
-    assert (ROOT / cfg.data).suffix == ".json"
+    if cfg.data not in ("jsb", "music21"):
+        assert not Path(cfg.data).is_absolute()
+        assert (ROOT / cfg.data).resolve().is_relative_to(ROOT), cfg.data
+
+
+@pytest.mark.parametrize("name", ["jsb-music.json", "jsb-music-timing.json"])
+def test_a_shipped_recipe_trains_from_the_packaged_split(name, tmp_path):
+    """The recipe's config (its model as shipped; shorter windows and one step) trains from the
+    packaged ``jsb`` split with nothing beside the repository."""
+    cfg = TrainConfig.load(ROOT / "configs" / name)
+    assert cfg.data == "jsb"
+    quick = dataclasses.replace(cfg, context=32, batch_size=2, warmup=1, max_shift=0, ema=0.0)
+    summary = train(quick, tmp_path / "run", progress=False, stop_after=1)
+    assert summary["step"] == 1
+    assert load_checkpoint(tmp_path / "run" / "last.pt")["config"]["data"] == "jsb"
 
 
 def test_the_jsb_recipe_is_shipped():

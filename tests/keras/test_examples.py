@@ -12,7 +12,6 @@ import keras
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-JSB = ROOT.parent / "shared/data/jsb-chorales/Jsb16thSeparated.json"
 
 pytestmark = pytest.mark.skipif(
     keras.backend.backend() != "jax", reason="each example runs once, in the JAX suite"
@@ -30,7 +29,6 @@ def run_example(name: str, *args: str, backend: str) -> str:
     return done.stdout
 
 
-@pytest.mark.skipif(not JSB.exists(), reason="needs the JSB chorales beside the repository")
 def test_keras_chorales_with_the_torch_baseline():
     """Both sides train and report a finite NLL in one process (Keras on JAX, which imports
     TensorFlow where it is installed, then PyTorch's trainer, which loads Triton)."""

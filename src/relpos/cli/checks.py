@@ -61,12 +61,21 @@ def output_folder(flag: str, path: str | os.PathLike[str]) -> Path:
 
 
 def check_data(flag: str, data: str) -> None:
-    """``--data``: ``music21`` with the package installed, or an existing file."""
+    """``--data``: ``music21`` with the package installed, ``jsb`` with the packaged split
+    present, or an existing file."""
     if data == "music21":
         if importlib.util.find_spec("music21") is None:
             raise CLIError(
                 f"{flag} music21: the music21 package is not installed (pip install "
-                "'relpos[music]'), or pass a JSB JSON file"
+                "'relpos[music]'), or pass 'jsb' or a JSB JSON file"
             )
         return
-    input_file(flag, data, "'music21' or a JSB JSON file")
+    if data == "jsb":
+        from ..music.jsb import packaged_jsb_path
+
+        try:
+            packaged_jsb_path()
+        except FileNotFoundError as e:
+            raise CLIError(f"{flag} {e}") from None
+        return
+    input_file(flag, data, "'music21', 'jsb' or a JSB JSON file")

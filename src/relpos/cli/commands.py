@@ -169,7 +169,10 @@ _TRAINING_FLAGS = [
         "--data",
         "data",
         "music21",
-        {"help": "'music21' (the corpus in the music21 package) or a JSB JSON file"},
+        {
+            "help": "'music21' (the corpus in the music21 package), 'jsb' (the standard JSB "
+            "split, shipped with relpos) or a JSB JSON file"
+        },
     ),
     _Flag("--context", "context", DEMO["context"], {"type": int, "help": "tokens per window"}),
     _Flag("--batch-size", "batch_size", DEMO["batch_size"], {"type": int}),
@@ -384,11 +387,11 @@ def _check_data_file(flag: str, data: str) -> None:
     """A JSB JSON file's format, checked before the run starts so the error names ``flag``."""
     if data == "music21":
         return
-    from ..music import load_jsb_json
+    from ..music import load_chorales
 
     try:
-        load_jsb_json(data)
-    except ValueError as e:
+        load_chorales(data, progress=False)
+    except (ValueError, FileNotFoundError) as e:
         raise CLIError(f"{flag}: {e}") from None
 
 
@@ -592,7 +595,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("demo", help="the main job: train, evaluate, generate (a few minutes)")
     p.add_argument("--run-dir", default="runs/demo")
     p.add_argument("--steps", type=int_type(1), default=DEMO["steps"])
-    p.add_argument("--data", default=None, help="'music21' (default) or a JSB JSON file")
+    p.add_argument("--data", default=None, help="'music21' (default), 'jsb' or a JSB JSON file")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=cmd_demo)
 

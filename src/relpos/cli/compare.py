@@ -223,7 +223,7 @@ def add_parser(sub: Any) -> None:
         "--test-lengths", help="comma-separated, each >= N (default N,2N,4N,8N or N..4N)"
     )
     g.add_argument("--test-examples", type=int, help="held-out strings per length (synthetic)")
-    g.add_argument("--data", help="chorales: 'music21' or a JSB JSON file")
+    g.add_argument("--data", help="chorales: 'music21', 'jsb' or a JSB JSON file")
     g.add_argument("--max-shift", type=int, help="chorales: transposition augmentation")
     m = p.add_argument_group("model and training")
     m.add_argument("--d-model", type=int)

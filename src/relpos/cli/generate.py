@@ -182,7 +182,12 @@ def cmd_generate(args: argparse.Namespace) -> int:
         out.parent.mkdir(parents=True, exist_ok=True)
         write_midi(chorale, out, tempo_bpm=80)
         xml = write_musicxml(chorale, out.with_suffix(".musicxml"))
-        png = write_piano_roll(chorale, out.with_suffix(".png"), title=out.stem)
+        png = write_piano_roll(
+            chorale,
+            out.with_suffix(".png"),
+            title=out.stem,
+            prime_steps=0 if prime is None else len(prime),
+        )
         print(
             f"wrote {out}, {xml} and {png} ({len(chorale)} sixteenth-note steps, "
             f"{'primed with ' + str(len(prime)) + ' steps, ' if prime is not None else ''}"

@@ -88,7 +88,7 @@ def run_chorales(cfg, flag: str):
 
     check_data(f"the run's data, which {flag} reads", cfg.data)
     try:
-        return load_chorales(None if cfg.data == "music21" else cfg.data, progress=False)
+        return load_chorales(cfg.data, progress=False)
     except ValueError as e:
         raise CLIError(f"{flag}: {e}") from None
 

@@ -28,8 +28,9 @@ class TokenData(TokenDataset):
 
 
 def load_token_data(source: str, *, max_shift: int, progress: bool = True) -> TokenData:
-    """Load chorales (``"music21"`` or a JSB JSON path) and encode them, augmenting training."""
-    splits = load_chorales(None if source == "music21" else source, progress=progress)
+    """Load chorales (``"music21"``, ``"jsb"`` or a JSB JSON path: :func:`load_chorales`) and
+    encode them, augmenting training."""
+    splits = load_chorales(source, progress=progress)
     train = []
     for chorale in splits.train:
         shifts = allowed_shifts(chorale, max_shift) if max_shift else np.array([0])

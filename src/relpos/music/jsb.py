@@ -33,6 +33,7 @@ Chorales are named ``"<split>/<index>"`` (``"train/000"``), in file order.
 
 from __future__ import annotations
 
+import gzip
 import json
 import math
 import os
@@ -44,7 +45,11 @@ import numpy as np
 from .splits import NUM_VOICES, SILENCE, SPLITS, VOICE_NAMES, ChoraleSplits
 from .tokens import MAX_PITCH, MIN_PITCH
 
-__all__ = ["load_jsb_json", "parse_jsb_splits"]
+__all__ = ["JSB", "load_jsb_json", "packaged_jsb_path", "parse_jsb_splits"]
+
+#: The ``--data`` name of the standard split that ships inside the package.
+JSB = "jsb"
+_PACKAGED = Path(__file__).with_name("data") / "Jsb16thSeparated.json.gz"
 
 
 def _value(x: Any, where: str) -> int:
@@ -152,8 +157,26 @@ def parse_jsb_splits(data: Any, *, source: str = "<data>") -> ChoraleSplits:
     )
 
 
+def packaged_jsb_path() -> Path:
+    """The standard split shipped with relpos (``relpos/music/data/Jsb16thSeparated.json.gz``;
+    provenance in the README beside it).
+
+    Raises:
+        FileNotFoundError: this installation lacks the file (a build that left out the package
+            data), with the advice to pass a JSB JSON file by path.
+    """
+    if not _PACKAGED.is_file():
+        raise FileNotFoundError(
+            f"{JSB!r}: the packaged JSB split {_PACKAGED} is missing from this installation of "
+            "relpos (a build without its package data); reinstall relpos or pass a JSB JSON file "
+            "by path"
+        )
+    return _PACKAGED
+
+
 def load_jsb_json(path: str | os.PathLike[str]) -> ChoraleSplits:
-    """Load a JSB chorales JSON file (format and rules in the module docstring).
+    """Load a JSB chorales JSON file, plain or gzip-compressed (``.gz``); format and rules in the
+    module docstring.
 
     Raises:
         FileNotFoundError: no such file.
@@ -162,7 +185,14 @@ def load_jsb_json(path: str | os.PathLike[str]) -> ChoraleSplits:
     """
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        if path.suffix == ".gz":
+            with gzip.open(path, "rb") as f:
+                raw = f.read()
+            text = raw.decode("utf-8")
+        else:
+            text = path.read_text(encoding="utf-8")
+    except (gzip.BadGzipFile, EOFError) as exc:
+        raise ValueError(f"{str(path)!r}: not a gzip file ({exc})") from None
     except UnicodeDecodeError as exc:
         raise ValueError(f"{str(path)!r}: not a UTF-8 text file ({exc})") from None
     except IsADirectoryError:

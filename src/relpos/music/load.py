@@ -6,10 +6,10 @@ import os
 from pathlib import Path
 
 from .chorales import load_music21_chorales
-from .jsb import load_jsb_json
+from .jsb import JSB, load_jsb_json, packaged_jsb_path
 from .splits import SPLITS, ChoraleSplits
 
-__all__ = ["MUSIC21", "load_chorales"]
+__all__ = ["JSB", "MUSIC21", "load_chorales"]
 
 #: The ``source`` value that selects the music21 corpus (as does ``None``).
 MUSIC21 = "music21"
@@ -26,10 +26,11 @@ def load_chorales(
 
     Args:
         source: ``None`` or ``"music21"``: the Bach chorales of the music21 corpus, parsed once
-            and cached (:func:`relpos.music.chorales.load_music21_chorales`). Any other string or
-            path: a JSB JSON file ``{"train", "valid", "test"}``
-            (:func:`relpos.music.jsb.load_jsb_json`). (A file literally named ``music21`` must be
-            given as a ``Path`` or as ``"./music21"``.)
+            and cached (:func:`relpos.music.chorales.load_music21_chorales`). ``"jsb"``: the
+            standard JSB split that ships with relpos (:func:`relpos.music.jsb.packaged_jsb_path`).
+            Any other string or path: a JSB JSON file ``{"train", "valid", "test"}``, plain or
+            ``.gz`` (:func:`relpos.music.jsb.load_jsb_json`). (A file literally named ``music21``
+            or ``jsb`` must be given as a ``Path`` or as ``"./jsb"``.)
         cache_dir: cache directory for the corpus (default ``$RELPOS_CACHE`` or
             ``~/.cache/relpos``); unused for a JSON file.
         progress: progress bar on stderr while parsing the corpus.
@@ -39,7 +40,7 @@ def load_chorales(
     Raises:
         TypeError: ``source`` is neither ``None``, a string nor a path.
         ValueError: a malformed JSON file, or a bad ``limit``.
-        FileNotFoundError: no file at ``source``.
+        FileNotFoundError: no file at ``source`` (or no packaged split for ``"jsb"``).
     """
     if source is None or (isinstance(source, str) and source == MUSIC21):
         return load_music21_chorales(cache_dir=cache_dir, progress=progress, limit=limit)
@@ -50,7 +51,8 @@ def load_chorales(
         )
     if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 1):
         raise ValueError(f"limit: expected a positive int or None, got {limit!r}")
-    splits = load_jsb_json(Path(source))
+    path = packaged_jsb_path() if isinstance(source, str) and source == JSB else Path(source)
+    splits = load_jsb_json(path)
     if limit is None:
         return splits
     return ChoraleSplits(

@@ -50,7 +50,8 @@ class CompareSpec:
             ``warmup <= steps``, or the learning rate would never reach ``lr``.
         eval_every: validation (and checkpoint) interval of a chorale run, in steps.
         test_examples: held-out examples per test length (synthetic).
-        data: the chorales (``music21`` or a JSB JSON path); ``""`` for a synthetic task.
+        data: the chorales (``music21``, ``jsb`` or a JSB JSON path); ``""`` for a synthetic
+            task.
         max_shift: transposition augmentation of the chorales (semitones).
     """
 
@@ -129,7 +130,7 @@ class CompareSpec:
                 f"d_model ({self.d_model}) must be divisible by num_heads ({self.num_heads})"
             )
         if not self.synthetic and not self.data:
-            raise ValueError(f"data: the {CHORALES} task needs chorales (music21 or a JSB file)")
+            raise ValueError(f"data: the {CHORALES} task needs chorales (music21, jsb or a JSB file)")
         if self.data and self.data != "music21":  # a file: the same one from any directory
             object.__setattr__(self, "data", os.path.abspath(os.path.expanduser(self.data)))
 

@@ -17,8 +17,10 @@ from ..schemes.base import check_int
 
 __all__ = ["TrainConfig"]
 
-#: The data source that names the music21 corpus, not a file (``relpos.music.MUSIC21``).
+#: The data sources given by name, not as a file: the music21 corpus and the JSB split that ships
+#: with relpos (``relpos.music.MUSIC21``, ``relpos.music.JSB``).
 MUSIC21 = "music21"
+NAMED_DATA = (MUSIC21, "jsb")
 
 
 def _is_real(value: Any) -> bool:
@@ -91,8 +93,9 @@ class TrainConfig:
 
     Args:
         model: the :class:`TransformerConfig` (its ``vocab_size`` is the data's).
-        data: ``"music21"`` (the corpus inside music21) or a path to a JSB JSON file; the
-            trainer stores a path as an absolute one (:meth:`with_absolute_data`).
+        data: ``"music21"`` (the corpus inside music21), ``"jsb"`` (the standard JSB split,
+            shipped with relpos) or a path to a JSB JSON file; the trainer stores a path as an
+            absolute one (:meth:`with_absolute_data`).
         context: tokens per training window (the model's context).
         batch_size: windows per optimisation step (over all processes).
         steps: optimisation steps in total.
@@ -152,7 +155,7 @@ class TrainConfig:
         _check_model(self.model)
         if not isinstance(self.data, str) or not self.data:
             raise TypeError(
-                f"data must be a non-empty string (a path or 'music21'), got {self.data!r}"
+                f"data must be a non-empty string (a path, 'music21' or 'jsb'), got {self.data!r}"
             )
         for name, minimum in (
             ("context", 4),
@@ -214,12 +217,13 @@ class TrainConfig:
         return cls(**fields)
 
     def with_absolute_data(self) -> TrainConfig:
-        """This config with ``data`` as an absolute path (``"music21"`` is kept as it is).
+        """This config with ``data`` as an absolute path (a name, ``"music21"`` or ``"jsb"``, is
+        kept as it is).
 
         The trainer stores this form in ``config.json`` and the checkpoints, so ``relpos eval``
         and ``--resume`` find the data from any working directory.
         """
-        if self.data == MUSIC21:
+        if self.data in NAMED_DATA:
             return self
         return dataclasses.replace(self, data=os.path.abspath(os.path.expanduser(self.data)))
 
