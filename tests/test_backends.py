@@ -294,6 +294,57 @@ def test_a_call_of_padding_queries_gives_parameters_eagers_gradients(backend, sp
     assert results[1] == results[0]
 
 
+# ------------------------------------------------------------------------------ non-finite
+@pytest.mark.parametrize("spec", BACKEND_SPECS, ids=spec_id)
+@pytest.mark.parametrize("backend", FAST_BACKENDS)
+def test_nan_query_weights_give_nan_on_every_backend(backend, spec):
+    """Issue 45 item 1: with NaN query weights ``sdpa``, ``chunked`` and ``auto`` returned 0
+    (the stock kernel and the tiles take a row of NaN logits for a row with no key) where
+    ``eager`` returns NaN; now every real query is NaN on every backend, padding still 0."""
+    if not supported(backend, spec):
+        pytest.skip("sdpa does not support a value term")
+    scheme = relpos.make_scheme(spec, d_model=8, num_heads=2, causal=True)
+    randomize_parameters(scheme)
+    q, k, v = (
+        torch.randn(2, 2, 6, 4, generator=torch.Generator().manual_seed(i)) for i in range(3)
+    )
+    q[:, 0] = float("nan")  # head 0's queries
+    mask = torch.tensor([[True] * 6, [False, False, True, True, True, True]])
+    for pos in (Positions.from_length(6), Positions.from_padding_mask(mask)):
+        with torch.no_grad():
+            ref = call("eager", q, k, v, scheme, pos, pos, True)
+            out = call(backend, q, k, v, scheme, pos, pos, True)
+        torch.testing.assert_close(out, ref, equal_nan=True)
+        real = pos.valid.expand(2, 6)
+        assert out[:, 0][real].isnan().all() and (out[:, 0][~real] == 0).all()
+
+
+@pytest.mark.parametrize("backend", ["eager", "sdpa", "chunked", "auto"])
+@pytest.mark.parametrize("target", ["queries", "yarn"])
+def test_bad_weights_show_at_inference_on_every_backend(backend, target):
+    """Issue 45 item 1, as reported: NaN query weights (or a YaRN ``attention_factor`` of NaN,
+    unless the config refuses it) under ``torch.no_grad()`` gave the output projection's bias on
+    the fast backends: a model gone bad looked healthy."""
+    spec = "nope"
+    if target == "yarn":
+        scaling = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16}
+        spec = {"name": "rope", "scaling": {**scaling, "attention_factor": float("nan")}}
+    refused = ""
+    try:
+        m = relpos.MultiheadAttention(16, 2, spec, backend=backend)
+    except ValueError as e:  # a config check refusing NaN is the other accepted answer
+        refused = str(e)
+    if refused:
+        assert "attention_factor" in refused
+        return
+    if target == "queries":
+        with torch.no_grad():
+            m.qkv.weight[:16] = float("nan")
+    with torch.no_grad():
+        y = m(torch.randn(2, 5, 16))
+    assert y.isnan().all()
+
+
 # ------------------------------------------------------------------------------ half precision
 @pytest.mark.parametrize("backend", ["sdpa", "chunked"])
 @pytest.mark.parametrize("name", ["alibi", "t5", "rope"])

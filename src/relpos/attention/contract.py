@@ -30,6 +30,7 @@ __all__ = [
     "is_contiguous_self",
     "is_empty",
     "needs_grad",
+    "propagate_nonfinite",
     "relative_rows",
     "rows_with_keys",
     "validate_attention_inputs",
@@ -145,6 +146,72 @@ def rows_with_keys(q_positions: Positions, k_positions: Positions, causal: bool)
     lowest = torch.gather(first, 1, q_seg)  # (b, i)
     ok = (qp.seg != PAD_SEGMENT) & (lowest != big)
     return ok & (lowest <= qp.pos) if causal else ok
+
+
+def nonfinite_rows(
+    q: Tensor,
+    k: Tensor,
+    scheme: Scheme,
+    q_positions: Positions,
+    k_positions: Positions,
+    causal: bool,
+) -> Tensor:
+    """``(b, h, i)`` bool: real queries whose logits are not all finite because of their inputs or
+    weights, in ``O(b·h·(i + j))`` memory (no ``(i, j)`` tensor).
+
+    A query with a key to attend to is such a row when its own vector holds a NaN or an infinity,
+    when a key it may attend to (same segment, real, at a position ``<=`` its own when causal)
+    holds one, or when a parameter of the scheme (its tables, slopes, MLP) holds one. ``k`` is the
+    keys as the kernel sees them (padding keys zeroed).
+    """
+    b, h, i, _ = q.shape
+    bad_q = ~torch.isfinite(q).all(-1)  # (b, h, i)
+    bad_k = ~torch.isfinite(k).all(-1)  # (b, h, j)
+    params = [~torch.isfinite(p).all() for p in scheme.parameters()]
+    if params:  # a 0-d tensor, no host sync
+        bad_q = bad_q | torch.stack(params).any().to(bad_q.device)
+    if is_contiguous_self(q_positions, k_positions):  # every query has a key; p_j - p_i = j - i
+        reach = bad_k.cumsum(-1) > 0 if causal else bad_k.any(-1, keepdim=True).expand(b, h, i)
+        return bad_q | reach
+    nb = max(q_positions.batch, k_positions.batch)
+    qp, kp = q_positions.expand(nb), k_positions.expand(nb)
+    # Per row, head and segment: the smallest position of a non-finite real key (big: none).
+    dense = dense_segment_ids(torch.cat([qp.seg, kp.seg], 1))
+    q_seg, k_seg = dense[:, None, :i].expand(b, h, i), dense[:, None, i:].expand_as(bad_k)
+    big = torch.iinfo(torch.int64).max
+    k_pos = kp.pos[:, None].expand_as(bad_k)
+    bad_pos = k_pos.masked_fill(~bad_k | (kp.seg == PAD_SEGMENT)[:, None], big)
+    first = torch.full((b, h, dense.shape[1]), big, dtype=torch.long, device=q.device)
+    first.scatter_reduce_(-1, k_seg, bad_pos, reduce="amin")
+    lowest = torch.gather(first, -1, q_seg)  # (b, h, i)
+    real = (qp.seg != PAD_SEGMENT)[:, None]
+    reach = real & (lowest <= qp.pos[:, None] if causal else lowest != big)
+    return reach | (bad_q & rows_with_keys(qp, kp, causal)[:, None])
+
+
+def propagate_nonfinite(
+    out: Tensor,
+    q: Tensor,
+    k: Tensor,
+    scheme: Scheme,
+    q_positions: Positions,
+    k_positions: Positions,
+    causal: bool,
+) -> Tensor:
+    """``out`` with NaN in every row of :func:`nonfinite_rows`: the one rule of every backend.
+
+    ``eager`` turns a NaN logit into a NaN row by itself, but a streaming kernel takes a row whose
+    logits are all NaN (or all ``-inf``) for a row with no key and outputs 0, which would hide
+    weights gone bad. So every backend, ``eager`` included, ends with this step: a real query
+    with a key outputs NaN when its vector, a key it may attend to or a parameter of the scheme
+    holds a NaN or an infinity (also where a softmax alone would have skipped a ``-inf`` logit,
+    or where a bad table row is not read). Queries with no key still output 0, and padding never
+    reaches a real query.
+
+    Shapes: out, q ``(b, h, i, d)``; k ``(b, h, j, d)``.
+    """
+    bad = nonfinite_rows(q, k, scheme, q_positions, k_positions, causal)
+    return torch.where(bad.unsqueeze(-1), torch.nan, out)
 
 
 def needs_grad(scheme: Scheme, *tensors: Tensor) -> bool:

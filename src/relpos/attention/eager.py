@@ -11,7 +11,13 @@ from ..functional.dropout import dropout
 from ..functional.dtypes import compute_dtype, outside_autocast
 from ..positions import Positions
 from ..schemes.base import Scheme
-from .contract import empty_attention, is_empty, validate_attention_inputs, zero_padding_keys
+from .contract import (
+    empty_attention,
+    is_empty,
+    propagate_nonfinite,
+    validate_attention_inputs,
+    zero_padding_keys,
+)
 
 __all__ = ["eager_attention"]
 
@@ -33,7 +39,9 @@ def eager_attention(
 
     ``logits = q·kᵀ/√d + score_bias + key_bias``; pairs that may not attend (other segment,
     padding, future keys when causal) are masked; ``out = softmax(logits)·v + value_term``. A
-    query with no key to attend to (padding) gets zeros — not NaN — forward and backward.
+    query with no key to attend to (padding) gets zeros — not NaN — forward and backward; a real
+    query whose vector, or a key it may attend to, is not finite gets NaN
+    (:func:`~relpos.attention.contract.propagate_nonfinite`, the rule of every backend).
 
     Shapes:
         q: ``(b, h, i, d)``; k, v: ``(b, h, j, d)`` (already rotated); returns ``(b, h, i, d)`` in
@@ -63,4 +71,4 @@ def eager_attention(
     term = scheme.value_term(probs, q_positions, k_positions)
     if term is not None:
         out = out + term.to(dtype)
-    return out.to(q.dtype)
+    return propagate_nonfinite(out, q, k, scheme, q_positions, k_positions, causal).to(q.dtype)

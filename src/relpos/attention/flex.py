@@ -69,6 +69,7 @@ from .contract import (
     is_contiguous_self,
     is_empty,
     needs_grad,
+    propagate_nonfinite,
     relative_rows,
     rows_with_keys,
     validate_attention_inputs,
@@ -343,7 +344,7 @@ def flex_attention_backend(
         out = torch.where(
             rows_with_keys(q_positions, k_positions, causal)[:, None, :, None], out, 0.0
         )
-    return out.to(q.dtype)
+    return propagate_nonfinite(out, q, k, scheme, q_positions, k_positions, causal).to(q.dtype)
 
 
 def _options_key(scheme: Scheme, device: torch.device, grad: bool) -> tuple:

@@ -42,6 +42,7 @@ from .contract import (
     empty_attention,
     is_contiguous_self,
     is_empty,
+    propagate_nonfinite,
     relative_rows,
     validate_attention_inputs,
     zero_padding_keys,
@@ -192,4 +193,4 @@ def fused_attention(
     )
     if value:
         out = out + scheme.relative_value(mass).float()
-    return out.to(q.dtype)
+    return propagate_nonfinite(out, q, k, scheme, q_positions, k_positions, causal).to(q.dtype)

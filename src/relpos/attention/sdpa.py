@@ -15,6 +15,9 @@ Shape legend: ``b`` batch, ``h`` heads, ``i`` queries, ``j`` keys, ``d`` head di
 * A query that may attend to no key (padding) gets exactly 0, forward and backward: the masked
   fill is finite (so no row is all ``-inf``, which makes the math kernel return NaN) and those rows
   are then zeroed with ``torch.where``.
+* A real query whose vector, or a key it may attend to, is not finite outputs NaN, as on every
+  backend (:func:`~relpos.attention.contract.propagate_nonfinite`): the stock kernel takes a row
+  of NaN logits for a row with no key and would output 0.
 * Shaw et al.'s value term (``value_term`` hook) cannot be added by the stock kernel, which does not
   return the attention probabilities: ``sdpa`` does not support it (:func:`sdpa_supports`) and
   ``auto`` picks ``chunked`` for it.
@@ -41,7 +44,13 @@ from ..functional.dropout import drop_mask
 from ..functional.dtypes import half_products, outside_autocast
 from ..positions import Positions
 from ..schemes.base import LOGIT_HOOKS, Scheme
-from .contract import empty_attention, is_empty, validate_attention_inputs, zero_padding_keys
+from .contract import (
+    empty_attention,
+    is_empty,
+    propagate_nonfinite,
+    validate_attention_inputs,
+    zero_padding_keys,
+)
 
 __all__ = ["allowed_mask", "is_plain", "sdpa_attention", "sdpa_supports"]
 
@@ -140,7 +149,8 @@ def sdpa_attention(
     if not has_bias and not cpu_dropout and is_plain(q_positions, k_positions, causal=causal):
         # No mask tensor: the fused kernels run unmasked (or with their own causal mask; plain
         # causal positions mean self-attention, so i == j and top-left alignment is right).
-        return F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=causal)
+        out = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=causal)
+        return propagate_nonfinite(out, q, k, scheme, q_positions, k_positions, causal)
 
     dtype = torch.float32 if (has_bias and q.dtype in _HALF) else q.dtype
     allowed = allowed_mask(q_positions, k_positions, causal=causal)  # (b|1, 1, i, j)
@@ -164,4 +174,4 @@ def sdpa_attention(
             qc, kc, vc, attn_mask=mask, dropout_p=p, scale=1.0 / math.sqrt(q.shape[-1])
         )
     out = torch.where(allowed.any(-1, keepdim=True), out, 0.0)
-    return out.to(q.dtype)
+    return propagate_nonfinite(out, q, k, scheme, q_positions, k_positions, causal).to(q.dtype)

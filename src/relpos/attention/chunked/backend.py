@@ -43,7 +43,13 @@ from ...schemes.base import (
     RelativeScheme,
     Scheme,
 )
-from ..contract import empty_attention, is_empty, validate_attention_inputs, zero_padding_keys
+from ..contract import (
+    empty_attention,
+    is_empty,
+    propagate_nonfinite,
+    validate_attention_inputs,
+    zero_padding_keys,
+)
 from .alibi import AlibiAttention
 from .decay import DecayAttention
 from .job import Job
@@ -144,6 +150,27 @@ def chunked_attention(
     )
     if is_empty(q, k):
         return empty_attention(q, k, v)
+    blocks = (q_block, k_block)
+    out = _run_path(
+        chosen, q, k, v, scheme, q_positions, k_positions, causal, dropout_p, training, blocks
+    )
+    return propagate_nonfinite(out, q, k, scheme, q_positions, k_positions, causal)
+
+
+def _run_path(
+    chosen: str,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    scheme: Scheme,
+    q_positions: Positions,
+    k_positions: Positions,
+    causal: bool,
+    dropout_p: float,
+    training: bool,
+    blocks: tuple[int, int],
+) -> Tensor:
+    """Run the ``chosen`` path of :func:`chunked_path`: ``(b, h, i, d)`` in ``q``'s dtype."""
     scale = 1.0 / math.sqrt(q.shape[-1])
     params = [p for p in scheme.parameters() if p.requires_grad]
     if chosen == "fused":
@@ -156,7 +183,9 @@ def chunked_attention(
         return DecayAttention.apply(q, k, v, job, *decays.values())
     if chosen == "region":
         return region_attention(q, k, v, job)
-    job.plan = plan_tiles(q_positions, k_positions, causal=causal, q_block=q_block, k_block=k_block)
+    job.plan = plan_tiles(
+        q_positions, k_positions, causal=causal, q_block=blocks[0], k_block=blocks[1]
+    )
     job.dropout_p = dropout_p if training else 0.0
     return TiledAttention.apply(q, k, v, job, *params, *decays.values())
 

@@ -411,10 +411,11 @@ def _tiles_backward(
 def _normalise(stats: dict[str, Tensor]) -> tuple[Tensor, Tensor, Tensor | None]:
     """``(lse (b, h, i), out (b, h, i, d), mass (b, h, i, R) | None)`` from running statistics.
 
-    Rows with no key get ``lse = +inf`` (so recomputed probabilities are 0) and zeros.
+    Rows with no key (``norm`` exactly 0) get ``lse = +inf`` (so recomputed probabilities are 0)
+    and zeros; a row of NaN logits keeps its NaN (``norm`` NaN), as in ``eager``.
     """
     norm = stats["norm"]
-    has = norm > 0
+    has = norm != 0
     safe = torch.where(has, norm, 1.0)
     out = torch.where(has.unsqueeze(-1), stats["acc"] / safe.unsqueeze(-1), 0.0)
     lse = torch.where(has, stats["m"] + torch.log(safe), math.inf)
