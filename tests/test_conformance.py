@@ -18,8 +18,10 @@ import torch
 import relpos
 from relpos import Positions, Transformer, TransformerConfig, checks
 from tests.helpers import (
+    ATTENTION_SPECS,
     DEVICES,
     SCHEME_SPECS,
+    absolute,
     causal_only,
     length_dependent,
     randomize_parameters,
@@ -197,7 +199,19 @@ def test_state_dict_round_trip(spec):
     assert saved_slopes == (spec["name"] == "learned_alibi")
 
 
-@pytest.mark.parametrize("spec", SCHEME_SPECS, ids=spec_id)
+@pytest.mark.parametrize("spec", [s for s in SCHEME_SPECS if absolute(s)], ids=spec_id)
+def test_attention_refuses_an_absolute_scheme(spec):
+    """Issue 45 item 3: an absolute scheme in an attention layer did nothing (the output equalled
+    NoPE's, the table was a dead parameter and ``max_len`` was never checked): refused, naming
+    where it acts, as the Keras layer does."""
+    with pytest.raises(ValueError, match=rf"'{spec['name']}' is absolute.*TokenPositionEmbedding"):
+        relpos.MultiheadAttention(16, 2, spec, causal=True)
+    built = relpos.make_scheme(spec, d_model=16, num_heads=2, causal=False)
+    with pytest.raises(ValueError, match="absolute"):
+        relpos.MultiheadAttention(16, 2, built)
+
+
+@pytest.mark.parametrize("spec", ATTENTION_SPECS, ids=spec_id)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
 def test_attention_dtypes_and_shapes(spec, dtype):
     attn = relpos.MultiheadAttention(16, 2, spec, causal=True).to(dtype)
@@ -210,7 +224,7 @@ def test_attention_dtypes_and_shapes(spec, dtype):
     assert torch.all(y[1, :2] == 0) and torch.all(y[2, 2:] == 0)
 
 
-@pytest.mark.parametrize("spec", SCHEME_SPECS, ids=spec_id)
+@pytest.mark.parametrize("spec", ATTENTION_SPECS, ids=spec_id)
 def test_fully_masked_rows_give_zeros_and_finite_gradients(spec):
     attn = relpos.MultiheadAttention(16, 2, spec, causal=causal_only(spec))
     randomize_parameters(attn)

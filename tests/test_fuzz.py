@@ -29,7 +29,9 @@ from hypothesis import strategies as st
 from relpos import KVCache, MultiheadAttention, Positions
 from relpos.attention.backends import BACKENDS as ATTENTION
 from tests.helpers import (
+    ATTENTION_SPECS,
     SCHEME_SPECS,
+    absolute,
     causal_only,
     length_dependent,
     random_segments,
@@ -67,6 +69,10 @@ def build(spec: dict, h: int, d: int, causal: bool, dtype=torch.float32):
     or the direction (a causal-only scheme, bidirectional)."""
     if not causal and causal_only(spec):
         with pytest.raises(ValueError, match="causal"):
+            MultiheadAttention(h * d, h, spec, causal=causal)
+        return None
+    if absolute(spec):  # it acts at the input (TokenPositionEmbedding)
+        with pytest.raises(ValueError, match=r"absolute|d_model"):
             MultiheadAttention(h * d, h, spec, causal=causal)
         return None
     rotary = spec.get("rotary_dim", d)
@@ -245,7 +251,7 @@ def test_nan_inf_stay_in_their_batch_row(spec, causal, backend, shape, n, bad, d
 
 ISOLATION_CASES = [
     pytest.param(spec, backend, id=f"{backend}-{spec_id(spec)}")
-    for spec in SCHEME_SPECS for backend in BACKENDS if not unsupported(spec, backend)
+    for spec in ATTENTION_SPECS for backend in BACKENDS if not unsupported(spec, backend)
 ]  # fmt: skip
 
 
@@ -263,6 +269,109 @@ def test_a_bad_token_stays_in_its_batch_row_for_every_scheme(spec, backend, bad)
         assert torch.equal(m(dirty)[0], m(x)[0])
 
 
+BAD_VALUES = st.sampled_from([float("nan"), float("inf"), -float("inf")])
+
+
+def _poison(m: MultiheadAttention, x: torch.Tensor, target: str, bad: float, data) -> None:
+    """Put ``bad`` into one entry of ``x`` (any token, real or padding) or of one parameter."""
+    if target == "token":
+        x[tuple(data.draw(st.integers(0, s - 1)) for s in x.shape)] = bad
+        return
+    params = [p for p in m.parameters() if p.numel()]
+    p = params[data.draw(st.integers(0, len(params) - 1))]
+    with torch.no_grad():
+        p.view(-1)[data.draw(st.integers(0, p.numel() - 1))] = bad
+
+
+def check_nonfinite_forward(spec, causal, backend, shape, n, bad, target, dtype, data):
+    """Issue 45 item 1: one rule on every backend for NaN and inf in the input or the weights,
+    ``eager``'s: the same NaN and inf entries, the same finite numbers elsewhere, padding 0."""
+    b, h, d = shape
+    m, kw = build(spec, h, d, causal, dtype), data.draw(where(b, n))
+    if m is None or unsupported(spec, backend):
+        return
+    x = torch.randn(b, n, h * d, dtype=dtype)
+    _poison(m, x, target, bad, data)
+    with torch.no_grad():
+        ref = m(x, **kw)
+        m.backend = backend
+        out = m(x, **kw)
+    torch.testing.assert_close(out, ref, atol=TOL[dtype], rtol=TOL[dtype], equal_nan=True)
+    assert (out[~valid_of(b, n, kw)] == 0).all()
+
+
+def check_nonfinite_padding_backward(spec, causal, backend, shape, n, bad, data):
+    """Issue 45 item 4: NaN or inf in padding tokens reach no gradient: the loss over the real
+    outputs gives every parameter and input the gradients of the same batch with finite padding
+    (and of ``eager``); the padding tokens' own gradient is 0."""
+    b, h, d = shape
+    m = build(spec, h, d, causal, torch.float64)
+    if data.draw(st.booleans()):
+        kw = {"padding_mask": data.draw(masks(b, n))}
+    else:
+        kw = {"segment_ids": data.draw(segments(b, n))}
+    valid = valid_of(b, n, kw)
+    if m is None or unsupported(spec, backend) or valid.all():
+        return
+    clean = torch.randn(b, n, h * d, dtype=torch.float64)
+    dirty = clean.clone()
+    pads = (~valid).nonzero().tolist()
+    r, t = pads[data.draw(st.integers(0, len(pads) - 1))]
+    dirty[r, t, data.draw(st.integers(0, h * d - 1))] = bad
+
+    def grads(x: torch.Tensor, name: str) -> list[torch.Tensor]:
+        m.backend, m.training = name, True
+        m.zero_grad(set_to_none=True)
+        x = x.clone().requires_grad_(True)
+        m(x, **kw)[valid].sum().backward()
+        return [x.grad] + [p.grad for p in m.parameters() if p.grad is not None]
+
+    want, got = grads(clean, "eager"), grads(dirty, backend)
+    assert all(torch.isfinite(g).all() for g in got)
+    assert (got[0][~valid] == 0).all()
+    assert len(got) == len(want)
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w, atol=1e-9, rtol=1e-9)
+
+
+nonfinite_forward = {
+    "spec": specs, "causal": st.booleans(), "backend": st.sampled_from(BACKENDS[1:]),
+    "shape": shapes, "n": st.integers(1, 24), "bad": BAD_VALUES,
+    "target": st.sampled_from(["token", "weight"]),
+    "dtype": st.sampled_from([torch.float32, torch.float64]), "data": st.data(),
+}  # fmt: skip
+padding_backward = {
+    "spec": specs, "causal": st.booleans(), "backend": st.sampled_from(BACKENDS),
+    "shape": shapes, "n": st.integers(1, 24), "bad": BAD_VALUES, "data": st.data(),
+}  # fmt: skip
+
+
+@fuzz(120)
+@given(**nonfinite_forward)
+def test_nonfinite_inputs_and_weights_match_eager(**kw):
+    check_nonfinite_forward(**kw)
+
+
+@pytest.mark.slow
+@fuzz(1500)
+@given(**nonfinite_forward)
+def test_nonfinite_inputs_and_weights_match_eager_wide(**kw):
+    check_nonfinite_forward(**kw)
+
+
+@fuzz(60)
+@given(**padding_backward)
+def test_nonfinite_padding_reaches_no_gradient(**kw):
+    check_nonfinite_padding_backward(**kw)
+
+
+@pytest.mark.slow
+@fuzz(800)
+@given(**padding_backward)
+def test_nonfinite_padding_reaches_no_gradient_wide(**kw):
+    check_nonfinite_padding_backward(**kw)
+
+
 @pytest.mark.parametrize("bad", [float("nan"), float("inf")], ids=["nan", "inf"])
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_nan_inf_at_padding_never_reach_a_real_token(backend, bad):
@@ -277,6 +386,34 @@ def test_nan_inf_at_padding_never_reach_a_real_token(backend, bad):
         out = m(dirty, padding_mask=mask)
         assert torch.equal(out[:, :4], m(x, padding_mask=mask)[:, :4])
         assert torch.equal(out[:, 4:], torch.zeros_like(out[:, 4:]))
+
+
+@pytest.mark.parametrize("cross", [False, True], ids=["self", "cross"])
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")], ids=["nan", "inf"])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_nan_inf_at_padding_never_reach_a_gradient(backend, bad, cross):
+    """Issue 45 item 4: the weight gradients of ``y[mask].sum().backward()`` were NaN with a NaN
+    in a padding token (``NaN·0`` in every projection's weight gradient); the layer now drops
+    padding tokens (``torch.where``) before any projection, so every gradient is finite and equal
+    to that of the same batch with finite padding."""
+    m = build({"name": "t5", "num_buckets": 8, "max_distance": 12}, 2, 4, True)
+    m.backend = backend
+    mask = torch.tensor([[True] * 4 + [False] * 2, [False] + [True] * 5])
+    clean = torch.randn(2, 6, 8, generator=torch.Generator().manual_seed(0))
+    dirty = clean.clone()
+    dirty[0, 5, 3], dirty[1, 0, 0] = bad, bad
+    grads = []
+    for x in (clean, dirty):
+        m.zero_grad(set_to_none=True)
+        x = x.clone().requires_grad_(True)
+        kw = {"padding_mask": mask}
+        if cross:  # the queries and the context both padded
+            kw |= {"context": x * 2, "context_padding_mask": mask}
+        m(x, **kw)[mask].sum().backward()
+        grads.append([x.grad, *(p.grad for p in m.parameters())])
+    for g, want in zip(grads[1], grads[0], strict=True):
+        assert torch.isfinite(g).all()
+        torch.testing.assert_close(g, want)
 
 
 @pytest.mark.xfail(
@@ -304,7 +441,7 @@ EMPTY_CASES = [
     pytest.param(
         backend, spec, causal, how, id=f"{backend}-{spec_id(spec)}-{causal}-{how}"
     )
-    for backend in BACKENDS for spec in SCHEME_SPECS if not unsupported(spec, backend)
+    for backend in BACKENDS for spec in ATTENTION_SPECS if not unsupported(spec, backend)
     for causal in (True, False) if causal or not causal_only(spec) for how in EMPTY
 ]  # fmt: skip
 
@@ -321,7 +458,7 @@ def test_empty_length(backend, spec, causal, how):
 
 EMPTY_BATCH_CASES = [
     pytest.param(backend, spec, id=f"{backend}-{spec_id(spec)}")
-    for backend in BACKENDS for spec in SCHEME_SPECS if not unsupported(spec, backend)
+    for backend in BACKENDS for spec in ATTENTION_SPECS if not unsupported(spec, backend)
 ]  # fmt: skip
 
 

@@ -16,7 +16,7 @@ from .backends import get_backend
 from .cache import KVCache
 from .contract import rows_with_keys
 
-__all__ = ["MultiheadAttention"]
+__all__ = ["MultiheadAttention", "zero_padding_tokens"]
 
 
 def _check_both_packed(
@@ -41,6 +41,19 @@ def _check_both_packed(
     )
 
 
+def zero_padding_tokens(x: Tensor, positions: Positions) -> Tensor:
+    """``x`` with the tokens at padding positions set to 0 (``torch.where``: a NaN or inf there is
+    dropped, not multiplied by 0), so that nothing at a padding position reaches a weight's
+    gradient either: a projection's weight gradient sums ``input ⊗ output gradient`` over every
+    token, and ``NaN·0`` is NaN. Plain positions have no padding: ``x`` is returned as it is.
+
+    Shapes: x ``(b, n, d_model)``; positions ``(b|1, n)``.
+    """
+    if positions.contiguous:
+        return x
+    return torch.where(positions.valid.unsqueeze(-1), x, 0.0)
+
+
 class MultiheadAttention(nn.Module):
     """Multi-head self- or cross-attention with a positional scheme; grouped-query attention
     optional.
@@ -62,7 +75,8 @@ class MultiheadAttention(nn.Module):
             Ainslie et al., 2023; 1 is multi-query attention, Shazeer, 2019). The KV cache holds
             ``num_kv_heads`` heads; the backends receive them repeated per group.
         scheme: a scheme name, config dict, :class:`SchemeConfig` or built :class:`Scheme`
-            (``None``: no positions).
+            (``None``: no positions). An absolute scheme (``sinusoidal``, ``learned``) is a
+            ``ValueError``: it acts at the input (:class:`~relpos.TokenPositionEmbedding`).
         causal: a query sees only keys at positions ``<= `` its own (in its own sequence).
         dropout: dropout on the attention probabilities, in training.
         bias: whether the projections have biases.
@@ -105,6 +119,12 @@ class MultiheadAttention(nn.Module):
         self.num_kv_heads = num_kv_heads
         self.causal, self.dropout, self.backend = causal, dropout, backend
         self.scheme = make_scheme(scheme, d_model=d_model, num_heads=num_heads, causal=causal)
+        if "embed" in self.scheme.hooks:  # it would be a dead parameter here, silently
+            raise ValueError(
+                f"scheme {self.scheme.config.name!r} is absolute: it acts at the input (added to "
+                "the token embeddings), not in attention; use relpos.TokenPositionEmbedding "
+                "(relpos.Transformer places it there) and scheme='nope' here"
+            )
         # Queries, then keys, then values: (h + 2·num_kv_heads)·d outputs (3·d_model without GQA).
         self.qkv = nn.Linear(d_model, (num_heads + 2 * num_kv_heads) * self.head_dim, bias=bias)
         self.out = nn.Linear(d_model, d_model, bias=bias)
@@ -167,6 +187,7 @@ class MultiheadAttention(nn.Module):
             cached=None if cache is None else cache.positions,
             device=x.device,
         )
+        x = zero_padding_tokens(x, positions)
         h, kvh, d = self.num_heads, self.num_kv_heads, self.head_dim
         if b == 0:  # an empty batch (a last shard): an empty output, on the projections' graph
             if cache is not None:
@@ -191,6 +212,7 @@ class MultiheadAttention(nn.Module):
                 prefix="context_",
             )
             _check_both_packed(segment_ids, packed_queries, context_segment_ids, context_positions)
+            context = zero_padding_tokens(context, k_positions)
             # The fused weight's query rows on x, its key and value rows on the context.
             weight, bias = self.qkv.weight, self.qkv.bias
             q = F.linear(x, weight[: h * d], None if bias is None else bias[: h * d])
