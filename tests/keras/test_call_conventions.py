@@ -170,7 +170,7 @@ SEGMENT_LAYERS = {
     "SinePositionEncoding": (lambda: rk.SinePositionEncoding(), X),
     "RotaryEmbedding": (lambda: rk.RotaryEmbedding(), X.reshape(2, 6, 2, 4)),
     "RelativePositionEmbedding": (lambda: rk.RelativePositionEmbedding(2, 4), X),
-    "AlibiBias": (lambda: rk.AlibiBias(2), X),
+    "AlibiBias": (lambda: rk.AlibiBias(num_heads=2), X),
     "T5RelativeBias": (lambda: rk.T5RelativeBias(2, 8, 6), X),
 }
 

@@ -84,7 +84,7 @@ LAYERS = {
     ),
     "RotaryEmbedding": (lambda: RotaryEmbedding(rotary_dim=2, interleaved=True), "heads"),
     "RelativePositionEmbedding": (lambda: RelativePositionEmbedding(2, 4), "embedded"),
-    "AlibiBias": (lambda: AlibiBias(2, causal=True), "embedded"),
+    "AlibiBias": (lambda: AlibiBias(num_heads=2, causal=True), "embedded"),
     "T5RelativeBias": (lambda: T5RelativeBias(2, 8, 6), "embedded"),
     **{
         f"RelativeMultiHeadAttention[{name}]": (

@@ -546,8 +546,8 @@ def test_relative_embedding_equals_the_papers_formula():
 
 def test_alibi_layer_counts_positions_not_indices():
     left = kt(np.array([[False, False, True, True, True]]))
-    got = np_(AlibiBias(2, causal=True)(kt(np.zeros((1, 5, 4), "float32")), mask=left))
-    alone = np_(AlibiBias(2, causal=True)(kt(np.zeros((1, 3, 4), "float32"))))
+    got = np_(AlibiBias(num_heads=2, causal=True)(kt(np.zeros((1, 5, 4), "float32")), mask=left))
+    alone = np_(AlibiBias(num_heads=2, causal=True)(kt(np.zeros((1, 3, 4), "float32"))))
     np.testing.assert_allclose(got[:, :, 2:, 2:], alone)
 
 

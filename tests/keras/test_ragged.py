@@ -53,5 +53,5 @@ def test_ragged_attention_equals_each_row_alone(spec):
     out = layer(_ragged(rows))
     for r, row in enumerate(rows):
         np.testing.assert_allclose(out[r].numpy(), np_(layer(np.array([row])))[0], atol=1e-5)
-    bias = rk.AlibiBias(2)(_ragged(rows))  # pair layers return a dense (b, h, i, j) term
+    bias = rk.AlibiBias(num_heads=2)(_ragged(rows))  # pair layers return a dense (b, h, i, j) term
     assert tuple(bias.shape) == (3, 2, 4, 4) and (np_(bias)[1, :, 1:, :] == 0).all()

@@ -136,6 +136,9 @@ def from_torch(module, *, dtype=None):
         return layer
     if isinstance(module, ALiBi):
         return AlibiBias(
-            module.num_heads, causal=module.causal, slopes=module.config.slopes, dtype=dtype
+            num_heads=module.num_heads,
+            causal=module.causal,
+            slopes=module.config.slopes,
+            dtype=dtype,
         )
     raise TypeError(f"from_torch does not convert {type(module).__name__}")

@@ -6,6 +6,10 @@ code switches by the import. Unlike keras-hub, every row's positions come from i
 the Keras mask (``mask_zero=True`` upstream), ``segment_ids`` of packed rows, or a
 ``start_index`` per row. Padding tokens read position 0.
 
+``PositionEmbedding`` and ``SinePositionEncoding`` read the sequence from the axis before the
+features, as keras-hub's do: ``(b, n, d)`` or ``(b, ..., n, d)`` (e.g. ``(b, a, n, d)``), every
+leading axis after the batch sharing the row's positions.
+
 Shape legend: ``b`` batch, ``n`` tokens, ``d`` features.
 """
 
@@ -22,11 +26,29 @@ from .positions import (
     check_finite_positive,
     dense_and_mask,
     holds_values,
+    resolve_positions,
     restore_ragged,
-    token_positions,
+    sequence_length,
 )
 
 __all__ = ["PositionEmbedding", "SinePositionEncoding", "TokenAndPositionEmbedding"]
+
+
+def _row_positions(inputs, **given):
+    """The positions ``(b|1, n)`` of the tokens of ``inputs`` ``(b, ..., n, d)`` (the sequence
+    before the features, keras-hub's layout), from the position arguments ``given``."""
+    if len(inputs.shape) < 3:
+        raise ValueError(
+            f"inputs must have shape (b, n, d) or (b, ..., n, d), got {tuple(inputs.shape)}"
+        )
+    return resolve_positions(sequence_length(inputs, -2), batch=inputs.shape[0], **given).pos
+
+
+def _spread(per_token, inputs):
+    """``per_token`` ``(b|1, n, d)`` broadcast to ``inputs`` ``(b, ..., n, d)``."""
+    for _ in range(len(inputs.shape) - 3):
+        per_token = ops.expand_dims(per_token, 1)
+    return ops.broadcast_to(per_token, ops.shape(inputs))
 
 
 @keras.saving.register_keras_serializable(package="relpos")
@@ -43,14 +65,15 @@ class PositionEmbedding(SameShapeLayer):
         initializer: for the table (keras-hub's default, ``"glorot_uniform"``).
 
     Call arguments:
-        inputs: ``(b, n, d)``; only its shape and Keras mask are read.
+        inputs: ``(b, n, d)``, or ``(b, ..., n, d)`` (keras-hub's: the sequence is the axis
+            before the features); only its shape and Keras mask are read.
         start_index: int or ``(b,)`` integer tensor, the position of the first token.
         positions: ``(n,)`` or ``(b, n)`` integers (overrides ``start_index``).
         mask: ``(b, n)`` True for tokens (default: the inputs' Keras mask).
         segment_ids: ``(b, n)`` int, packed documents, -1 for padding.
 
     Returns:
-        ``(b, n, d)`` embeddings (broadcast to the inputs' shape).
+        the embeddings ``(b|1, n, d)`` broadcast to the inputs' shape.
     """
 
     def __init__(self, sequence_length: int, initializer="glorot_uniform", **kwargs) -> None:
@@ -73,14 +96,14 @@ class PositionEmbedding(SameShapeLayer):
 
     def call(self, inputs, start_index=0, positions=None, mask=None, segment_ids=None):
         inputs, mask, lengths = dense_and_mask(inputs, mask)
-        pos = token_positions(
+        pos = _row_positions(
             inputs,
             mask=mask,
             segment_ids=segment_ids,
             positions=positions,
             start_index=start_index,
-        ).pos
-        n = inputs.shape[1]
+        )
+        n = inputs.shape[-2]
         top = None if n is None else n + (start_index if isinstance(start_index, int) else 0)
         if top is not None and positions is None and top > self.sequence_length:
             raise ValueError(
@@ -90,9 +113,7 @@ class PositionEmbedding(SameShapeLayer):
         if positions is not None or not isinstance(start_index, int):
             pos = self._inside_table(pos, "start_index" if positions is None else "positions")
         table = ops.convert_to_tensor(self.position_embeddings)
-        return restore_ragged(
-            ops.broadcast_to(ops.take(table, pos, axis=0), ops.shape(inputs)), lengths
-        )
+        return restore_ragged(_spread(ops.take(table, pos, axis=0), inputs), lengths)
 
     def _inside_table(self, pos, name: str):
         """``pos`` checked against the table where it holds values, and clamped into it."""
@@ -140,18 +161,17 @@ class SinePositionEncoding(SameShapeLayer):
         dim = inputs.shape[-1]
         if dim is None or dim % 2:
             raise ValueError(f"the feature dim must be even (sin/cos pairs), got {dim}")
-        pos = token_positions(
+        pos = _row_positions(
             inputs,
             mask=mask,
             segment_ids=segment_ids,
             positions=positions,
             start_index=start_index,
-        ).pos
+        )
         table = sinusoidal_table(
             pos, dim, base=float(self.max_wavelength), interleaved=self.interleaved
         )
-        table = ops.broadcast_to(ops.cast(table, self.compute_dtype), ops.shape(inputs))
-        return restore_ragged(table, lengths)
+        return restore_ragged(_spread(ops.cast(table, self.compute_dtype), inputs), lengths)
 
     def get_config(self) -> dict[str, Any]:
         config = super().get_config()

@@ -19,7 +19,15 @@ from keras import ops
 from ..functional.alibi import alibi_slopes
 from ..schemes import ALiBiConfig
 from .ops import alibi_bias, clipped_relative_index, relative_distance, t5_buckets
-from .positions import allowed_pairs, dense_and_mask, token_positions
+from .positions import (
+    allowed_pairs,
+    check_finite_positive,
+    dense_and_mask,
+    resolve_positions,
+    sequence_length,
+    sequence_lengths,
+    token_positions,
+)
 
 __all__ = ["AlibiBias", "RelativePositionEmbedding", "T5RelativeBias"]
 
@@ -134,32 +142,121 @@ class _HeadBias(_PairLayer):
 
 @keras.saving.register_keras_serializable(package="relpos")
 class AlibiBias(_HeadBias):
-    """The ALiBi bias (Press et al., 2022) from positions: ``slope_h·(p_j - p_i)`` when causal,
-    ``-slope_h·|p_j - p_i|`` otherwise; slopes ``2^(-8/h)…`` (the paper's recipe for any ``h``),
-    or ``slopes``, one per head (0: no bias on that head).
+    """ALiBi (Press et al., 2022): a linear bias on the attention logits, in two forms.
 
-    Returns float32 ``(b, h, i, j)`` to add to the scaled logits.
+    keras-hub's (``keras_hub.layers.AlibiBias``, the default): ``call(attention_scores)``
+    returns the scores ``(b, h, i, j)`` with ``slope_h·(p_j - p_last)`` added, ``p_last`` the
+    last position of key ``j``'s own sequence: keras-hub's ``slope_h·(j - (j_len - 1))`` on
+    plain input (the same numbers), the causal bias ``slope_h·(p_j - p_i)`` up to a constant per
+    query (the same softmax). relpos adds per-row key positions (``mask``, ``segment_ids``,
+    ``positions``, each ``(b, j)``): a left-padded row or a packed document gets the numbers of
+    its keys alone; padding keys get no bias (mask them as usual).
+
+    relpos' ``num_heads`` form (``AlibiBias(num_heads=h, causal=...)``): ``call(inputs (b, n,
+    ...))`` returns the bias alone, float32 ``(b, h, i, j)``: ``slope_h·(p_j - p_i)`` when
+    causal, ``-slope_h·|p_j - p_i|`` otherwise, 0 for pairs with padding or across segments.
+
+    Slopes: ``2^(-m/h), 2^(-2m/h), …`` with ``m = alibi_bias_max`` (8: the paper's; for ``h``
+    not a power of two, the paper's recipe, as keras-hub), or ``slopes``, one per head (0: no
+    bias on that head).
+
+    Args:
+        alibi_bias_max: ``m``, keras-hub's (a finite number > 0).
+        num_heads: relpos' form (keyword only); None for keras-hub's.
+        causal: the num_heads form's bias (keyword only; default False).
+        slopes: one per head, instead of ``alibi_bias_max``'s (keyword only).
+
+    Call arguments:
+        inputs: keras-hub's ``attention_scores`` ``(b, h, i, j)``; with ``num_heads``, the
+            tokens ``(b, n, ...)`` (shape and Keras mask only).
+        mask, segment_ids, positions: per-row positions (of the keys ``j``, or the tokens
+            ``n``); ``start_index``: the tokens' first position (no effect on the scores form,
+            whose bias does not change when every position shifts).
     """
 
     def __init__(
-        self, num_heads: int, causal: bool = False, slopes: Sequence[float] | None = None, **kwargs
+        self,
+        alibi_bias_max: float = 8,
+        *,
+        num_heads: int | None = None,
+        causal: bool | None = None,
+        slopes: Sequence[float] | None = None,
+        **kwargs,
     ) -> None:
         super().__init__(**kwargs)
-        _positive_int("num_heads", num_heads)
-        self.num_heads, self.causal = num_heads, bool(causal)
-        given = None if slopes is None else ALiBiConfig(slopes=slopes).slopes  # validated
-        self.given_slopes = given
-        self.slopes = tuple(alibi_slopes(num_heads, given).tolist())  # fixed: computed once
+        check_finite_positive("alibi_bias_max", alibi_bias_max)
+        if num_heads is not None:
+            _positive_int("num_heads", num_heads)
+        elif causal is not None:
+            raise ValueError(
+                f"causal={causal!r} is read only with num_heads=: keras-hub's form (no "
+                "num_heads) adds slope·(p_j - p_last), the causal bias up to a constant per query"
+            )
+        self.alibi_bias_max, self.num_heads = alibi_bias_max, num_heads
+        self.causal = bool(causal)
+        self.given_slopes = None if slopes is None else ALiBiConfig(slopes=slopes).slopes
+        self.slopes = None if num_heads is None else self.head_slopes(num_heads)
         self.built = True
+
+    def head_slopes(self, num_heads: int) -> tuple[float, ...]:
+        """The slope of each of ``num_heads`` heads: ``slopes``, or ``alibi_bias_max``'s."""
+        if self.given_slopes is not None and len(self.given_slopes) != num_heads:
+            raise ValueError(
+                f"slopes has {len(self.given_slopes)} entries; the input has {num_heads} heads"
+            )
+        paper = alibi_slopes(num_heads, self.given_slopes).tolist()  # alibi_bias_max = 8
+        if self.given_slopes is not None or self.alibi_bias_max == 8:
+            return tuple(paper)
+        return tuple(s ** (self.alibi_bias_max / 8) for s in paper)  # 2^(-8k/h) → 2^(-mk/h)
 
     def pair_term(self, distance):
         slopes = ops.convert_to_tensor(self.slopes, dtype="float32")
         return alibi_bias(slopes, distance, causal=self.causal)
 
+    def call(self, inputs, mask=None, segment_ids=None, positions=None, start_index=0):
+        if self.num_heads is not None:
+            return super().call(inputs, mask, segment_ids, positions, start_index)
+        return self.add_to_scores(inputs, mask=mask, segment_ids=segment_ids, positions=positions)
+
+    def add_to_scores(self, attention_scores, *, mask=None, segment_ids=None, positions=None):
+        """keras-hub's call: ``attention_scores`` ``(b, h, i, j)`` plus the bias, same dtype."""
+        shape = tuple(attention_scores.shape)
+        if len(shape) != 4 or shape[1] is None:
+            raise ValueError(
+                "attention_scores must have shape (b, h, i, j) with a known h (keras-hub's "
+                f"AlibiBias adds the bias to them), got {shape}. For the bias of tokens "
+                "(b, n, ...) alone, relpos' earlier AlibiBias(h), pass num_heads by keyword: "
+                "AlibiBias(num_heads=h)"
+            )
+        j = ops.shape(attention_scores)[-1]
+        if mask is None and segment_ids is None and positions is None:  # keras-hub's
+            offset = ops.expand_dims(ops.arange(j, dtype="int32") - (j - 1), 0)
+        else:
+            p = resolve_positions(
+                sequence_length(attention_scores, -1),
+                batch=shape[0],
+                mask=mask,
+                segment_ids=segment_ids,
+                positions=positions,
+                axis="j",
+            )
+            (length,) = sequence_lengths(p)
+            offset = ops.where(p.valid, p.pos - (length - 1), 0)
+        slopes = ops.convert_to_tensor(self.head_slopes(shape[1]), dtype="float32")
+        bias = ops.reshape(slopes, (1, -1, 1, 1)) * ops.cast(offset, "float32")[:, None, None, :]
+        return attention_scores + ops.cast(bias, attention_scores.dtype)
+
+    def compute_output_shape(self, input_shape):
+        if self.num_heads is None:
+            return input_shape
+        return super().compute_output_shape(input_shape)
+
     def get_config(self) -> dict[str, Any]:
         config = super().get_config()
         slopes = None if self.given_slopes is None else list(self.given_slopes)
-        config.update(num_heads=self.num_heads, causal=self.causal, slopes=slopes)
+        config.update(alibi_bias_max=self.alibi_bias_max, slopes=slopes)
+        if self.num_heads is not None:
+            config.update(num_heads=self.num_heads, causal=self.causal)
         return config
 
 

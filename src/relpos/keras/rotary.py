@@ -53,7 +53,8 @@ class RotaryEmbedding(SameShapeLayer):
     Call arguments:
         inputs: e.g. ``(b, n, h, d)``; batch first.
         start_index, positions, mask, segment_ids: per-row positions, as
-            :class:`~relpos.keras.PositionEmbedding`.
+            :class:`~relpos.keras.PositionEmbedding`; ``positions`` may also be floats, as
+            keras-hub's: a fractional position rotates by its own angle.
 
     Returns:
         ``inputs`` rotated, same shape and dtype (rotation in float32).
@@ -156,13 +157,30 @@ class RotaryEmbedding(SameShapeLayer):
         r = d if self.rotary_dim is None else self.rotary_dim
         if d is None or r > d or r % 2:
             raise ValueError(f"the rotated features ({r}) must be even and <= the feature dim {d}")
-        pos = token_positions(
-            x, mask=mask, segment_ids=segment_ids, positions=positions, start_index=start_index
-        ).pos
+        pos = self._positions(x, mask, segment_ids, positions, start_index)
         inv_freq, factor = self._frequencies(r)
         scale = None if factor == 1.0 else ops.convert_to_tensor(factor, dtype="float32")
         y = apply_rope(x, rope_angles(pos, inv_freq), interleaved=self.interleaved, scale=scale)
         return restore_ragged(ops.moveaxis(y, (1, -1), (seq, feat)), lengths)
+
+    @staticmethod
+    def _positions(x, mask, segment_ids, positions, start_index):
+        """Positions ``(b|1, n)`` of the tokens of ``x`` ``(b, n, ..., r)``: int32, or float32
+        for float ``positions`` (keras-hub's: a fractional position rotates by its own angle),
+        checked as integer ones would be and 0 where ``mask`` marks padding."""
+        if positions is not None:
+            positions = ops.convert_to_tensor(positions)
+        if positions is None or "float" not in keras.backend.standardize_dtype(positions.dtype):
+            return token_positions(
+                x, mask=mask, segment_ids=segment_ids, positions=positions, start_index=start_index
+            ).pos
+        p = token_positions(
+            x, mask=mask, segment_ids=segment_ids, positions=ops.zeros_like(positions, "int32")
+        )
+        given = ops.cast(positions, "float32")
+        if len(given.shape) == 1:
+            given = ops.expand_dims(given, 0)
+        return ops.where(p.valid, given, 0.0)
 
     def get_config(self) -> dict[str, Any]:
         config = super().get_config()
