@@ -13,7 +13,7 @@ PIP_INSTALL := $(BIN)/python -m pip install -q --no-cache-dir
 $(STAMP): pyproject.toml constraints-cpu.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PIP_INSTALL) --upgrade pip
-	$(PIP_INSTALL) -c constraints-cpu.txt -e '.[music,dev]'
+	$(PIP_INSTALL) -c constraints-cpu.txt -e '.[torch,music,dev]'
 	touch $(STAMP)
 
 # Keras 3 and its three backends, for the Keras suite only (`make run` does not need them).

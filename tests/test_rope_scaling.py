@@ -187,7 +187,7 @@ def test_a_checkpoint_config_pastes_as_is():
                 "high_freq_factor": 1.0,
                 "original_max_position_embeddings": 8192,
             },
-            "high_freq_factor must exceed",
+            r"high_freq_factor \(1.0\) must exceed low_freq_factor \(4.0\)",
         ),
     ],
 )

@@ -12,13 +12,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from ..spec.deberta import deberta_span
+
 __all__ = ["deberta_buckets", "deberta_index", "deberta_span"]
-
-
-def deberta_span(position_buckets: int, max_relative_positions: int) -> int:
-    """Half the rows of the relative table: ``position_buckets`` when bucketing (``> 0``), else
-    ``max_relative_positions``."""
-    return position_buckets if position_buckets > 0 else max_relative_positions
 
 
 def deberta_buckets(

@@ -37,6 +37,7 @@ import torch
 from torch import Tensor
 
 from ..native import load
+from ..spec.fire import FIRE_EPS
 from .dtypes import outside_autocast
 from .pair_bias import PairBias
 from .skew import gather_table
@@ -50,9 +51,6 @@ __all__ = [
     "fire_pairs",
     "fire_segments",
 ]
-
-#: Added to the normaliser ``ψ(max(L, p_i))`` (the paper's code).
-FIRE_EPS = 1e-6
 
 
 def fire_inputs(q_pos: Tensor, k_pos: Tensor, c: Tensor, threshold: Tensor) -> Tensor:

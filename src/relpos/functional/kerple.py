@@ -14,9 +14,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-__all__ = ["KERPLE_VARIANTS", "kerple_bias"]
+from ..spec.kerple import KERPLE_VARIANTS
 
-KERPLE_VARIANTS = ("log", "power")
+__all__ = ["KERPLE_VARIANTS", "kerple_bias"]
 
 
 def kerple_bias(distance: Tensor, r1: Tensor, r2: Tensor, *, variant: str = "log") -> Tensor:

@@ -6,17 +6,16 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from ..spec.rope import rope_frequencies as spec_rope_frequencies
 from .dtypes import compute_dtype, outside_autocast
 
 __all__ = ["apply_rope", "rope_angles", "rope_frequencies"]
 
 
 def rope_frequencies(rotary_dim: int, theta: float = 10000.0, device=None) -> Tensor:
-    """Inverse frequencies ``theta^(-2i/rotary_dim)``, float32, shape ``(rotary_dim/2,)``."""
-    if rotary_dim <= 0 or rotary_dim % 2:
-        raise ValueError(f"rotary_dim must be a positive even number, got {rotary_dim}")
-    exponent = torch.arange(0, rotary_dim, 2, device=device, dtype=torch.float32) / rotary_dim
-    return theta ** (-exponent)
+    """Inverse frequencies ``theta^(-2i/rotary_dim)``, float32, shape ``(rotary_dim/2,)``
+    (:func:`relpos.spec.rope.rope_frequencies`, as a tensor)."""
+    return torch.from_numpy(spec_rope_frequencies(rotary_dim, theta)).to(device)
 
 
 def rope_angles(pos: Tensor, inv_freq: Tensor) -> Tensor:

@@ -25,13 +25,14 @@ Shape legend: ``b`` batch, ``n`` tokens, ``a`` axes, ``r`` rotated features (``r
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 import torch
 from torch import Tensor
 
+from ..spec.rope import axial_frequencies as spec_axial_frequencies
+from ..spec.rope import check_sections, split_mrope_scaling
 from .dtypes import compute_dtype
-from .rope import rope_frequencies
+from .rope import reduced_angles
 
 __all__ = [
     "axial_frequencies",
@@ -43,56 +44,15 @@ __all__ = [
 ]
 
 
-def check_sections(sections: Any, rotary_dim: int | None = None) -> tuple[int, ...]:
-    """Validate rotary pairs per axis and return them as a tuple (JSON gives lists).
-
-    Args:
-        sections: one positive int per axis, the number of rotary pairs that read it.
-        rotary_dim: the rotated features ``r``, if known: the sections must sum to ``r/2``.
-    """
-    if isinstance(sections, str | bytes) or not isinstance(sections, Sequence):
-        raise TypeError(f"sections must be a list of ints (pairs per axis), got {sections!r}")
-    out = tuple(sections)
-    if not out or any(isinstance(s, bool) or not isinstance(s, int) or s < 1 for s in out):
-        raise ValueError(f"sections must be positive ints, one per axis, got {list(out)}")
-    if rotary_dim is not None and 2 * sum(out) != rotary_dim:
-        raise ValueError(
-            f"sections {list(out)} hold {sum(out)} rotary pairs, but rotary_dim {rotary_dim} has "
-            f"{rotary_dim // 2}: they must sum to rotary_dim / 2"
-        )
-    return out
-
-
-def split_mrope_scaling(scaling: Any) -> tuple[Any, tuple[int, ...] | None]:
-    """Split a pasted Qwen2-VL ``rope_scaling`` / ``rope_parameters`` dict into the scaling proper
-    and its ``mrope_section``.
-
-    Checkpoints write M-RoPE as ``{"type": "mrope", "mrope_section": [16, 24, 24]}`` (config
-    files of transformers 4) or ``{"rope_type": "default", "mrope_section": [...], ...}``
-    (transformers 5). ``"mrope"`` names the unscaled ladder, so it becomes ``"default"``.
-
-    Returns:
-        ``(scaling, sections)``: the dict without ``mrope_section``, and the sections; anything
-        else (no dict, no ``mrope_section``) comes back as is, with ``None``.
-    """
-    if not isinstance(scaling, dict) or "mrope_section" not in scaling:
-        return scaling, None
-    rest = {k: v for k, v in scaling.items() if k != "mrope_section"}
-    for key in ("rope_type", "type"):
-        if rest.get(key) == "mrope":
-            rest[key] = "default"
-    return rest, check_sections(scaling["mrope_section"])
-
-
 def axial_frequencies(
     sections: Sequence[int], theta: float, device: torch.device | str | None = None
 ) -> Tensor:
-    """One full ladder per axis: ``θ^(-2m/(2S))`` for ``m < S``, ``S`` the axis' pairs.
+    """One full ladder per axis (:func:`relpos.spec.rope.axial_frequencies`, as a tensor).
 
     Returns:
         float32 ``(r/2,)``, ``r/2 = sum(sections)``, the sections one after another.
     """
-    return torch.cat([rope_frequencies(2 * s, theta, device=device) for s in sections])
+    return torch.from_numpy(spec_axial_frequencies(sections, theta)).to(device)
 
 
 def axis_frequencies(
@@ -132,7 +92,8 @@ def pair_axes(sections: Sequence[int], device: torch.device | str | None = None)
 
 
 def axis_angles(coords: Tensor, inv_freq: Tensor, pair_axis: Tensor) -> Tensor:
-    """Rotation angle ``coords[..., axis(m)]·ω'_m`` per token and pair, at least float32.
+    """Rotation angle ``coords[..., axis(m)]·ω'_m`` per token and pair, at least float32, modulo
+    ``2π`` (:func:`~relpos.functional.rope.reduced_angles`: exact at any coordinate).
 
     Args:
         coords: ``(b, n, a)`` integer coordinates, one per axis.
@@ -145,4 +106,4 @@ def axis_angles(coords: Tensor, inv_freq: Tensor, pair_axis: Tensor) -> Tensor:
         ``(b, n, r/2)`` angles, the input of :func:`~relpos.functional.rope.apply_rope`.
     """
     dtype = compute_dtype(inv_freq.dtype)
-    return coords.to(dtype).index_select(-1, pair_axis) * inv_freq.to(dtype)
+    return reduced_angles(coords.index_select(-1, pair_axis), inv_freq).to(dtype)

@@ -17,12 +17,15 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from ..spec.sandwich import sandwich_head_scales as spec_head_scales
+
 __all__ = ["sandwich_bias", "sandwich_head_scales"]
 
 
 def sandwich_head_scales(num_heads: int) -> Tensor:
-    """Each head's divisor ``8h/H`` for ``h = 1..H``, float64 ``(H,)``."""
-    return torch.arange(1, num_heads + 1, dtype=torch.float64) * 8.0 / num_heads
+    """Each head's divisor ``8h/H`` for ``h = 1..H``, float64 ``(H,)``
+    (:func:`relpos.spec.sandwich.sandwich_head_scales`, as a tensor)."""
+    return torch.from_numpy(spec_head_scales(num_heads))
 
 
 def sandwich_bias(

@@ -5,15 +5,15 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from ..spec.absolute import sinusoid_frequencies as spec_frequencies
+
 __all__ = ["sinusoid_frequencies", "sinusoidal_table"]
 
 
 def sinusoid_frequencies(dim: int, base: float = 10000.0, device=None) -> Tensor:
-    """Angular frequencies ``base^(-2i/dim)``, float32, shape ``(dim/2,)``."""
-    if dim <= 0 or dim % 2:
-        raise ValueError(f"dim must be a positive even number (sin/cos pairs), got {dim}")
-    exponent = torch.arange(0, dim, 2, device=device, dtype=torch.float32) / dim
-    return base ** (-exponent)
+    """Angular frequencies ``base^(-2i/dim)``, float32, shape ``(dim/2,)``
+    (:func:`relpos.spec.absolute.sinusoid_frequencies`, as a tensor)."""
+    return torch.from_numpy(spec_frequencies(dim, base)).to(device)
 
 
 def sinusoidal_table(

@@ -10,6 +10,7 @@ from typing import Any
 import keras
 from keras import ops
 
+from ..spec.base import check_causal
 from .positions import (
     PAD_SEGMENT,
     Positions,
@@ -434,7 +435,8 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
             raise ValueError(f"dropout must be in [0, 1), got {dropout}")
         self.num_heads, self.key_dim = num_heads, key_dim
         self.value_dim = key_dim if value_dim is None else value_dim
-        self.dropout_rate, self.use_bias, self.causal = dropout, use_bias, bool(causal)
+        self.dropout_rate, self.use_bias = dropout, use_bias
+        self.causal = check_causal(causal)  # a bool: "false" would run causal
         self.output_dim = output_shape
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
         self.bias_initializer = keras.initializers.get(bias_initializer)

@@ -1,15 +1,21 @@
-"""``from_torch``: a Keras layer with the weights of a relpos PyTorch module, same numbers."""
+"""``from_torch``: a Keras layer with the weights of a relpos PyTorch module, same numbers.
+
+The PyTorch classes are imported when :func:`from_torch` runs: ``import relpos.keras`` needs no
+torch (a module to convert comes with it).
+"""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
-from ..attention.mha import MultiheadAttention
-from ..embedding import TokenPositionEmbedding
-from ..schemes import ALiBi, LearnedAbsolute, Sinusoidal, T5Bias
 from .attention import RelativeMultiHeadAttention
 from .embeddings import PositionEmbedding, SinePositionEncoding, TokenAndPositionEmbedding
 from .relative import AlibiBias, T5RelativeBias
+
+if TYPE_CHECKING:
+    from ..attention.mha import MultiheadAttention
 
 __all__ = ["from_torch"]
 
@@ -99,6 +105,10 @@ def from_torch(module, *, dtype=None):
 
     Outputs agree to float32 rounding on every Keras backend (the test suite checks 1e-5).
     """
+    from ..attention.mha import MultiheadAttention
+    from ..embedding import TokenPositionEmbedding
+    from ..schemes import ALiBi, LearnedAbsolute, Sinusoidal, T5Bias
+
     if isinstance(module, MultiheadAttention):
         return _attention(module, dtype)
     if isinstance(module, TokenPositionEmbedding):

@@ -14,7 +14,8 @@ from typing import Any
 
 from keras import ops
 
-from ..functional.rope_scaling import ntk_power
+from ..spec.rope import rope_frequencies as spec_rope_frequencies
+from ..spec.rope_scaling import ntk_power
 
 __all__ = [
     "alibi_bias",
@@ -61,8 +62,9 @@ def sinusoidal_table(pos, dim: int, *, base: float = 10000.0, interleaved: bool 
 
 
 def rope_frequencies(rotary_dim: int, theta: float = 10000.0):
-    """Inverse frequencies ``theta^(-2k/r)``, float32 ``(r/2,)`` (Su et al., 2021, §3.4)."""
-    return ops.power(float(theta), -ops.arange(0, rotary_dim, 2, dtype="float32") / rotary_dim)
+    """Inverse frequencies ``theta^(-2k/r)``, float32 ``(r/2,)`` (Su et al., 2021, §3.4): the
+    spec's table (:func:`relpos.spec.rope.rope_frequencies`) as a tensor."""
+    return ops.convert_to_tensor(spec_rope_frequencies(rotary_dim, theta), dtype="float32")
 
 
 def rope_angles(pos, inv_freq):
@@ -82,7 +84,7 @@ def sequence_rope_frequencies(rotary_dim: int, theta: float, scaling: dict[str, 
     ``/ short_factor[m]``. ``L`` is ``original_max_position_embeddings``.
 
     Args:
-        scaling: a dict normalised by :func:`relpos.functional.rope_scaling.check_rope_scaling`.
+        scaling: a dict normalised by :func:`relpos.spec.rope_scaling.check_rope_scaling`.
         lengths: ``(b, n)`` int, the length of each token's sequence
             (:func:`relpos.keras.positions.sequence_lengths`).
 

@@ -16,8 +16,7 @@ from typing import Any
 import keras
 from keras import ops
 
-from ..functional.alibi import alibi_slopes
-from ..schemes import ALiBiConfig
+from ..spec.alibi import ALiBiConfig, alibi_slopes
 from .ops import alibi_bias, clipped_relative_index, relative_distance, t5_buckets
 from .positions import (
     allowed_pairs,

@@ -8,7 +8,7 @@ from typing import Any
 import keras
 from keras import ops
 
-from ..functional.rope_scaling import check_rope_scaling, scaled_rope_frequencies
+from ..spec.rope_scaling import check_rope_scaling, scaled_rope_frequencies
 from .ops import apply_rope, rope_angles
 from .positions import (
     SameShapeLayer,
@@ -135,7 +135,7 @@ class RotaryEmbedding(SameShapeLayer):
         theta, s = float(self.max_wavelength), float(self.scaling_factor)
         if self._yarn is not None:  # keras-hub's attention factor, for any s (relpos's: s > 1)
             inv, _ = scaled_rope_frequencies(r, theta, self._yarn)
-            return ops.convert_to_tensor(inv.numpy(), dtype="float32"), 0.1 * math.log(s) + 1.0
+            return ops.convert_to_tensor(inv, dtype="float32"), 0.1 * math.log(s) + 1.0
         denominator = r if self.denominator_dim is None else self.denominator_dim
         inv = ops.power(theta, -ops.arange(0, r, 2, dtype="float32") / denominator)
         if self.rope_type == "dynamic":  # keras-hub: s^(r/(r-2)) on every pair

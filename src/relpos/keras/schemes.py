@@ -1,8 +1,9 @@
 """Attention schemes as Keras layers: the same hooks and configs as :mod:`relpos.schemes`.
 
-A scheme is built from the PyTorch side's config (``relpos.SCHEMES`` validates names and fields),
-so a config dict means the same thing in both frameworks. It holds its tables as Keras weights
-and contributes through at most three hooks (every default does nothing):
+A scheme is built from the framework-neutral config (:mod:`relpos.spec`, which validates names,
+fields and the fields against the layer's geometry for both frameworks), so a config dict means
+the same thing, and is refused with the same message, in both. It holds its tables as Keras
+weights and contributes through at most three hooks (every default does nothing):
 
 ===========================  =================================================================
 hook                         contract (Keras layout: heads after tokens)
@@ -36,21 +37,15 @@ import math
 from typing import Any, ClassVar
 
 import keras
-import torch
 from keras import ops
 
-from ..functional.alibi import alibi_slopes
-from ..functional.deberta import deberta_index
-from ..functional.fire import FIRE_EPS
-from ..functional.rope_axes import axis_frequencies
-from ..functional.rope_scaling import scaled_rope_frequencies
-from ..functional.sandwich import sandwich_head_scales
-from ..functional.sinusoidal import sinusoidal_table
-from ..functional.xpos import check_xpos_position, xpos_decay
-from ..schemes import SCHEMES, SchemeConfig, config_from_dict
-from ..schemes import scheme_config as shared_scheme_config
-from ..schemes.heads import head_selection, select_heads
-from ..schemes.kerple import KERPLE_EPS
+from ..spec import CONFIGS, SchemeConfig, config_from_dict
+from ..spec import scheme_config as shared_scheme_config
+from ..spec.base import ABSOLUTE_SCHEMES, check_causal, head_mask
+from ..spec.fire import FIRE_EPS
+from ..spec.kerple import KERPLE_EPS
+from ..spec.rope import check_xpos_position, xpos_decay
+from ..spec.sandwich import sandwich_head_scales
 from .ops import (
     alibi_bias,
     apply_rope,
@@ -99,15 +94,14 @@ def _register(cls):
 
 
 def _bias_heads(config: SchemeConfig, num_heads: int) -> tuple[bool, ...] | None:
-    """The config's ``heads`` as one flag per head (True: gets the bias), or None for all; an
-    index ``>= num_heads`` raises as on the PyTorch side."""
-    selection = head_selection(getattr(config, "heads", None), num_heads)
-    return None if selection is None else tuple(selection.tolist())
+    """The config's ``heads`` as one flag per head (True: gets the bias), or None for all."""
+    mask = head_mask(getattr(config, "heads", None), num_heads)
+    return None if mask is None else tuple(bool(x) for x in mask)
 
 
 def _zero_left_out(values, bias_heads: tuple[bool, ...] | None, *, axis: int):
     """``values`` with exact zeros (and zero gradients) for the heads left out along ``axis``
-    (:func:`relpos.schemes.heads.select_heads` in ``keras.ops``)."""
+    (``relpos.schemes.heads.select_heads`` in ``keras.ops``)."""
     if bias_heads is None:
         return values
     shape = [1] * len(values.shape)
@@ -120,7 +114,8 @@ class AttentionScheme(keras.layers.Layer):
     """Base of every Keras attention scheme: geometry, config and three no-op hooks.
 
     Args:
-        config: the scheme's :class:`~relpos.schemes.SchemeConfig` (the PyTorch side's).
+        config: the scheme's :class:`~relpos.spec.SchemeConfig` (the PyTorch side's too); its
+            :meth:`~relpos.spec.SchemeConfig.check_dims` checks it against this geometry.
         num_heads: heads ``h``.
         head_dim: head dim ``d``.
         causal: whether the attention is causal (T5 buckets, Music Transformer table size).
@@ -136,8 +131,6 @@ class AttentionScheme(keras.layers.Layer):
     #: NTK, LongRoPE). Then the cache holds raw keys and :meth:`rotate` receives every cached key
     #: at every call (the PyTorch side's ``Scheme.rotates_cached_keys``).
     rotates_cached_keys: bool = False
-    #: Whether the scheme exists only for causal attention (``causal=False`` is refused).
-    causal_only: ClassVar[bool] = False
     #: Whether the scheme computes per-token values from the layer's input
     #: (:meth:`token_log_decay`): self-attention only, and its cache carries them.
     contextual: ClassVar[bool] = False
@@ -145,14 +138,16 @@ class AttentionScheme(keras.layers.Layer):
     def __init__(
         self, config: SchemeConfig, *, num_heads: int, head_dim: int, causal: bool, **kwargs
     ) -> None:
+        # Every check of the config against this geometry, the PyTorch schemes' own.
+        config.check_dims(num_heads=num_heads, head_dim=head_dim, causal=causal)
         super().__init__(**kwargs)
         self.config = config
         self.num_heads, self.head_dim, self.causal = num_heads, head_dim, bool(causal)
-        if self.causal_only and not self.causal:
-            raise ValueError(
-                f"{config.name} needs causal=True: the scheme is causal only (its term runs "
-                "over the tokens from a key up to a later query)"
-            )
+
+    @property
+    def causal_only(self) -> bool:
+        """Whether the scheme exists only for causal attention (its config's flag)."""
+        return self.config.causal_only
 
     def build(self, input_shape=None) -> None:
         self.built = True
@@ -229,20 +224,9 @@ class RotaryScheme(AttentionScheme):
 
     def __init__(self, config, **kwargs) -> None:
         super().__init__(config, **kwargs)
-        r = self.head_dim if config.rotary_dim is None else config.rotary_dim
-        if r > self.head_dim:
-            raise ValueError(f"rotary_dim must be <= head_dim ({self.head_dim}), got {r}")
-        if config.xpos_scale_base is not None and not self.causal:
-            raise ValueError(
-                "xPos needs causal attention (causal=True): its scale ζ^((n-m)/γ) grows without "
-                "bound for keys after the query"
-            )
-        self.rotary_dim = r
+        r = self.rotary_dim = config.rotated(self.head_dim)
         self.rotates_cached_keys = config.length_dependent
-        inv_freq, self.attention_factor = scaled_rope_frequencies(
-            r, config.theta, config.scaling_dict
-        )
-        inv_freq = axis_frequencies(inv_freq, r, config.theta, config.sections, axial=config.axial)
+        inv_freq, self.attention_factor = config.frequencies(self.head_dim)
         self.ladder = tuple(inv_freq.tolist())  # fixed ω, or the learned weight's initial value
         self.xpos_decay = None if config.xpos_scale_base is None else tuple(xpos_decay(r).tolist())
         self.inv_freq = None
@@ -307,9 +291,7 @@ class AlibiScheme(AttentionScheme):
         super().__init__(config, **kwargs)
         # fixed: computed once (the config's per-head slopes, or the paper's); 0 for the heads
         # left out of ``heads``
-        slopes = alibi_slopes(self.num_heads, config.slopes)
-        slopes = select_heads(slopes, head_selection(config.heads, self.num_heads))
-        self.slopes = tuple(slopes.tolist())
+        self.slopes = tuple(config.head_slopes(self.num_heads).tolist())
 
     def score_bias(self, q, q_positions, k_positions):
         slopes = ops.convert_to_tensor(self.slopes, dtype="float32")
@@ -328,14 +310,10 @@ class T5Scheme(AttentionScheme):
     adds_terms = True
 
     def __init__(self, config, **kwargs) -> None:
-        super().__init__(config, **kwargs)
-        if not self.causal and (config.num_buckets % 2 or config.num_buckets < 4):
-            raise ValueError(
-                f"bidirectional T5 bias needs an even num_buckets >= 4, got {config.num_buckets}"
-            )
+        super().__init__(config, **kwargs)  # bucket checks: T5Config.validate_dims
         # per-head control: 1 for the heads that get the bias, 0 for the others
-        selection = head_selection(config.heads, self.num_heads)
-        self.head_scale = None if selection is None else tuple(float(x) for x in selection)
+        mask = head_mask(config.heads, self.num_heads)
+        self.head_scale = None if mask is None else tuple(float(x) for x in mask)
 
     def build(self, input_shape=None) -> None:
         self.table = self.add_weight(
@@ -572,7 +550,7 @@ class LearnedAlibiScheme(DistanceBiasScheme):
     scheme_name = "learned_alibi"
 
     def build(self, input_shape=None) -> None:
-        initial = tuple(alibi_slopes(self.num_heads, self.config.slopes).tolist())
+        initial = tuple(self.config.initial_slopes(self.num_heads).tolist())
         self.slopes = self.add_weight(
             name="slopes",
             shape=(self.num_heads,),
@@ -694,15 +672,9 @@ class TransformerXLScheme(AttentionScheme):
 
     def __init__(self, config, **kwargs) -> None:
         super().__init__(config, **kwargs)
+        # R_{p_i - p_j}: the PyTorch scheme's table, from the same spec (even width: checked)
         width = self.num_heads * self.head_dim
-        if width % 2:
-            raise ValueError(
-                f"transformer_xl needs an even num_heads·head_dim (sin/cos), got {width}"
-            )
-        m = config.max_distance
-        distances = torch.arange(-m, (0 if self.causal else m) + 1)  # p_j - p_i, row by row
-        # R_{p_i - p_j}: the PyTorch scheme's table, computed by the same function
-        self.encodings = sinusoidal_table(-distances, width, interleaved=False).numpy()
+        self.encodings = config.encodings(width, causal=self.causal)
 
     def build(self, input_shape=None) -> None:
         h, d = self.num_heads, self.head_dim
@@ -752,11 +724,11 @@ class DebertaScheme(AttentionScheme):
     ``share_att_key`` (HF's names; the scheme holds its own copies) or ``pos_key_proj`` /
     ``pos_query_proj``.
 
-    ``δ(i, j)`` comes from a constant table of the PyTorch function's rows for every relative
-    position up to where it saturates (:func:`relpos.functional.deberta_index`: the same float32
-    bucket edges on every backend). ``rotate`` scales the queries by ``1/√s``; ``score_bias``
-    (c2p) is ``q·(K_r/√d)ᵀ`` ``(b, h, i, R)`` gathered per pair; ``key_bias`` (p2c) is
-    ``k·Q_rᵀ/√(s·d)`` ``(b, h, j, R)`` over every key of the call, cached ones included,
+    ``δ(i, j)`` comes from a constant table of rows for every relative position up to where it
+    saturates (:meth:`relpos.spec.DebertaConfig.index_table`, the PyTorch scheme's table too:
+    the same float32 bucket edges on every backend). ``rotate`` scales the queries by ``1/√s``;
+    ``score_bias`` (c2p) is ``q·(K_r/√d)ᵀ`` ``(b, h, i, R)`` gathered per pair; ``key_bias``
+    (p2c) is ``k·Q_rᵀ/√(s·d)`` ``(b, h, j, R)`` over every key of the call, cached ones included,
     gathered with the transposed index. In self-attention of a static length only the rows the
     length reaches are projected (when that spares half of them). Beside the logits: up to two
     ``(b, h, i, j)`` terms and the ``(b|1, i, j)`` int32 index; never an ``(i, j, d)`` tensor.
@@ -779,15 +751,10 @@ class DebertaScheme(AttentionScheme):
             "c2p": "key_proj" if shared else "pos_key_proj",
             "p2c": "query_proj" if shared else "pos_query_proj",
         }
-        # Row of every relative position p_i - p_j in [-reach, reach], constant beyond.
-        self.reach = max(c.max_relative_positions, c.span) + 2
-        rel = torch.arange(-self.reach, self.reach + 1)
-        index = deberta_index(
-            rel,
-            position_buckets=c.position_buckets,
-            max_relative_positions=c.max_relative_positions,
-        )
-        self.index_table = tuple(index.tolist())
+        # Row of every relative position p_i - p_j in [-reach, reach], constant beyond (the
+        # PyTorch scheme's table, from the same spec).
+        self.reach = c.reach
+        self.index_table = tuple(c.index_table().tolist())
 
     def build(self, input_shape=None) -> None:
         c, width = self.config, self.width
@@ -888,7 +855,6 @@ class CoPEScheme(AttentionScheme):
 
     scheme_name = "cope"
     adds_terms = True
-    causal_only = True
 
     def build(self, input_shape=None) -> None:
         c = self.config
@@ -943,7 +909,6 @@ class ForgetGateScheme(AttentionScheme):
 
     scheme_name = "forgetting"
     adds_terms = True
-    causal_only = True
     contextual = True
 
     def build(self, input_shape=None) -> None:
@@ -1007,7 +972,6 @@ class FireScheme(AttentionScheme):
 
     scheme_name = "fire"
     adds_terms = True
-    causal_only = True
 
     def __init__(self, config, **kwargs) -> None:
         super().__init__(config, **kwargs)
@@ -1047,7 +1011,7 @@ class FireScheme(AttentionScheme):
 
 def scheme_config(spec: str | dict[str, Any] | SchemeConfig | None) -> SchemeConfig:
     """:func:`relpos.schemes.scheme_config`, with the Keras schemes listed for an unknown name."""
-    if isinstance(spec, str) and spec not in SCHEMES:
+    if isinstance(spec, str) and spec not in CONFIGS:
         raise ValueError(
             f"unknown scheme {spec!r}; Keras attention schemes: {sorted(KERAS_SCHEMES)}"
         )
@@ -1063,10 +1027,14 @@ def make_attention_scheme(
     name: str = "position_scheme",
     dtype=None,
 ) -> AttentionScheme:
-    """Build the Keras scheme for ``spec``; absolute schemes are refused with where they go."""
+    """Build the Keras scheme for ``spec``; absolute schemes are refused with where they go.
+
+    Checked in :func:`relpos.make_scheme`'s order (``causal``, the config, then the config against
+    the geometry), so a bad spec gets the PyTorch side's message."""
+    check_causal(causal)
     config = scheme_config(spec)
     if config.name not in KERAS_SCHEMES:
-        if config.name in ("sinusoidal", "learned"):
+        if config.name in ABSOLUTE_SCHEMES:
             raise ValueError(
                 f"scheme {config.name!r} is absolute: it acts at the input, not in attention; "
                 "use relpos.keras.TokenAndPositionEmbedding (or PositionEmbedding / "

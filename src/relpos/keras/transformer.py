@@ -18,14 +18,12 @@ from typing import Any
 import keras
 from keras import ops
 
-from ..models.transformer import TransformerConfig
+from ..spec.base import ABSOLUTE_SCHEMES
+from ..spec.model import ModelConfig
 from .attention import RelativeMultiHeadAttention
 from .embeddings import PositionEmbedding, SinePositionEncoding
 
 __all__ = ["ABSOLUTE_SCHEMES", "Transformer", "TransformerBlock"]
-
-#: Schemes that act at the input (added to the token embeddings), not in attention.
-ABSOLUTE_SCHEMES = ("sinusoidal", "learned")
 
 
 def _linear_init(fan_in: int):
@@ -99,8 +97,9 @@ class Transformer(keras.Model):
     """Token embedding (+ absolute positions), ``num_layers`` blocks, final LayerNorm, LM head.
 
     The arguments are those of :class:`relpos.TransformerConfig` (less ``backend``,
-    ``layer_schemes`` and ``share_relative``, not in Keras yet; checked by it), so one config
-    dict builds either framework's model. Kernels start as PyTorch's ``nn.Linear`` ones
+    ``layer_schemes`` and ``share_relative``, not in Keras yet; checked by the same
+    :class:`relpos.spec.model.ModelConfig`), so one config dict builds either framework's
+    model. Kernels start as PyTorch's ``nn.Linear`` ones
     (``U(±1/√fan_in)``; biases at zero), embeddings at std 0.02; with the PyTorch model's weights
     the logits agree to float32 rounding. Trains with ``model.fit``; saves as ``.keras``.
 
@@ -139,7 +138,7 @@ class Transformer(keras.Model):
         **kwargs,
     ) -> None:
         super().__init__(**kwargs)
-        cfg = TransformerConfig(
+        cfg = ModelConfig(
             vocab_size=vocab_size, d_model=d_model, num_heads=num_heads, num_layers=num_layers,
             d_ff=d_ff, dropout=dropout, causal=causal, scheme=scheme, num_kv_heads=num_kv_heads,
         )  # fmt: skip

@@ -7,8 +7,7 @@ to every layer; absolute schemes act at the input, relative ones inside every at
 
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -19,102 +18,24 @@ from ..attention.backends import get_backend
 from ..embedding import TokenPositionEmbedding
 from ..functional.dropout import Dropout
 from ..positions import Positions, resolve_positions
-from ..schemes.base import Scheme, check_heads, check_int, config_from_dict, make_scheme
+from ..schemes.base import Scheme, make_scheme
+from ..spec.model import ModelConfig
 
 __all__ = ["Block", "Transformer", "TransformerConfig"]
 
 
 @dataclass(frozen=True)
-class TransformerConfig:
+class TransformerConfig(ModelConfig):
     """Size and scheme of a :class:`Transformer`; round-trips through ``to_dict``/``from_dict``.
 
-    Args:
-        vocab_size: number of token ids.
-        d_model, num_heads, num_layers: width, heads, depth.
-        d_ff: MLP hidden width (default ``4·d_model``).
-        dropout: dropout on residual branches and attention probabilities.
-        causal: decoder-only (True) or encoder (False).
-        scheme: the positional scheme, as a dict ``{"name": ..., **fields}`` (or a bare name).
-        backend: attention backend (default ``"auto"``; see
-            :class:`~relpos.attention.MultiheadAttention`).
-        num_kv_heads: key/value heads for grouped-query attention (default ``num_heads``).
-        layer_schemes: one attention scheme per layer (``num_layers`` names or dicts), e.g. RoPE
-            in three layers and NoPE in the fourth; replaces ``scheme`` inside attention (an
-            absolute ``scheme`` still acts at the input).
-        share_relative: one scheme module, tables included, shared by every layer (T5's
-            choice); every layer must then have the same scheme.
+    The fields and their checks are :class:`relpos.spec.model.ModelConfig`'s (shared with the
+    Keras :class:`relpos.keras.Transformer`); here ``backend`` must also name an attention
+    backend (see :class:`~relpos.attention.MultiheadAttention`).
     """
 
-    vocab_size: int
-    d_model: int = 256
-    num_heads: int = 8
-    num_layers: int = 4
-    d_ff: int | None = None
-    dropout: float = 0.1
-    causal: bool = True
-    scheme: dict[str, Any] = field(default_factory=lambda: {"name": "nope"})
-    backend: str = "auto"
-    num_kv_heads: int | None = None  # new fields go last: the order is positional API
-    layer_schemes: list[dict[str, Any]] | None = None
-    share_relative: bool = False
-
     def __post_init__(self) -> None:
-        for name in ("vocab_size", "num_layers"):
-            check_int(name, getattr(self, name), minimum=1)
-        check_heads(self.d_model, self.num_heads)
-        if self.num_kv_heads is not None:
-            check_int("num_kv_heads", self.num_kv_heads, minimum=1)
-            if self.num_heads % self.num_kv_heads:
-                raise ValueError(
-                    f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads "
-                    f"({self.num_kv_heads})"
-                )
-        if self.d_ff is not None:
-            check_int("d_ff", self.d_ff, minimum=1)
-        if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
+        super().__post_init__()
         get_backend(self.backend)  # fail early on an unknown name
-        scheme = {"name": self.scheme} if isinstance(self.scheme, str) else self.scheme
-        # Validate now (unknown names or keys fail here, not deep inside the model).
-        object.__setattr__(self, "scheme", config_from_dict(scheme).to_dict())
-        if self.layer_schemes is not None:
-            if not isinstance(self.layer_schemes, list | tuple) or len(self.layer_schemes) != (
-                self.num_layers
-            ):
-                raise ValueError(
-                    f"layer_schemes must be a list of num_layers={self.num_layers} schemes, "
-                    f"got {self.layer_schemes!r}"
-                )
-            specs = [
-                config_from_dict({"name": s} if isinstance(s, str) else s).to_dict()
-                for s in self.layer_schemes
-            ]
-            absolute = [s["name"] for s in specs if s["name"] in ("sinusoidal", "learned")]
-            if absolute:
-                raise ValueError(
-                    f"layer_schemes are attention schemes; {absolute} act at the input: "
-                    "give them as scheme="
-                )
-            object.__setattr__(self, "layer_schemes", specs)
-        if not isinstance(self.share_relative, bool):
-            raise TypeError(f"share_relative must be a bool, got {self.share_relative!r}")
-        if (
-            self.share_relative
-            and self.layer_schemes is not None
-            and any(s != self.layer_schemes[0] for s in self.layer_schemes)
-        ):
-            raise ValueError("share_relative needs the same scheme in every layer")
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> TransformerConfig:
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ValueError(f"unknown model config key(s) {unknown}; valid keys: {sorted(known)}")
-        return cls(**data)
 
 
 class Block(nn.Module):

@@ -3,31 +3,15 @@ al., 2017; Devlin et al., 2019)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 from torch import Tensor, nn
 
 from ..functional.sinusoidal import sinusoidal_table
 from ..positions import Positions
-from .base import Scheme, SchemeConfig, check_int, check_positive_float, register
+from ..spec.absolute import LearnedAbsoluteConfig, SinusoidalConfig
+from .base import Scheme, register
 
 __all__ = ["LearnedAbsolute", "LearnedAbsoluteConfig", "Sinusoidal", "SinusoidalConfig"]
-
-
-@dataclass(frozen=True)
-class SinusoidalConfig(SchemeConfig):
-    """Args:
-    base: wavelength base (10000 in the paper).
-    interleaved: ``sin, cos, sin, cos, …`` (the paper) or ``[sin…, cos…]`` halves.
-    """
-
-    name = "sinusoidal"
-    base: float = 10000.0
-    interleaved: bool = True
-
-    def validate(self) -> None:
-        check_positive_float("base", self.base)
 
 
 @register
@@ -43,25 +27,10 @@ class Sinusoidal(Scheme):
 
     def __init__(self, config: SinusoidalConfig | None = None, **dims) -> None:
         super().__init__(config, **dims)
-        if self.d_model % 2:
-            raise ValueError(f"sinusoidal encoding needs an even d_model, got {self.d_model}")
 
     def embed(self, positions: Positions) -> Tensor:
         c = self.config
         return sinusoidal_table(positions.pos, self.d_model, base=c.base, interleaved=c.interleaved)
-
-
-@dataclass(frozen=True)
-class LearnedAbsoluteConfig(SchemeConfig):
-    """Args:
-    max_len: number of positions in the table; a position ``>= max_len`` is an error.
-    """
-
-    name = "learned"
-    max_len: int = 1024
-
-    def validate(self) -> None:
-        check_int("max_len", self.max_len, minimum=1)
 
 
 @register

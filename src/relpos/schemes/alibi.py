@@ -3,55 +3,15 @@ with fixed or learned slopes."""
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
-
 from torch import Tensor, nn
 
 from ..functional.alibi import alibi_slopes
 from ..functional.dtypes import compute_dtype
-from .base import DistanceBiasScheme, LinearBiasScheme, SchemeConfig, register
-from .heads import check_heads_field, head_selection, select_heads
+from ..spec.alibi import ALiBiConfig, LearnedALiBiConfig
+from .base import DistanceBiasScheme, LinearBiasScheme, register
+from .heads import head_selection, select_heads
 
 __all__ = ["ALiBi", "ALiBiConfig", "LearnedALiBi", "LearnedALiBiConfig"]
-
-
-def _check_slopes(slopes) -> tuple[float, ...] | None:
-    """Custom slopes as a tuple of finite floats ``>= 0`` (JSON gives a list), or None."""
-    if slopes is None:
-        return None
-    if not isinstance(slopes, list | tuple) or not slopes:
-        raise ValueError(
-            f"slopes must be a non-empty list of numbers (one per head), got {slopes!r}"
-        )
-    for h, s in enumerate(slopes):
-        if isinstance(s, bool) or not isinstance(s, int | float) or not 0 <= s < math.inf:
-            raise ValueError(f"slopes[{h}] must be a finite number >= 0, got {s!r}")
-    return tuple(float(s) for s in slopes)
-
-
-@dataclass(frozen=True)
-class _SlopeFields(SchemeConfig):
-    """The fields and checks both ALiBi configs share (siblings, not parent and child: a scheme
-    refuses another scheme's config)."""
-
-    slopes: tuple[float, ...] | None = None
-    heads: tuple[int, ...] | None = None
-
-    def validate(self) -> None:
-        object.__setattr__(self, "slopes", _check_slopes(self.slopes))
-        object.__setattr__(self, "heads", check_heads_field(self.heads))
-
-
-@dataclass(frozen=True)
-class ALiBiConfig(_SlopeFields):
-    """Args:
-    slopes: one slope per head instead of the paper's geometric sequence; a slope of 0 leaves
-        that head without a bias (per-head control: bias some heads, not others).
-    heads: the heads that get the bias (indices), or None for every head; the others get 0.
-    """
-
-    name = "alibi"
 
 
 @register
@@ -69,16 +29,6 @@ class ALiBi(LinearBiasScheme):
         # Heads left out of ``heads`` get slope 0: no bias, on every backend's fused path too.
         slopes = select_heads(slopes, head_selection(self.config.heads, self.num_heads))
         self.register_buffer("slopes", slopes, persistent=False)
-
-
-@dataclass(frozen=True)
-class LearnedALiBiConfig(_SlopeFields):
-    """Args:
-    slopes: initial slopes, one per head (default: ALiBi's geometric sequence).
-    heads: the heads that get the bias (indices), or None for every head; the others get 0.
-    """
-
-    name = "learned_alibi"
 
 
 @register

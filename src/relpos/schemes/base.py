@@ -55,9 +55,7 @@ A scheme that makes sense only for causal attention says so with the class flag 
 from __future__ import annotations
 
 import dataclasses
-import math
 from abc import abstractmethod
-from dataclasses import dataclass
 from typing import Any, ClassVar, NamedTuple
 
 import torch
@@ -69,6 +67,18 @@ from ..functional.pair_bias import PairBias
 from ..functional.relative import table_rows
 from ..functional.skew import gather_relative, scatter_relative
 from ..positions import Positions, distance_range
+from ..spec.base import (
+    SchemeConfig,
+    check_causal,
+    check_causal_only,
+    check_heads,
+    check_int,
+    check_positive_float,
+    config_class,
+    config_from_dict,
+    register_config,
+    scheme_config,
+)
 from .heads import head_selection, select_heads
 
 __all__ = [
@@ -82,6 +92,9 @@ __all__ = [
     "RelativeScheme",
     "Scheme",
     "SchemeConfig",
+    "check_heads",
+    "check_int",
+    "check_positive_float",
     "config_from_dict",
     "make_scheme",
     "register",
@@ -95,54 +108,6 @@ SCHEMES: dict[str, type[Scheme]] = {}
 LOGIT_HOOKS = frozenset({"score_bias", "key_bias"})
 
 
-def check_int(name: str, value: Any, *, minimum: int) -> None:
-    """Raise a clear error unless ``value`` is an int ``>= minimum``."""
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__} ({value!r})")
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
-
-
-def check_heads(d_model: Any, num_heads: Any) -> None:
-    """``d_model`` and ``num_heads`` are positive ints and the heads split the width evenly."""
-    check_int("d_model", d_model, minimum=1)
-    check_int("num_heads", num_heads, minimum=1)
-    if d_model % num_heads:
-        raise ValueError(f"d_model ({d_model}) must be divisible by num_heads ({num_heads})")
-
-
-def check_positive_float(name: str, value: Any) -> None:
-    """Raise a clear error unless ``value`` is a finite number ``> 0`` (NaN and inf included)."""
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise TypeError(f"{name} must be a number, got {type(value).__name__}")
-    if not 0 < value < math.inf:
-        raise ValueError(f"{name} must be a finite number > 0, got {value}")
-
-
-@dataclass(frozen=True)
-class SchemeConfig:
-    """Base of every scheme's hyper-parameters: a frozen, validated dataclass.
-
-    Model geometry (``d_model``, ``num_heads``, ``causal``) is not part of it: the attention layer
-    or model supplies it when the scheme is built, so one config serves every layer size.
-    """
-
-    name: ClassVar[str] = ""
-
-    def validate(self) -> None:
-        """Raise ``ValueError``/``TypeError`` for impossible values (subclasses extend)."""
-
-    def __post_init__(self) -> None:
-        self.validate()
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, **dataclasses.asdict(self)}
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> SchemeConfig:
-        return config_from_dict(data)
-
-
 class Scheme(nn.Module):
     """A positional scheme: parameters and caches, hooks that call the functional core."""
 
@@ -153,8 +118,14 @@ class Scheme(nn.Module):
     #: dynamic NTK, LongRoPE). Then keys enter the KV cache unrotated and ``rotate`` receives every
     #: key, cached ones included, at every call. Set per instance by the scheme.
     rotates_cached_keys: bool = False
-    #: Whether the scheme exists only for causal attention (``causal=False`` is refused).
+    #: Whether the scheme exists only for causal attention (``causal=False`` is refused); true
+    #: for every scheme whose config declares it.
     causal_only: ClassVar[bool] = False
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if cls.config_class.causal_only:
+            cls.causal_only = True
 
     def __init__(
         self, config: SchemeConfig | None = None, *, d_model: int, num_heads: int, causal: bool
@@ -167,6 +138,8 @@ class Scheme(nn.Module):
                 f"got {type(config).__name__}"
             )
         check_heads(d_model, num_heads)
+        # Every check of the config against this geometry, shared with the Keras schemes.
+        config.check_dims(num_heads=num_heads, head_dim=d_model // num_heads, causal=causal)
         # nn.Module is no ABC, so the contract's abstract members are enforced here.
         missing = sorted(
             name
@@ -182,11 +155,8 @@ class Scheme(nn.Module):
         self.num_heads = num_heads
         self.head_dim = d_model // num_heads
         self.causal = bool(causal)
-        if self.causal_only and not self.causal:
-            raise ValueError(
-                f"{config.name} needs causal=True: the scheme is causal only (its paper defines "
-                "its term for keys at or before the query)"
-            )
+        if self.causal_only:  # a contract flag (DecayBiasScheme's) besides the config's
+            check_causal_only(config.name, self.causal)
 
     # ---------------------------------------------------------------- hooks (defaults: no-ops)
     def embed(self, positions: Positions) -> Tensor | None:
@@ -540,57 +510,23 @@ class DecayBiasScheme(Scheme):
 
 
 def register(cls: type[Scheme]) -> type[Scheme]:
-    """Class decorator: register a scheme module under its config's name."""
+    """Class decorator: register a scheme module under its config's name (and the config, when
+    it is new, in :data:`relpos.spec.CONFIGS`, so names and dicts build it)."""
     name = cls.config_class.name
     if not name:
         raise ValueError(f"{cls.__name__}.config_class must define a name")
     if name in SCHEMES and SCHEMES[name] is not cls:
         raise ValueError(f"scheme name {name!r} is already registered to {SCHEMES[name].__name__}")
+    register_config(cls.config_class)
     SCHEMES[name] = cls
     return cls
 
 
 def _lookup(name: Any) -> type[Scheme]:
-    if not isinstance(name, str):
-        raise TypeError(f"scheme name must be a str, got {type(name).__name__}")
+    config_class(name)  # a clear error for a wrong type or an unknown name
     if name not in SCHEMES:
-        raise ValueError(f"unknown scheme {name!r}; registered schemes: {sorted(SCHEMES)}")
+        raise ValueError(f"scheme {name!r} has no PyTorch module; registered: {sorted(SCHEMES)}")
     return SCHEMES[name]
-
-
-def config_from_dict(data: dict[str, Any]) -> SchemeConfig:
-    """Build a scheme config from ``{"name": ..., **fields}``; unknown keys are an error."""
-    if not isinstance(data, dict):
-        raise TypeError(f"scheme config must be a dict, got {type(data).__name__}")
-    if "name" not in data:
-        raise ValueError(f"scheme config needs a 'name' key, got keys {sorted(data)}")
-    fields = dict(data)
-    config_class = _lookup(fields.pop("name")).config_class
-    known = {f.name for f in dataclasses.fields(config_class)}
-    unknown = sorted(set(fields) - known)
-    if unknown:
-        raise ValueError(
-            f"unknown key(s) {unknown} for scheme {config_class.name!r}; "
-            f"valid keys: {sorted(known)}"
-        )
-    return config_class(**fields)
-
-
-def scheme_config(spec: str | dict[str, Any] | SchemeConfig | None) -> SchemeConfig:
-    """The config of a scheme given by name, config dict or config; ``None`` means ``"nope"``.
-
-    Shared by :func:`make_scheme` and the Keras schemes, so a spec means the same in both."""
-    if spec is None:
-        spec = "nope"
-    if isinstance(spec, str):
-        return _lookup(spec).config_class()
-    if isinstance(spec, dict):
-        return config_from_dict(spec)
-    if isinstance(spec, SchemeConfig):
-        return spec
-    raise TypeError(
-        f"scheme must be a name, a config dict or a SchemeConfig, got {type(spec).__name__}"
-    )
 
 
 def make_scheme(
@@ -602,8 +538,9 @@ def make_scheme(
 ) -> Scheme:
     """Build a scheme from a name, a config dict, a config, or pass a built module through.
 
-    ``None`` means no positional information (``"nope"``).
+    ``None`` means no positional information (``"nope"``); ``causal`` must be a bool.
     """
+    causal = check_causal(causal)
     if isinstance(spec, Scheme):
         if spec.d_model != d_model or spec.num_heads != num_heads:
             raise ValueError(

@@ -3,7 +3,6 @@ Learning to Count What's Important", §3)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
@@ -11,28 +10,10 @@ from torch import Tensor, nn
 
 from ..functional.cope import cope_logits
 from ..positions import Positions
-from .base import Scheme, SchemeConfig, check_int, register
+from ..spec.cope import CoPEConfig
+from .base import Scheme, register
 
 __all__ = ["CoPE", "CoPEConfig"]
-
-
-@dataclass(frozen=True)
-class CoPEConfig(SchemeConfig):
-    """Args:
-    npos_max: rows of the position table; contextual positions are clamped to ``npos_max - 1``
-        (the paper's ``p_max``, small in its experiments; its code's ``--cope-npos``).
-    per_head: one table per head (``(h, npos_max, d)``) instead of the paper's one table shared
-        by the heads of a layer (``(npos_max, d)``).
-    """
-
-    name = "cope"
-    npos_max: int = 64
-    per_head: bool = False
-
-    def validate(self) -> None:
-        check_int("npos_max", self.npos_max, minimum=1)
-        if not isinstance(self.per_head, bool):
-            raise TypeError(f"per_head must be a bool, got {self.per_head!r}")
 
 
 @register
@@ -75,10 +56,9 @@ class CoPE(Scheme):
     config_class = CoPEConfig
     hooks: ClassVar[frozenset[str]] = frozenset({"key_bias"})
     #: Defined for causal attention only (the test suites read this).
-    causal_only: ClassVar[bool] = True
 
     def __init__(self, config: CoPEConfig | None = None, **dims) -> None:
-        super().__init__(config, **dims)  # refuses causal=False (causal_only)
+        super().__init__(config, **dims)  # refuses causal=False (the config's causal_only)
         c = self.config
         shape = (self.num_heads,) if c.per_head else ()
         self.pos_emb = nn.Parameter(torch.zeros(*shape, c.npos_max, self.head_dim))

@@ -4,92 +4,17 @@ Disentangled Attention", §3.1; the log buckets and shared projections of DeBERT
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..functional.deberta import deberta_index, deberta_span
 from ..functional.dtypes import compute_dtype
 from ..positions import Positions
-from .base import RelativeScheme, SchemeConfig, check_int, check_positive_float, register
+from ..spec.deberta import DEBERTA_TERMS, DebertaConfig
+from .base import RelativeScheme, register
 
 __all__ = ["DEBERTA_TERMS", "DeBERTa", "DebertaConfig"]
-
-#: The position terms, in the order the configs list them: content→position, position→content.
-DEBERTA_TERMS = ("c2p", "p2c")
-_NORMS = ("none", "layer_norm")
-
-
-def _pos_att_type(value: Any) -> tuple[str, ...]:
-    """The position terms as a tuple in :data:`DEBERTA_TERMS` order; like HF, a string may list
-    them separated by ``|``."""
-    terms = [t.strip().lower() for t in value.split("|")] if isinstance(value, str) else value
-    if not isinstance(terms, list | tuple) or not all(isinstance(t, str) for t in terms):
-        raise TypeError(f"pos_att_type must be a list of strings, got {value!r}")
-    unknown = sorted(set(terms) - set(DEBERTA_TERMS))
-    if unknown or not terms or len(set(terms)) != len(terms):
-        raise ValueError(
-            f"pos_att_type must be a non-empty subset of {DEBERTA_TERMS} without repeats, "
-            f"got {value!r}"
-        )
-    return tuple(t for t in DEBERTA_TERMS if t in terms)
-
-
-@dataclass(frozen=True)
-class DebertaConfig(SchemeConfig):
-    """Args (HF ``DebertaV2Config``'s names; defaults: DeBERTa-v3):
-    pos_att_type: the position terms, a non-empty subset of ``("c2p", "p2c")`` (a list, or HF's
-        ``"p2c|c2p"`` string).
-    position_buckets: ``2·mid`` log buckets: relative positions up to ``mid`` are exact, farther
-        ones log-spaced up to ``max_relative_positions``; the table has ``2·position_buckets``
-        rows. ``0`` turns bucketing off (HF's ``-1``): ``2·max_relative_positions`` rows of exact
-        positions, clipped.
-    max_relative_positions: ``M``: with buckets, the distance that reaches the outermost bucket;
-        without, the clipping span (HF's ``-1`` means ``max_position_embeddings``: pass that).
-    share_att_key: HF computes the position keys and queries with the layer's own key and query
-        projections. The scheme cannot reach a layer's fused projection, so it always holds its
-        own; this flag names them after the layer's (``key_proj``, ``query_proj``) instead of
-        ``pos_key_proj``, ``pos_query_proj``, and says they are meant to equal the layer's key and
-        query projections: load them from the same weights (they are then trained apart).
-    norm_rel_ebd: ``"layer_norm"`` normalises the relative table before the projections (with
-        ``layer_norm_eps``), ``"none"`` does not.
-    """
-
-    name = "deberta"
-    pos_att_type: tuple[str, ...] = DEBERTA_TERMS
-    position_buckets: int = 256
-    max_relative_positions: int = 512
-    share_att_key: bool = True
-    norm_rel_ebd: str = "layer_norm"
-    layer_norm_eps: float = 1e-7
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "pos_att_type", _pos_att_type(self.pos_att_type))
-        super().__post_init__()
-
-    def validate(self) -> None:
-        check_int("position_buckets", self.position_buckets, minimum=0)
-        check_int("max_relative_positions", self.max_relative_positions, minimum=1)
-        mid = self.position_buckets // 2
-        if self.position_buckets and (mid < 1 or self.max_relative_positions - 1 <= mid):
-            raise ValueError(
-                "position_buckets must be 0 (no buckets) or >= 2 with max_relative_positions - 1 "
-                f"> position_buckets // 2, got position_buckets={self.position_buckets}, "
-                f"max_relative_positions={self.max_relative_positions}"
-            )
-        if not isinstance(self.share_att_key, bool):
-            raise TypeError(f"share_att_key must be a bool, got {self.share_att_key!r}")
-        if self.norm_rel_ebd not in _NORMS:
-            raise ValueError(f"norm_rel_ebd must be one of {_NORMS}, got {self.norm_rel_ebd!r}")
-        check_positive_float("layer_norm_eps", self.layer_norm_eps)
-
-    @property
-    def span(self) -> int:
-        """Half the rows of the relative table."""
-        return deberta_span(self.position_buckets, self.max_relative_positions)
 
 
 @register
@@ -127,6 +52,9 @@ class DeBERTa(RelativeScheme):
         super().__init__(config, **dims)
         c, width = self.config, self.d_model
         self.terms = 1 + len(c.pos_att_type)  # s
+        # Row of every relative position in [-reach, reach] (the Keras scheme reads the same)
+        table = torch.from_numpy(c.index_table())
+        self.register_buffer("index_table", table, persistent=False)
         self.rel_embeddings = nn.Parameter(torch.randn(2 * c.span, width) * 0.02)
         self.layer_norm = (
             nn.LayerNorm(width, eps=c.layer_norm_eps) if c.norm_rel_ebd == "layer_norm" else None
@@ -159,12 +87,9 @@ class DeBERTa(RelativeScheme):
 
     def relative_index(self, q_positions: Positions, k_positions: Positions) -> Tensor:
         """Row ``δ(i, j)`` of every pair, ``(b|1, i, j)`` int64, from ``p_i - p_j``."""
-        c = self.config
-        return deberta_index(
-            -q_positions.distance(k_positions),
-            position_buckets=c.position_buckets,
-            max_relative_positions=c.max_relative_positions,
-        )
+        reach = self.config.reach  # rows are constant past it: read the spec's table
+        rel = (-q_positions.distance(k_positions)).clamp(-reach, reach) + reach
+        return self.index_table.to(rel.device)[rel]
 
     def position_states(self, term: str, dtype: torch.dtype = torch.float32) -> Tensor | None:
         """``W·P + b`` of one term's projection per head and row, ``(h, R, d)`` in ``dtype``'s

@@ -3,41 +3,14 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..functional.dtypes import compute_dtype
-from .base import DistanceBiasScheme, SchemeConfig, check_int, register
-from .heads import check_heads_field
+from ..spec.dpb import DynamicPositionBiasConfig
+from .base import DistanceBiasScheme, register
 
 __all__ = ["DynamicPositionBias", "DynamicPositionBiasConfig"]
-
-
-@dataclass(frozen=True)
-class DynamicPositionBiasConfig(SchemeConfig):
-    """Args:
-    hidden: width of the MLP.
-    depth: hidden blocks (LayerNorm, ReLU, Linear) after the input projection; CrossFormer uses 2.
-    log_distance: feed ``sign(Δ)·log(1 + |Δ|)`` instead of ``Δ`` (log-spaced inputs, as Swin
-        Transformer V2 does for its continuous bias), so distances far beyond training stay in a
-        range the MLP has seen the shape of.
-    heads: the heads that get the bias (indices), or None for every head; the others get 0.
-    """
-
-    name = "dpb"
-    hidden: int = 32
-    depth: int = 2
-    log_distance: bool = False
-    heads: tuple[int, ...] | None = None
-
-    def validate(self) -> None:
-        check_int("hidden", self.hidden, minimum=1)
-        check_int("depth", self.depth, minimum=0)
-        if not isinstance(self.log_distance, bool):
-            raise TypeError(f"log_distance must be a bool, got {self.log_distance!r}")
-        object.__setattr__(self, "heads", check_heads_field(self.heads))
 
 
 @register

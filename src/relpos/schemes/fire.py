@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import ClassVar
-
 import torch
 from torch import Tensor, nn
 
@@ -12,36 +9,14 @@ from ..functional.dtypes import compute_dtype
 from ..functional.fire import fire_bias, fire_pairs
 from ..functional.pair_bias import PairBias
 from ..positions import Positions
-from .base import PairBiasScheme, SchemeConfig, check_int, check_positive_float, register
-from .heads import check_heads_field, head_selection, select_heads
+from ..spec.fire import FireConfig
+from .base import PairBiasScheme, register
+from .heads import head_selection, select_heads
 
 __all__ = ["Fire", "FireConfig"]
 
 #: Where :func:`_key_positions` puts padding keys: past any query (``p_i - p_j`` stays in int64).
 PAST_EVERY_QUERY = 2**62
-
-
-@dataclass(frozen=True)
-class FireConfig(SchemeConfig):
-    """Args:
-    hidden: width of the MLP ``f_θ`` (the paper: 32).
-    init_c: initial ``c`` of ``ψ(x) = log(c·x + 1)`` (learned; the paper's code: 0.1).
-    init_threshold: initial threshold ``L`` (learned, as a multiplier of this value; the
-        paper's code: 512). Queries at positions below ``L`` share the normaliser ``ψ(L)``.
-    heads: the heads that get the bias (indices), or None for every head; the others get 0.
-    """
-
-    name = "fire"
-    hidden: int = 32
-    init_c: float = 0.1
-    init_threshold: float = 512.0
-    heads: tuple[int, ...] | None = None
-
-    def validate(self) -> None:
-        check_int("hidden", self.hidden, minimum=1)
-        check_positive_float("init_c", self.init_c)
-        check_positive_float("init_threshold", self.init_threshold)
-        object.__setattr__(self, "heads", check_heads_field(self.heads))
 
 
 @register
@@ -75,10 +50,9 @@ class Fire(PairBiasScheme):
     config_class = FireConfig
     hooks = frozenset({"score_bias"})
     #: Refuses bidirectional attention (tests read it).
-    causal_only: ClassVar[bool] = True
 
     def __init__(self, config: FireConfig | None = None, **dims) -> None:
-        super().__init__(config, **dims)  # refuses causal=False (causal_only)
+        super().__init__(config, **dims)  # refuses causal=False (the config's causal_only)
         c = self.config
         self.mlp = nn.Sequential(
             nn.Linear(1, c.hidden), nn.ReLU(), nn.Linear(c.hidden, self.num_heads)

@@ -3,24 +3,15 @@ Transformer: Softmax Attention with a Forget Gate", ICLR 2025)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..functional.dtypes import compute_dtype
-from .base import DecayBiasScheme, SchemeConfig, register
+from ..spec.forgetting import ForgetGateConfig
+from .base import DecayBiasScheme, register
 
 __all__ = ["ForgetGate", "ForgetGateConfig"]
-
-
-@dataclass(frozen=True)
-class ForgetGateConfig(SchemeConfig):
-    """No fields: one scalar gate per head and token, ``σ(w_h·x_t + b_h)`` (the paper's data-
-    dependent "full" gate)."""
-
-    name = "forgetting"
 
 
 @register

@@ -2,38 +2,17 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 from torch import Tensor, nn
 
 from ..functional.dtypes import compute_dtype
-from ..functional.kerple import KERPLE_VARIANTS, kerple_bias
-from .base import DistanceBiasScheme, SchemeConfig, register
-from .heads import check_heads_field
+from ..functional.kerple import kerple_bias
+from ..spec.kerple import KERPLE_EPS, KerpleConfig
+from .base import DistanceBiasScheme, register
 
 __all__ = ["KERPLE_EPS", "Kerple", "KerpleConfig"]
 
 #: Smallest value of ``r1`` and ``r2`` (and, for the power variant, largest ``r2``: 2).
-KERPLE_EPS = 1e-2
-
-
-@dataclass(frozen=True)
-class KerpleConfig(SchemeConfig):
-    """Args:
-    variant: ``"log"`` (``-r1·log(1 + r2·|Δ|)``, the paper's better extrapolator) or ``"power"``
-        (``-r1·|Δ|^r2``).
-    heads: the heads that get the bias (indices), or None for every head; the others get 0.
-    """
-
-    name = "kerple"
-    variant: str = "log"
-    heads: tuple[int, ...] | None = None
-
-    def validate(self) -> None:
-        if self.variant not in KERPLE_VARIANTS:
-            raise ValueError(f"variant must be one of {KERPLE_VARIANTS}, got {self.variant!r}")
-        object.__setattr__(self, "heads", check_heads_field(self.heads))
 
 
 @register

@@ -4,7 +4,6 @@ Music with Long-Term Structure", §3.4)."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
@@ -12,23 +11,10 @@ from torch import Tensor, nn
 from ..functional.dtypes import compute_dtype
 from ..functional.skew import gather_relative, skew
 from ..positions import Positions
-from .base import DistanceClip, RelativeScheme, SchemeConfig, check_int, register
+from ..spec.music import MusicConfig
+from .base import DistanceClip, RelativeScheme, register
 
 __all__ = ["MusicConfig", "MusicRelative"]
-
-
-@dataclass(frozen=True)
-class MusicConfig(SchemeConfig):
-    """Args:
-    max_distance: the largest ``|k_pos - q_pos|`` with its own embedding. Farther pairs use the
-        embedding at ``±max_distance`` (clipping, as in Shaw et al.), so any length runs.
-    """
-
-    name = "music"
-    max_distance: int = 1024
-
-    def validate(self) -> None:
-        check_int("max_distance", self.max_distance, minimum=0)
 
 
 @register

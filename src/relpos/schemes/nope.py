@@ -2,16 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-from .base import Scheme, SchemeConfig, register
+from ..spec.nope import NoPEConfig
+from .base import Scheme, register
 
 __all__ = ["NoPE", "NoPEConfig"]
-
-
-@dataclass(frozen=True)
-class NoPEConfig(SchemeConfig):
-    name = "nope"
 
 
 @register

@@ -3,40 +3,14 @@ sinusoidal position embeddings."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from torch import Tensor
 
 from ..functional.dtypes import compute_dtype
 from ..functional.sandwich import sandwich_bias, sandwich_head_scales
-from .base import DistanceBiasScheme, SchemeConfig, check_int, check_positive_float, register
-from .heads import check_heads_field
+from ..spec.sandwich import SandwichConfig
+from .base import DistanceBiasScheme, register
 
 __all__ = ["Sandwich", "SandwichConfig"]
-
-
-@dataclass(frozen=True)
-class SandwichConfig(SchemeConfig):
-    """Args:
-    dim: ``d̄``, the width of the sinusoidal embeddings whose inner product is the bias (even;
-        the paper's experiments use 128). Larger ``d̄`` reaches further before it oscillates.
-    base: the sinusoid's base.
-    heads: the heads that get the bias (indices), or None for every head; the others get 0.
-    """
-
-    name = "sandwich"
-    dim: int = 128
-    base: float = 10000.0
-    heads: tuple[int, ...] | None = None
-
-    def validate(self) -> None:
-        check_int("dim", self.dim, minimum=2)
-        if self.dim % 2:
-            raise ValueError(f"dim must be even (sine and cosine pairs), got {self.dim}")
-        check_positive_float("base", self.base)
-        if not self.base > 1:
-            raise ValueError(f"base must be > 1, got {self.base}")
-        object.__setattr__(self, "heads", check_heads_field(self.heads))
 
 
 @register

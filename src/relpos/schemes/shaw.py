@@ -4,7 +4,6 @@ Relative Position Representations", eqs. 3–5)."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
@@ -12,28 +11,10 @@ from torch import Tensor, nn
 from ..functional.dtypes import compute_dtype
 from ..functional.relative import clipped_relative_index
 from ..positions import Positions
-from .base import DistanceClip, RelativeScheme, SchemeConfig, check_int, register
+from ..spec.shaw import ShawConfig
+from .base import DistanceClip, RelativeScheme, register
 
 __all__ = ["ShawConfig", "ShawRelative"]
-
-
-@dataclass(frozen=True)
-class ShawConfig(SchemeConfig):
-    """Args:
-    max_distance: clipping distance ``k``: distances beyond ``±k`` share the edge embeddings.
-    keys: add ``a^K`` to keys inside the logits (eq. 4).
-    values: add ``a^V`` to values in the output (eq. 3).
-    per_head: one table per head instead of one shared by all heads (the paper's default).
-    """
-
-    name = "shaw"
-    max_distance: int = 16
-    keys: bool = True
-    values: bool = True
-    per_head: bool = False
-
-    def validate(self) -> None:
-        check_int("max_distance", self.max_distance, minimum=0)
 
 
 @register

@@ -2,37 +2,17 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 from torch import Tensor, nn
 
 from ..functional.dtypes import compute_dtype
 from ..functional.t5 import t5_buckets
 from ..positions import Positions
-from .base import DistanceClip, RelativeScheme, SchemeConfig, check_int, register
-from .heads import check_heads_field, head_selection, select_heads
+from ..spec.t5 import T5Config
+from .base import DistanceClip, RelativeScheme, register
+from .heads import head_selection, select_heads
 
 __all__ = ["T5Bias", "T5Config"]
-
-
-@dataclass(frozen=True)
-class T5Config(SchemeConfig):
-    """Args:
-    num_buckets: buckets shared by all distances (half per direction when bidirectional).
-    max_distance: distance from which all pairs share the farthest bucket.
-    heads: the heads that get the bias (indices), or None for every head; the others get 0.
-    """
-
-    name = "t5"
-    num_buckets: int = 32
-    max_distance: int = 128
-    heads: tuple[int, ...] | None = None
-
-    def validate(self) -> None:
-        check_int("num_buckets", self.num_buckets, minimum=2)
-        check_int("max_distance", self.max_distance, minimum=1)
-        object.__setattr__(self, "heads", check_heads_field(self.heads))
 
 
 @register
@@ -51,18 +31,7 @@ class T5Bias(RelativeScheme):
 
     def __init__(self, config: T5Config | None = None, **dims) -> None:
         super().__init__(config, **dims)
-        c = self.config
-        if not self.causal and (c.num_buckets % 2 or c.num_buckets < 4):
-            raise ValueError(
-                "bidirectional T5 bias needs an even num_buckets >= 4 (each direction an exact "
-                f"bucket and a log-spaced one), got {c.num_buckets}"
-            )
-        per_direction = c.num_buckets // (1 if self.causal else 2)
-        if c.max_distance <= per_direction // 2:
-            raise ValueError(
-                f"max_distance ({c.max_distance}) must exceed the exact buckets per direction "
-                f"({per_direction // 2})"
-            )
+        c = self.config  # its checks against causal: T5Config.validate_dims
         self.table = nn.Parameter(torch.randn(c.num_buckets, self.num_heads) * 0.02)
         self.register_buffer(
             "bias_heads", head_selection(c.heads, self.num_heads), persistent=False

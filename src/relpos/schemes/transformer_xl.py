@@ -4,32 +4,17 @@ Beyond a Fixed-Length Context", §3.3)."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
 
 from ..functional.dtypes import compute_dtype
 from ..functional.relative import table_rows
-from ..functional.sinusoidal import sinusoidal_table
 from ..positions import Positions
-from .base import DistanceClip, RelativeScheme, SchemeConfig, check_int, register
+from ..spec.transformer_xl import TransformerXLConfig
+from .base import DistanceClip, RelativeScheme, register
 
 __all__ = ["TransformerXL", "TransformerXLConfig"]
-
-
-@dataclass(frozen=True)
-class TransformerXLConfig(SchemeConfig):
-    """Args:
-    max_distance: the largest ``|p_i - p_j|`` with its own encoding; farther pairs share the
-        encoding at ``max_distance`` (Transformer-XL's ``clamp_len``), so any length runs.
-    """
-
-    name = "transformer_xl"
-    max_distance: int = 1024
-
-    def validate(self) -> None:
-        check_int("max_distance", self.max_distance, minimum=0)
 
 
 @register
@@ -56,16 +41,13 @@ class TransformerXL(RelativeScheme):
 
     def __init__(self, config: TransformerXLConfig | None = None, **dims) -> None:
         super().__init__(config, **dims)
-        if self.d_model % 2:
-            raise ValueError(f"transformer_xl needs an even d_model (sin/cos), got {self.d_model}")
         h, d = self.num_heads, self.head_dim
         self.position_proj = nn.Linear(self.d_model, h * d, bias=False)  # W_R
         self.content_bias = nn.Parameter(torch.zeros(h, d))  # u
         self.position_bias = nn.Parameter(torch.zeros(h, d))  # v
-        m = self.config.max_distance
-        distances = torch.arange(-m, (0 if self.causal else m) + 1)  # p_j - p_i, row by row
-        table = sinusoidal_table(-distances, self.d_model, interleaved=False)  # R_{p_i - p_j}
-        self.register_buffer("encodings", table, persistent=False)
+        # R_{p_i - p_j}, one row per clipped distance p_j - p_i (the even width: validate_dims)
+        table = self.config.encodings(self.d_model, causal=self.causal)
+        self.register_buffer("encodings", torch.from_numpy(table), persistent=False)
 
     def rotate(
         self, q: Tensor, k: Tensor, q_positions: Positions, k_positions: Positions
