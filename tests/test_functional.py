@@ -191,6 +191,42 @@ def test_rope_and_its_closed_form_gradient_match_a_loop(
     )
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_rope_angles_are_exact_modulo_two_pi_at_any_position(dtype):
+    """Issue 45 item 5: ``pos·ω`` in float32 was off by tens of radians at position 1e9. The
+    angle modulo (float64) 2π now equals the exact rational product's, whatever the position."""
+    from fractions import Fraction
+
+    inv = rope_frequencies(8).to(dtype) * 1.1  # float64: more bits than a float32 ladder
+    two_pi = Fraction(2 * math.pi)
+    for p in [0, 7, 10**9, 2**40 + 3, -(10**12), 2**53 + 1, 2**62 + 12345]:
+        got = rope_angles(torch.tensor([[p]]), inv)[0, 0].double()
+        want = [float(Fraction(p) * Fraction(w) % two_pi) for w in inv.double().tolist()]
+        got = torch.remainder(got, 2 * math.pi)  # fmod's sign: the same angle
+        torch.testing.assert_close(got, torch.tensor(want, dtype=torch.float64), atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize(
+    "spec", ["rope", {"name": "rope", "sections": [2, 2], "axial": True}], ids=["rope", "axial"]
+)
+def test_rope_keeps_its_relative_property_at_large_offsets(spec):
+    """Issue 45 item 5 as reported: ``Positions.from_length(5, offset=10**9)`` gave outputs 0.128
+    away from offset 0 (float32 angles); now they agree to float32 rounding, up to 2^62."""
+    m = relpos.MultiheadAttention(16, 2, spec, causal=True)
+    x = torch.randn(1, 5, 16, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        ref = m(x, Positions.from_length(5))
+        for offset in (10**9, 10**12, 2**62):
+            torch.testing.assert_close(m(x, Positions.from_length(5, offset=offset)), ref)
+
+
+def test_learned_frequencies_get_the_position_as_gradient():
+    """The reduced angles stay differentiable in the frequencies (``learned_freq``)."""
+    inv = torch.tensor([0.5, 0.01], requires_grad=True)
+    rope_angles(torch.tensor([[3, 10**9]]), inv).sum().backward()
+    torch.testing.assert_close(inv.grad, torch.tensor([3 + 1e9, 3 + 1e9]))
+
+
 def test_rope_gradient_reaches_angles_that_require_it():
     """Learned angles take the differentiable path: the gradient reaches them."""
     x = torch.randn(1, 2, 4, 6, dtype=torch.float64)

@@ -3,13 +3,15 @@ Embedding", §3.4)."""
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 
 from ..spec.rope import rope_frequencies as spec_rope_frequencies
 from .dtypes import compute_dtype, outside_autocast
 
-__all__ = ["apply_rope", "rope_angles", "rope_frequencies"]
+__all__ = ["apply_rope", "reduced_angles", "rope_angles", "rope_frequencies"]
 
 
 def rope_frequencies(rotary_dim: int, theta: float = 10000.0, device=None) -> Tensor:
@@ -18,12 +20,54 @@ def rope_frequencies(rotary_dim: int, theta: float = 10000.0, device=None) -> Te
     return torch.from_numpy(spec_rope_frequencies(rotary_dim, theta)).to(device)
 
 
+_TWO_PI = 2.0 * math.pi  # the float64 modulus every angle is reduced by
+_LOW = (1 << 24) - 1
+
+
+def reduced_angles(pos: Tensor, inv_freq: Tensor) -> Tensor:
+    """``pos·ω`` modulo ``2π``, float64, with an error of about ``1e-8`` at any int64 position.
+
+    A float32 ``pos·ω`` at position ``10⁹`` is off by tens of radians (the position itself is
+    rounded to a multiple of 64), so RoPE lost its relative property far from 0, silently. Here
+    the position splits into 24-bit parts, ``pos = a·2⁴⁸ + b·2²⁴ + c``, and ``ω`` into 24-bit
+    parts (one for a float32 ``ω``, two and a small rest for float64): every product of two parts
+    is exact in float64, and ``fmod`` by the float64 ``2π`` is exact, so the angles of two
+    positions differ by ``(p - q)·ω`` modulo that ``2π`` to float64 rounding, whatever ``p``.
+    Differentiable in ``inv_freq`` (learned frequencies): the gradient is ``pos``.
+
+    Shapes: ``pos`` int64 and ``inv_freq`` broadcast against each other.
+    """
+    f = inv_freq.to(torch.float64)
+    parts = [f.to(torch.float32).to(torch.float64)]
+    rest = None
+    if inv_freq.dtype == torch.float64:
+        rest = f - parts[0]
+        parts.append(rest.to(torch.float32).to(torch.float64))
+        rest = rest - parts[1]  # below 2^-48·ω: its product needs no splitting
+    a = (pos >> 48).to(torch.float64)
+    b = ((pos >> 24) & _LOW).to(torch.float64)
+    c = (pos & _LOW).to(torch.float64)
+    total = None
+    for g in parts:
+        term = (
+            torch.fmod(a * (g * 2.0**48), _TWO_PI) + torch.fmod(b * (g * 2.0**24), _TWO_PI) + c * g
+        )
+        total = term if total is None else total + term
+    if rest is not None:
+        total = total + pos.to(torch.float64) * rest
+    return torch.fmod(total, _TWO_PI)
+
+
 def rope_angles(pos: Tensor, inv_freq: Tensor) -> Tensor:
     """Rotation angle ``pos · ω_i`` per token and pair, at least float32, ``(..., n, d/2)``.
 
+    Integer positions give the angle modulo ``2π`` (:func:`reduced_angles`), exact enough for the
+    relative property at any offset; floating positions the plain product.
     ``inv_freq``: ``(d/2,)``, or per token ``(..., n, d/2)`` (length-dependent scalings)."""
     dtype = compute_dtype(inv_freq.dtype)
-    return pos.to(dtype).unsqueeze(-1) * inv_freq.to(dtype)
+    if pos.dtype.is_floating_point:
+        return pos.to(dtype).unsqueeze(-1) * inv_freq.to(dtype)
+    return reduced_angles(pos.unsqueeze(-1), inv_freq).to(dtype)
 
 
 def apply_rope(
