@@ -324,6 +324,9 @@ BAD = [
     (["--task", "copy", "--schemes", "rope,relative"], ["--schemes", "unknown scheme"]),
     (["--task", "copy", "--schemes", "rope:theta=x"], ["--schemes"]),
     (["--task", "copy", "--schemes", "rope,rope"], ["--schemes", "more than once"]),
+    # Issue 45 item 6: an empty value (an unset shell variable) ran the whole default study.
+    (["--task", "copy", "--schemes", ""], ["--schemes: expected at least one scheme", "got ''"]),
+    (["--task", "copy", "--schemes", " , "], ["--schemes: expected at least one", "got ' , '"]),
     (["--task", "copy", "--test-lengths", "2,6"], ["--test-lengths", r"\[2\] are shorter", "3"]),
     (["--task", "copy", "--test-lengths", "3,x"], ["--test-lengths", "integers"]),
     (["--task", "copy", "--seeds", "-1"], ["--seeds", ">= 0"]),

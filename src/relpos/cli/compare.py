@@ -140,8 +140,14 @@ def cmd_compare(args: argparse.Namespace) -> int:
     from ..studies.spec import DEFAULT_SCHEMES
 
     spec = _spec(args)
-    schemes = [s.strip() for s in (args.schemes or ",".join(DEFAULT_SCHEMES)).split(",")]
-    schemes = [s for s in schemes if s]
+    # Only an absent flag means the default: an empty value (an unset shell variable) is refused.
+    given = ",".join(DEFAULT_SCHEMES) if args.schemes is None else args.schemes
+    schemes = [s for s in (s.strip() for s in given.split(",")) if s]
+    if not schemes:
+        raise CLIError(
+            f"--schemes: expected at least one scheme (NAME or NAME:KEY=VALUE, comma-separated), "
+            f"got {args.schemes!r}"
+        )
     seeds = _int_list("--seeds", args.seeds)
     run_dir = output_folder("--run-dir", args.run_dir)
     try:
