@@ -5,7 +5,7 @@ import pytest
 
 import relpos.keras as rk
 
-from .util import kt
+from .util import kt, np_, traced
 
 X = np.zeros((2, 5, 8), "float32")
 SEG = np.array([[0, 0, 1, 1, -1], [0, 1, 1, 1, 1]], "int32")
@@ -156,6 +156,25 @@ DYNAMIC = {"rope_type": "dynamic", "factor": 2.0, "original_max_position_embeddi
             lambda layer: layer(kt(X)),
             ValueError,
             r"inputs must be token ids of shape \(b, n\), got \(2, 5, 8\)",
+        ),
+        # Token ids outside the table, wherever they hold values (eagerly, every backend).
+        (
+            lambda: rk.TokenAndPositionEmbedding(20, 8, 4),
+            lambda layer: layer(kt(np.array([[1, 25, 2]]))),
+            ValueError,
+            r"inputs \(token ids\) must lie in \[0, vocabulary_size\) = \[0, 20\), got id 25",
+        ),
+        (
+            lambda: rk.TokenAndPositionEmbedding(20, 8, 4),
+            lambda layer: layer(kt(np.array([[1, -1, 2]]))),
+            ValueError,
+            r"inputs \(token ids\) must lie in \[0, vocabulary_size\) = \[0, 20\), got id -1",
+        ),
+        (
+            lambda: rk.Transformer(11, d_model=8, num_heads=2, num_layers=1),
+            lambda model: model(kt(np.array([[3, 11]]))),
+            ValueError,
+            r"tokens \(token ids\) must lie in \[0, vocab_size\) = \[0, 11\), got id 11",
         ),
         (
             lambda: rk.RotaryEmbedding(rotary_dim=10),
@@ -490,6 +509,18 @@ DYNAMIC = {"rope_type": "dynamic", "factor": 2.0, "original_max_position_embeddi
 def test_bad_call_arguments(make, call, error, match):
     with pytest.raises(error, match=match):
         call(make())
+
+
+def test_traced_token_ids_are_not_checked():
+    """Under ``jit`` / ``tf.function`` token ids are traced and cannot be read: no check there
+    (docs/keras.md); a negative id reads row ``id + vocabulary_size``, as the gather does."""
+    layer = rk.TokenAndPositionEmbedding(20, 8, 4)
+    layer.build((1, 3))  # the weights exist before tracing
+    fn = traced(lambda ids: layer(ids))
+    if fn is None:
+        pytest.skip("the torch backend runs eagerly")
+    got = np_(fn(kt(np.array([[1, -1, 2]], "int32"))))
+    np.testing.assert_allclose(got, np_(layer(kt(np.array([[1, 19, 2]], "int32")))), atol=1e-6)
 
 
 @pytest.mark.parametrize(

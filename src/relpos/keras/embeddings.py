@@ -31,7 +31,33 @@ from .positions import (
     sequence_length,
 )
 
-__all__ = ["PositionEmbedding", "SinePositionEncoding", "TokenAndPositionEmbedding"]
+__all__ = [
+    "PositionEmbedding",
+    "SinePositionEncoding",
+    "TokenAndPositionEmbedding",
+    "check_token_ids",
+]
+
+
+def check_token_ids(ids, vocab_size: int, name: str = "inputs", size_name: str = "vocab_size"):
+    """``ids`` as a tensor, after a ``ValueError`` naming ``name`` unless every id lies in
+    ``[0, vocab_size)`` (``size_name``: the caller's word for ``vocab_size``), wherever the ids
+    hold values (eagerly, on every backend; see :func:`~relpos.keras.positions.holds_values`).
+
+    Under ``jit`` / ``tf.function`` traced ids cannot be read, so they are not checked: there
+    the table lookup does what the backend's gather does with them. A negative id reads row
+    ``id + vocab_size`` on every backend; an id ``>= vocab_size`` reads NaN on JAX, and fails when
+    the function runs on TensorFlow's CPU (zeros on a GPU)."""
+    ids = ops.convert_to_tensor(ids)
+    if holds_values(ids) and 0 not in tuple(ids.shape):
+        lo = int(ops.convert_to_numpy(ops.min(ids)))
+        hi = int(ops.convert_to_numpy(ops.max(ids)))
+        if lo < 0 or hi >= vocab_size:
+            raise ValueError(
+                f"{name} (token ids) must lie in [0, {size_name}) = [0, {vocab_size}), got id "
+                f"{lo if lo < 0 else hi}"
+            )
+    return ids
 
 
 def _row_positions(inputs, **given):
@@ -255,8 +281,14 @@ class TokenAndPositionEmbedding(keras.layers.Layer):
         embeddings_initializer: for both tables.
         mask_zero: token id 0 is padding; the output carries a Keras mask.
 
-    Call arguments: ``inputs`` ``(b, n)`` token ids; ``start_index``, ``positions``,
-    ``segment_ids`` as :class:`PositionEmbedding`. Returns ``(b, n, d)``.
+    Call arguments: ``inputs`` ``(b, n)`` token ids in ``[0, vocabulary_size)``; ``start_index``,
+    ``positions``, ``segment_ids`` as :class:`PositionEmbedding`. Returns ``(b, n, d)``.
+
+    An id outside ``[0, vocabulary_size)`` is a ``ValueError`` naming ``inputs`` and the id
+    wherever the ids hold values (eagerly, every backend). Under ``jit`` / ``tf.function`` they
+    are traced and not checked: a negative id reads row ``id + vocabulary_size``, a larger one
+    NaN on JAX, an error when run on TensorFlow's CPU (zeros on a GPU); see
+    :func:`check_token_ids`.
     """
 
     def __init__(
@@ -307,6 +339,7 @@ class TokenAndPositionEmbedding(keras.layers.Layer):
         inputs, ragged_mask, lengths = dense_and_mask(inputs)
         if len(inputs.shape) != 2:
             raise ValueError(f"inputs must be token ids of shape (b, n), got {tuple(inputs.shape)}")
+        inputs = check_token_ids(inputs, self.vocabulary_size, size_name="vocabulary_size")
         tokens = self.token_embedding(inputs)
         mask = self.token_embedding.compute_mask(inputs)
         if ragged_mask is not None:

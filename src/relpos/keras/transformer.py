@@ -21,7 +21,7 @@ from keras import ops
 from ..spec.base import ABSOLUTE_SCHEMES
 from ..spec.model import ModelConfig
 from .attention import RelativeMultiHeadAttention
-from .embeddings import PositionEmbedding, SinePositionEncoding
+from .embeddings import PositionEmbedding, SinePositionEncoding, check_token_ids
 
 __all__ = ["ABSOLUTE_SCHEMES", "Transformer", "TransformerBlock"]
 
@@ -121,6 +121,9 @@ class Transformer(keras.Model):
         tokens ``(b, n)`` int; returns logits ``(b, n, V)`` carrying the Keras mask
         ``tokens != 0``, so a Keras loss skips padding inputs. For next-token training also pass
         ``sample_weight=(targets != 0)``: the last token of a right-padded row has a padding target.
+        An id outside ``[0, vocab_size)`` is a ``ValueError`` naming ``tokens`` wherever the ids
+        hold values (eagerly); traced ids (``jit``, ``tf.function``) are not checked, see
+        :func:`relpos.keras.embeddings.check_token_ids`.
     """
 
     def __init__(
@@ -188,6 +191,7 @@ class Transformer(keras.Model):
 
     def call(self, tokens, training=None):
         _check_tokens_shape(tokens.shape)
+        tokens = check_token_ids(tokens, self.token_embedding.input_dim, "tokens")
         mask = self.token_embedding.compute_mask(tokens)  # (b, n): True for tokens (id != 0)
         x = self.token_embedding(tokens)
         if self.token_scale != 1.0:
