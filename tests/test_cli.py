@@ -177,12 +177,21 @@ TRAIN_CASES = [
     (["--data", "{tmp}/not-json.txt"], ["^relpos train: error: --data: ", "not valid JSON"]),
     (["--run-dir", "{data}"], ["--run-dir", "not a folder"]),
     (["--run-dir", "{data}/sub"], ["--run-dir", "cannot create"]),
+    # Issue 45 item 7: permission bits said yes (root), the folder said [Errno 2] at mkdir.
+    pytest.param(
+        ["--run-dir", "/proc/relpos-x/r"],
+        ["--run-dir", "cannot create /proc/relpos-x/r", "cannot write in /proc"],
+        marks=pytest.mark.skipif(not Path("/proc/self").exists(), reason="no /proc"),
+        id="--run-dir /proc/relpos-x/r",
+    ),
     (["--bogus"], ["unrecognized arguments: --bogus"]),
 ]
 
 
 @pytest.mark.parametrize(
-    ("flags", "patterns"), TRAIN_CASES, ids=[" ".join(flags) for flags, _ in TRAIN_CASES]
+    ("flags", "patterns"),
+    TRAIN_CASES,
+    ids=[c.id if hasattr(c, "id") else " ".join(c[0]) for c in TRAIN_CASES],
 )
 def test_train_refuses(tiny_data, tmp_path, capsys, flags, patterns):
     flags = [f.format(tmp=tmp_path, data=tiny_data) for f in flags]
@@ -217,6 +226,22 @@ def test_train_refuses_configs_and_resumes(tiny_data, tmp_path, capsys):
     bad.write_text(json.dumps({**good, "data": str(bad)}))  # a file, but not chorales
     refused(capsys, [*r, "--config", str(bad)], "data in --config", "'train'")
     refused(capsys, [*r, "--config", str(bad), "--resume"], "--config and --resume")
+    # Issue 45 item 7: a partial config named __init__'s missing positional argument.
+    bad.write_text(json.dumps({"model": {"d_model": 16}, "data": str(tiny_data)}))
+    refused(capsys, [*r, "--config", str(bad)], r"model config needs key\(s\) \['vocab_size'\]")
+    bad.write_text(json.dumps({"data": str(tiny_data)}))
+    refused(capsys, [*r, "--config", str(bad)], r"train config needs key\(s\) \['model'\]")
+
+
+def test_an_unwritable_checkpoint_is_found_before_training(tiny_data, tmp_path, capsys):
+    """Issue 45 item 7: a folder where ``last.pt`` goes failed at the first checkpoint write,
+    after the data, the model and the first steps; now before anything runs, naming the file."""
+    run = tmp_path / "r"
+    (run / "last.pt").mkdir(parents=True)
+    argv = ["train", "--run-dir", str(run), "--data", str(tiny_data), *TINY_FLAGS]
+    for args in (argv, [*argv[:3], "--resume"]):
+        refused(capsys, args, "--run-dir", re.escape(f"{run / 'last.pt'}: a folder is in its"))
+    assert sorted(p.name for p in run.iterdir()) == ["last.pt"]  # the probes left nothing
 
 
 def test_flags_given_with_config_override_its_fields(tiny_data, tmp_path, capsys):
@@ -555,6 +580,10 @@ def test_demo_bench_tour_and_no_command_refuse(tiny_data, tmp_path, capsys):
     refused(capsys, ["demo", "--steps", "0"], "argument --steps")
     refused(capsys, ["demo", "--data", str(tmp_path / "no.json")], "--data", "does not exist")
     refused(capsys, ["demo", "--run-dir", str(tiny_data)], "--run-dir", "not a folder")
+    # Issue 45 item 7: the steps demo runs spoke as `relpos train:`.
+    (tmp_path / "not-json.txt").write_text("a chorale\n")
+    argv = ["demo", "--run-dir", str(tmp_path / "d"), "--data", str(tmp_path / "not-json.txt")]
+    refused(capsys, argv, "^relpos demo: error: --data", "not valid JSON")
     refused(capsys, ["bench", "--device", "idee"], "--device", "'idee'")
     refused(capsys, ["bench", "--heads", "0"], "--heads")
     refused(capsys, ["bench", "--repeats", "2"], "--repeats")
@@ -742,3 +771,25 @@ def test_the_study_script_runs_seeds_side_by_side_and_skips_finished_runs(tiny_d
     with pytest.raises(SystemExit) as stop:
         study.main(["--table-only", "--out", str(tmp_path / "missing")])
     assert stop.value.code == 2
+
+
+def test_ctrl_c_while_the_command_line_loads_is_one_line(tmp_path):
+    """Issue 45 item 7: SIGINT in the first second (PyTorch loading) printed a 43-line traceback.
+    A real SIGINT, sent as ``relpos.runtime`` (which loads torch) is imported by ``relpos``."""
+    import subprocess
+
+    code = (
+        "import os, signal, sys\n"
+        "class Hook:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name == 'relpos.runtime':\n"
+        "            os.kill(os.getpid(), signal.SIGINT)\n"
+        "sys.meta_path.insert(0, Hook())\n"
+        "from relpos.cli import main\n"
+        "sys.exit(main(['tour']))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=tmp_path
+    )
+    assert done.returncode == 130, done.stderr
+    assert done.stderr.strip() == "relpos: interrupted", done.stderr

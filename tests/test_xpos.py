@@ -14,6 +14,7 @@ import torch
 import relpos
 from relpos import Positions, Transformer, TransformerConfig, checks
 from relpos.functional import xpos_max_position
+from relpos.spec.rope import check_xpos_position
 from tests.helpers import randomize_parameters
 from tests.test_oracle import check_against_oracle
 
@@ -92,6 +93,22 @@ def test_positions_past_the_dtype_range_are_refused():
     bf = relpos.MultiheadAttention(16, 2, {**SPEC, "xpos_scale_base": 512.0}, causal=True)
     y = bf.to(torch.bfloat16)(x.bfloat16(), Positions.from_length(2, offset=15000))
     assert torch.isfinite(y).all()
+
+
+@pytest.mark.parametrize(
+    ("dtype", "position", "advice"),
+    [
+        ("float16", 3000, "use bfloat16 or float32 or float64, or an xpos_scale_base of at least"),
+        ("bfloat16", 30000, "use float64, or an xpos_scale_base of at least 848$"),
+        ("float64", 10**7, r"position 10000000: an xpos_scale_base of at least 35301$"),
+    ],
+)
+def test_the_overflow_advice_names_what_reaches_the_position(dtype, position, advice):
+    """Issue 45 item 7: a bfloat16 input was told to "use float32 or bfloat16"; the advice now
+    lists the dtypes whose range reaches the position (none past float64's) and the scale base
+    that does."""
+    with pytest.raises(ValueError, match=advice):
+        check_xpos_position(position, dtype, 512.0)
 
 
 def test_config_and_errors():

@@ -17,7 +17,13 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-__all__ = ["atomic_path", "remove_stale_temporaries", "save_png", "stale_temporaries"]
+__all__ = [
+    "atomic_path",
+    "check_writable",
+    "remove_stale_temporaries",
+    "save_png",
+    "stale_temporaries",
+]
 
 # The random part of a tempfile.mkstemp name: 8 characters of this alphabet.
 _RANDOM = r"[a-z0-9_]{8}"
@@ -78,6 +84,36 @@ def atomic_path(path: str | os.PathLike[str], *, suffix: str = "") -> Iterator[P
             tmp.unlink()
         raise
     _fsync_dir(directory)
+
+
+def check_writable(paths: Iterable[str | os.PathLike[str]]) -> None:
+    """Raise an ``OSError`` naming the path unless :func:`atomic_path` can write every one of
+    ``paths`` (their folders must exist): a temporary file is created beside each and removed,
+    and moved onto a path that does not exist yet (then removed too), so a folder where a file
+    belongs, a read-only folder or a file system that refuses the name is found before any work
+    rather than at the first write. An existing file is left untouched (replacing it needs only
+    its folder).
+    """
+    for path in paths:
+        target = Path(path)
+        if target.is_dir():
+            raise IsADirectoryError(f"cannot write {target}: a folder is in its place")
+        try:
+            fd, tmp_name = tempfile.mkstemp(
+                dir=target.parent, prefix=f".{target.name}.", suffix=".tmp"
+            )
+        except OSError as e:
+            raise type(e)(f"cannot write {target}: {e.strerror or e}") from None
+        os.close(fd)
+        try:
+            if not target.exists():
+                os.replace(tmp_name, target)
+                target.unlink()
+        except OSError as e:
+            raise type(e)(f"cannot write {target}: {e.strerror or e}") from None
+        finally:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp_name)
 
 
 def save_png(fig: Any, path: str | os.PathLike[str]) -> Path:

@@ -2,6 +2,6 @@
 
 import sys
 
-from .commands import main
+from . import main
 
 sys.exit(main())

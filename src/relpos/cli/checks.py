@@ -8,9 +8,19 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import os
+import tempfile
+from collections.abc import Iterable
 from pathlib import Path
 
-__all__ = ["CLIError", "Parser", "UsageError", "check_data", "input_file", "output_folder"]
+__all__ = [
+    "CLIError",
+    "Parser",
+    "UsageError",
+    "check_data",
+    "input_file",
+    "output_folder",
+    "writable_run_files",
+]
 
 
 class CLIError(Exception):
@@ -57,7 +67,29 @@ def output_folder(flag: str, path: str | os.PathLike[str]) -> Path:
         raise CLIError(f"{flag}: cannot create {p}: {ancestor} is not a folder")
     if not os.access(ancestor, os.W_OK | os.X_OK):
         raise CLIError(f"{flag}: cannot write in {ancestor} (permission denied)")
+    # Permission bits are not the whole story (root, /proc, a read-only mount): try a file.
+    try:
+        fd, probe = tempfile.mkstemp(dir=ancestor, prefix=".relpos-probe.", suffix=".tmp")
+    except OSError as e:
+        why = e.strerror or type(e).__name__
+        raise CLIError(f"{flag}: cannot create {p}: cannot write in {ancestor} ({why})") from None
+    os.close(fd)
+    os.unlink(probe)
     return p
+
+
+def writable_run_files(flag: str, folder: Path, names: Iterable[str]) -> None:
+    """The files ``names`` of an existing run ``folder`` can be written
+    (:func:`relpos.atomic.check_writable`), or a :class:`CLIError` naming ``flag``: a folder
+    named ``last.pt`` is found before training, not at the first checkpoint."""
+    from ..atomic import check_writable
+
+    if not folder.is_dir():
+        return  # created by the run, empty: output_folder checked its parent
+    try:
+        check_writable(folder / name for name in names)
+    except OSError as e:
+        raise CLIError(f"{flag}: {e}") from None
 
 
 def check_data(flag: str, data: str) -> None:

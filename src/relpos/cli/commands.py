@@ -29,7 +29,15 @@ from typing import Any
 
 from ..runtime import flush_denormals, retain_freed_memory
 from .argtypes import MAX_SEED, SEED, OnOffAuto, int_type
-from .checks import CLIError, Parser, UsageError, check_data, input_file, output_folder
+from .checks import (
+    CLIError,
+    Parser,
+    UsageError,
+    check_data,
+    input_file,
+    output_folder,
+    writable_run_files,
+)
 from .generate import add_parser as add_generate
 from .runs import load_model, parse_splits, run_folder
 
@@ -396,11 +404,12 @@ def _check_data_file(flag: str, data: str) -> None:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from ..training import TrainConfig, train
+    from ..training import RUN_FILES, TrainConfig, train
     from .limits import device_flag
 
     device = device_flag(args.device)
     run_dir = output_folder("--run-dir", args.run_dir)
+    writable_run_files("--run-dir", run_dir, RUN_FILES)  # not at the first checkpoint
     if args.resume:
         if args.config:
             raise CLIError(
@@ -527,7 +536,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         *quiet,
     ]
     for argv in (train_args, eval_args, generate_args):
-        status = main(argv)
+        status = main(argv, prog="relpos demo")
         if status:
             return status
     print(
@@ -626,15 +635,17 @@ def _out_of_memory(e: BaseException) -> bool:
     )
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, *, prog: str | None = None) -> int:
     """Run ``relpos`` with ``argv`` (default ``sys.argv[1:]``); returns the exit status.
 
     0: done; 2: a user error, reported in one line on stderr; 1: an error of relpos itself (a
-    traceback, and a request to report it); 130/143: stopped by Ctrl-C/SIGTERM.
+    traceback, and a request to report it); 130/143: stopped by Ctrl-C/SIGTERM. ``prog``: the
+    name messages start with (default ``relpos COMMAND``; ``relpos demo`` runs ``train``,
+    ``eval`` and ``generate`` under its own name).
     """
     argv = sys.argv[1:] if argv is None else list(argv)
     command = argv[0] if argv and not argv[0].startswith("-") else ""
-    name = f"relpos {command}".strip()
+    name = prog or f"relpos {command}".strip()
     debug = bool(os.environ.get("RELPOS_DEBUG"))
     try:
         if argv[:1] == ["bench"]:  # forward every option, leading ones included, to bench

@@ -25,6 +25,7 @@ __all__ = [
     "check_bool",
     "check_causal",
     "check_causal_only",
+    "check_config_keys",
     "check_head_indices",
     "check_heads",
     "check_heads_field",
@@ -42,6 +43,28 @@ CONFIGS: dict[str, type[SchemeConfig]] = {}
 
 #: Schemes that act at the input (added to token embeddings), not inside attention.
 ABSOLUTE_SCHEMES = ("sinusoidal", "learned")
+
+
+def check_config_keys(kind: str, cls: type, data: dict[str, Any]) -> None:
+    """Raise a ``ValueError`` unless ``data`` holds only fields of the dataclass ``cls`` and every
+    field without a default: a partial config names what it lacks (``kind``: ``"model config"``)
+    instead of failing in ``__init__`` with a positional-argument error."""
+    fields = [f for f in dataclasses.fields(cls) if f.init]
+    known = sorted(f.name for f in fields)
+    unknown = sorted(set(data) - set(known))
+    if unknown:
+        raise ValueError(f"unknown {kind} key(s) {unknown}; valid keys: {known}")
+    missing = [
+        f.name
+        for f in fields
+        if f.name not in data
+        and f.default is dataclasses.MISSING
+        and f.default_factory is dataclasses.MISSING
+    ]
+    if missing:
+        raise ValueError(
+            f"{kind} needs key(s) {missing} (every other key has a default); got {sorted(data)}"
+        )
 
 
 def check_int(name: str, value: Any, *, minimum: int) -> None:

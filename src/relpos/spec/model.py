@@ -10,7 +10,14 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from .base import ABSOLUTE_SCHEMES, check_bool, check_heads, check_int, config_from_dict
+from .base import (
+    ABSOLUTE_SCHEMES,
+    check_bool,
+    check_config_keys,
+    check_heads,
+    check_int,
+    config_from_dict,
+)
 
 __all__ = ["ModelConfig"]
 
@@ -104,8 +111,5 @@ class ModelConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ModelConfig:
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ValueError(f"unknown model config key(s) {unknown}; valid keys: {sorted(known)}")
+        check_config_keys("model config", cls, data)
         return cls(**data)

@@ -8,6 +8,7 @@ Tables: the frequency ladder ``θ^(-2m/r)`` (:func:`rope_frequencies`), one ladd
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -132,9 +133,13 @@ def check_xpos_position(largest: int, dtype: Any, scale_base: float) -> None:
     its xPos scales would overflow."""
     limit = xpos_max_position(str(dtype), scale_base)
     if largest > limit:
+        # Advise only what reaches the position: a dtype of wider range, or the scale base.
+        wider = [n for n in _FLOAT_MAX if xpos_max_position(n, scale_base) >= largest]
+        base = math.ceil(scale_base * largest / max(limit, 1))
+        advice = f"use {' or '.join(wider)}, or " if wider else ""
         raise ValueError(
             f"xPos scales overflow {dtype} beyond position {limit} (xpos_scale_base={scale_base}); "
-            f"got position {largest}: use float32 or bfloat16, or a larger xpos_scale_base"
+            f"got position {largest}: {advice}an xpos_scale_base of at least {base}"
         )
 
 

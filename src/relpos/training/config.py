@@ -14,6 +14,7 @@ from typing import Any
 
 from ..models.transformer import TransformerConfig
 from ..schemes.base import check_int
+from ..spec.base import check_config_keys
 
 __all__ = ["TrainConfig"]
 
@@ -206,12 +207,7 @@ class TrainConfig:
     def from_dict(cls, data: dict[str, Any]) -> TrainConfig:
         if not isinstance(data, dict):
             raise TypeError(f"train config must be a dict, got {type(data).__name__}")
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ValueError(f"unknown train config key(s) {unknown}; valid keys: {sorted(known)}")
-        if "model" not in data:
-            raise ValueError("train config needs a 'model' section")
+        check_config_keys("train config", cls, data)
         fields = dict(data)
         fields["model"] = _model_from_dict(fields["model"])
         return cls(**fields)
