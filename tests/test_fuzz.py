@@ -16,7 +16,12 @@ float32 / float64 / bfloat16. Properties:
 
 * **non-finite values**: NaN/inf at a padding position never reach a real token; inside one
   packed document they may reach the row's other documents (documented; a strict xfail, so a
-  fix is noticed).
+  fix is noticed);
+* **non-finite inputs and weights** (issue 45): NaN or ±inf in any token or any parameter gives
+  on every backend what ``eager`` gives (the same NaN and inf entries, the same numbers
+  elsewhere, padding 0: ``attention.contract.propagate_nonfinite``); NaN or ±inf in padding
+  tokens reach no gradient (every gradient equals that of the same batch with finite padding).
+  Cheap draws by default, wide ones (``_wide``) under ``@pytest.mark.slow`` (``make test-all``).
 """
 
 from __future__ import annotations
