@@ -25,7 +25,8 @@ _LOW = (1 << 24) - 1
 
 
 def reduced_angles(pos: Tensor, inv_freq: Tensor) -> Tensor:
-    """``pos·ω`` modulo ``2π``, float64, with an error of about ``1e-8`` at any int64 position.
+    """``pos·ω`` modulo ``2π`` with an error of about ``1e-8`` at any int64 position, returned in
+    at least float32 (``inv_freq``'s compute dtype).
 
     A float32 ``pos·ω`` at position ``10⁹`` is off by tens of radians (the position itself is
     rounded to a multiple of 64), so RoPE lost its relative property far from 0, silently. Here
@@ -33,10 +34,14 @@ def reduced_angles(pos: Tensor, inv_freq: Tensor) -> Tensor:
     parts (one for a float32 ``ω``, two and a small rest for float64): every product of two parts
     is exact in float64, and ``fmod`` by the float64 ``2π`` is exact, so the angles of two
     positions differ by ``(p - q)·ω`` modulo that ``2π`` to float64 rounding, whatever ``p``.
-    Differentiable in ``inv_freq`` (learned frequencies): the gradient is ``pos``.
+    Differentiable in ``inv_freq`` (learned frequencies): the gradient is ``pos``. MPS has no
+    float64: there the plain product, with its float32 rounding.
 
     Shapes: ``pos`` int64 and ``inv_freq`` broadcast against each other.
     """
+    dtype = compute_dtype(inv_freq.dtype)
+    if pos.device.type == "mps":
+        return pos.to(dtype) * inv_freq.to(dtype)
     f = inv_freq.to(torch.float64)
     parts = [f.to(torch.float32).to(torch.float64)]
     rest = None
@@ -44,6 +49,7 @@ def reduced_angles(pos: Tensor, inv_freq: Tensor) -> Tensor:
         rest = f - parts[0]
         parts.append(rest.to(torch.float32).to(torch.float64))
         rest = rest - parts[1]  # below 2^-48·ω: its product needs no splitting
+    pos = pos.long()  # the shifts below assume 64 bits
     a = (pos >> 48).to(torch.float64)
     b = ((pos >> 24) & _LOW).to(torch.float64)
     c = (pos & _LOW).to(torch.float64)
@@ -55,7 +61,7 @@ def reduced_angles(pos: Tensor, inv_freq: Tensor) -> Tensor:
         total = term if total is None else total + term
     if rest is not None:
         total = total + pos.to(torch.float64) * rest
-    return torch.fmod(total, _TWO_PI)
+    return torch.fmod(total, _TWO_PI).to(dtype)
 
 
 def rope_angles(pos: Tensor, inv_freq: Tensor) -> Tensor:
@@ -64,10 +70,10 @@ def rope_angles(pos: Tensor, inv_freq: Tensor) -> Tensor:
     Integer positions give the angle modulo ``2π`` (:func:`reduced_angles`), exact enough for the
     relative property at any offset; floating positions the plain product.
     ``inv_freq``: ``(d/2,)``, or per token ``(..., n, d/2)`` (length-dependent scalings)."""
-    dtype = compute_dtype(inv_freq.dtype)
     if pos.dtype.is_floating_point:
+        dtype = compute_dtype(inv_freq.dtype)
         return pos.to(dtype).unsqueeze(-1) * inv_freq.to(dtype)
-    return reduced_angles(pos.unsqueeze(-1), inv_freq).to(dtype)
+    return reduced_angles(pos.unsqueeze(-1), inv_freq)
 
 
 def apply_rope(

@@ -31,7 +31,6 @@ from torch import Tensor
 
 from ..spec.rope import axial_frequencies as spec_axial_frequencies
 from ..spec.rope import check_sections, split_mrope_scaling
-from .dtypes import compute_dtype
 from .rope import reduced_angles
 
 __all__ = [
@@ -105,5 +104,4 @@ def axis_angles(coords: Tensor, inv_freq: Tensor, pair_axis: Tensor) -> Tensor:
     Returns:
         ``(b, n, r/2)`` angles, the input of :func:`~relpos.functional.rope.apply_rope`.
     """
-    dtype = compute_dtype(inv_freq.dtype)
-    return reduced_angles(coords.index_select(-1, pair_axis), inv_freq).to(dtype)
+    return reduced_angles(coords.index_select(-1, pair_axis), inv_freq)
