@@ -33,11 +33,12 @@ __all__ = ["RelativeMultiHeadAttention", "attend", "repeat_kv_heads", "zero_padd
 def zero_padding(x, valid):
     """``x`` ``(b, n, ...)`` with exact zeros at the tokens ``valid`` ``(b|1, n)`` marks False.
 
-    Applied to the queries, keys and values before attention, after every scheme hook that reads
-    them per token (rotations; the forget gate's sums skip padding by themselves): then nothing a
-    padding token holds, not even NaN or inf, reaches a real token (a masked probability is 0,
-    but ``0·NaN`` is NaN), on every scheme's path (DeBERTa's and CoPE's key terms read the keys).
-    The Keras twin of the PyTorch backends' ``zero_padding_keys``."""
+    The layer applies it to its inputs before the projections (and the forget gate) read them,
+    and to the keys and values before attention (masked keys, cache slots): then nothing a
+    padding token holds, not even NaN or inf, reaches a real token or a weight's gradient (a
+    masked probability is 0, but ``0·NaN`` is NaN). ``where``, not a product: NaN is dropped.
+    The Keras twin of the PyTorch layer's ``zero_padding_tokens`` and its backends'
+    ``zero_padding_keys``."""
     keep = ops.cast(valid, "bool")
     for _ in range(len(x.shape) - 2):
         keep = ops.expand_dims(keep, -1)
@@ -612,11 +613,47 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
                 )
             cache, gates = self._split_cache(cache)
             self._check_cache(cache, query.shape[0])  # before projecting: a wrong cache fails fast
+        if cache is not None:
+            q_pos, k_pos, index = self._cache_positions(cache, cache_update_index, cache_mask, n, b)
+            new_keys = q_pos  # self-attention: the new tokens are the keys written
+        else:
+            if cache_update_index is not None or cache_mask is not None:
+                raise ValueError("cache_update_index and cache_mask need a cache")
+            # segment_ids with query_mask (Keras fills it from an upstream mask_zero): both mark
+            # padding, a token is real where both say so.
+            q_pos = resolve_positions(
+                n,
+                batch=query.shape[0],
+                mask=query_mask,
+                segment_ids=segment_ids,
+                positions=positions,
+                start_index=start_index,
+                axis="i",
+            )
+            if self_attention:
+                k_pos = q_pos
+            else:  # the value sequence's own positions, resolved as the query's
+                k_pos = resolve_positions(
+                    sequence_length(key),
+                    batch=query.shape[0],
+                    mask=value_mask if value_mask is not None else key_mask,
+                    segment_ids=value_segment_ids,
+                    positions=value_positions,
+                    prefix="value_",
+                    axis="j",
+                )
+            new_keys = k_pos
+        # Padding tokens are dropped (zeros) before anything reads them, as the PyTorch layer
+        # does: no NaN or inf there reaches a real token, nor a weight's gradient (a projection
+        # weight's gradient sums every token's input times its output gradient; NaN·0 is NaN).
+        same_value, same_key = value is query, key is value
+        query = zero_padding(query, q_pos.valid)
+        value = query if same_value else zero_padding(value, new_keys.valid)
+        key = value if same_key else zero_padding(key, new_keys.valid)
         q = self.query_dense(query)
         k = self.key_dense(key)
         v = self.value_dense(value)
         if cache is not None:
-            q_pos, k_pos, index = self._cache_positions(cache, cache_update_index, cache_mask, n, b)
             if gates is not None:  # per-token log gates beside the keys; c over every slot
                 gates = _write_cache(gates, scheme.token_log_decay(query), index)
                 decay = slot_log_decay(gates, ops.broadcast_to(k_pos.valid, ops.shape(gates)[:2]))
@@ -633,33 +670,9 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
             if scheme.rotates_cached_keys:  # the cache holds raw keys: rotate all of them
                 q, k = scheme.rotate(q, k, q_pos, k_pos)
         else:
-            if cache_update_index is not None or cache_mask is not None:
-                raise ValueError("cache_update_index and cache_mask need a cache")
-            # segment_ids with query_mask (Keras fills it from an upstream mask_zero): both mark
-            # padding, a token is real where both say so.
-            q_pos = resolve_positions(
-                n,
-                batch=query.shape[0],
-                mask=query_mask,
-                segment_ids=segment_ids,
-                positions=positions,
-                start_index=start_index,
-                axis="i",
-            )
             if scheme.contextual:  # per-document sums of the gates of x's tokens (FoX)
                 q_pos = with_log_decay(q_pos, scheme.token_log_decay(query))
-            if self_attention:
-                k_pos = q_pos
-            else:  # the value sequence's own positions, resolved as the query's
-                k_pos = resolve_positions(
-                    sequence_length(key),
-                    batch=query.shape[0],
-                    mask=value_mask if value_mask is not None else key_mask,
-                    segment_ids=value_segment_ids,
-                    positions=value_positions,
-                    prefix="value_",
-                    axis="j",
-                )
+                k_pos = q_pos  # self-attention only (checked above)
             q, k = self.position_scheme.rotate(q, k, q_pos, k_pos)
         allowed = allowed_pairs(q_pos, k_pos, causal=causal)
         if attention_mask is not None:
@@ -677,8 +690,7 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
             if kmask is not None:
                 allowed = ops.logical_and(allowed, ops.expand_dims(kmask, 1))
                 key_valid = ops.logical_and(key_valid, kmask)
-        # Padding (and masked keys) is zeroed, as the PyTorch layer does: no NaN or inf there
-        # reaches a real token.
+        # Keys ruled out (masked keys, cache slots cache_mask leaves out) are zeroed too.
         q = zero_padding(q, q_pos.valid)
         k, v = zero_padding(k, key_valid), zero_padding(v, key_valid)
         groups = self.num_heads // self.num_key_value_heads
