@@ -227,3 +227,39 @@ def test_t5_distance_within_the_exact_buckets_is_refused():
         relpos.MultiheadAttention(
             16, 2, {"name": "t5", "num_buckets": 32, "max_distance": 16}, causal=True
         )
+
+
+TORCH_SIDE = ("torch", "relpos.functional", "relpos.schemes", "relpos.attention", "relpos.models")
+
+
+def _module_level_imports(path):
+    """The modules a file imports at module level (not inside functions or TYPE_CHECKING)."""
+    import ast
+
+    package = "relpos." + ".".join(path.relative_to(SRC).with_suffix("").parts[:-1])
+    found = []
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.Import):
+            found += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = package.split(".")
+            if node.level:
+                base = base[: len(base) - node.level + 1]
+                found.append(".".join([*base, *([node.module] if node.module else [])]))
+            else:
+                found.append(node.module)
+    return found
+
+
+SRC = __import__("pathlib").Path(relpos.__file__).parent
+
+
+@pytest.mark.parametrize(
+    "path", sorted((SRC / "keras").rglob("*.py")) + sorted((SRC / "spec").rglob("*.py")),
+    ids=lambda p: str(p.relative_to(SRC)),
+)  # fmt: skip
+def test_keras_and_spec_import_nothing_from_the_torch_side(path):
+    """The Keras layers build from the spec only; ``from_torch`` imports the PyTorch classes when
+    it runs (issue 44)."""
+    bad = [m for m in _module_level_imports(path) if m.startswith(TORCH_SIDE)]
+    assert not bad, bad
