@@ -9,9 +9,13 @@ Shape legend: ``b`` batch, ``h`` heads, ``i`` queries, ``j`` keys, ``n`` tokens,
 
 from __future__ import annotations
 
+import fractions
+import functools
 import math
 from typing import Any
 
+import keras
+import numpy as np
 from keras import ops
 
 from ..spec.rope import rope_frequencies as spec_rope_frequencies
@@ -67,11 +71,60 @@ def rope_frequencies(rotary_dim: int, theta: float = 10000.0):
     return ops.convert_to_tensor(spec_rope_frequencies(rotary_dim, theta), dtype="float32")
 
 
+#: A position splits into three pieces of 11 bits, ``p = p2·2²² + p1·2¹¹ + p0``.
+_PIECE_BITS = 11
+
+
+@functools.lru_cache(maxsize=64)
+def _turn_pieces(ladder: tuple[float, ...]) -> np.ndarray:
+    """float32 ``(3, 3, r/2)``: entry ``[k, j]`` is the ``j``-th 12-bit piece (at ``2^-12``,
+    ``2^-24``, ``2^-36``) of ``frac(2^(11k)·ω/2π)``, computed exactly (rationals) from the float32
+    ``ω`` and the float64 ``2π`` (the PyTorch side's modulus)."""
+    two_pi = fractions.Fraction(2 * math.pi)
+    out = np.zeros((3, 3, len(ladder)), dtype=np.float32)
+    for m, w in enumerate(ladder):
+        turns = fractions.Fraction(float(np.float32(w))) / two_pi
+        for k in range(3):
+            rest = (turns * 2 ** (_PIECE_BITS * k)) % 1
+            for j in range(3):
+                scale = 2 ** (12 * (j + 1))
+                piece = fractions.Fraction(math.floor(rest * scale), scale)
+                out[k, j, m], rest = float(piece), rest - piece
+    return out
+
+
 def rope_angles(pos, inv_freq):
     """``pos · ω_k`` per token and pair: ``(b, n)`` → float32 ``(b, n, r/2)``.
 
-    ``inv_freq``: ``(r/2,)``, or per token ``(b, n, r/2)`` (length-dependent scalings)."""
-    return ops.expand_dims(ops.cast(pos, "float32"), -1) * inv_freq
+    ``inv_freq``: host values ``(r/2,)`` (a tuple or numpy array: a fixed ladder), a tensor
+    ``(r/2,)`` (learned frequencies), or per token ``(b, n, r/2)`` (length-dependent scalings).
+
+    Integer positions with a fixed ladder give the angle modulo ``2π`` to about ``10⁻⁶`` at any
+    int32 position, in float32 alone (JAX has no float64 by default): in turns, each 11-bit piece
+    of the position times each 12-bit piece of ``ω/2π`` (exact rationals from the host) is
+    exact in float32, and so is its fractional part, so RoPE keeps its relative property at any
+    offset (a float32 ``p·ω`` is off by tens of radians at position ``10⁹``). A tensor ``ω`` and
+    float positions get the plain float32 product, whose rounding grows with ``p``."""
+    integer = not keras.backend.is_float_dtype(keras.backend.standardize_dtype(pos.dtype))
+    if not (integer and isinstance(inv_freq, tuple | list | np.ndarray)):
+        return ops.expand_dims(ops.cast(pos, "float32"), -1) * ops.cast(inv_freq, "float32")
+    pieces = _turn_pieces(tuple(float(w) for w in np.asarray(inv_freq).reshape(-1)))
+    pos = ops.cast(pos, "int32")
+    step = 2**_PIECE_BITS
+    p2 = ops.floor_divide(pos, step * step)
+    rest = pos - p2 * (step * step)
+    p1 = ops.floor_divide(rest, step)
+    parts = [ops.expand_dims(ops.cast(t, "float32"), -1) for t in (rest - p1 * step, p1, p2)]
+    turns = None
+    for j in range(3):  # the coarsest pieces first: their fractional parts sum exactly
+        s = None
+        for k, part in enumerate(parts):
+            x = part * ops.convert_to_tensor(pieces[k, j])
+            x = x - ops.floor(x)
+            s = x if s is None else s + x
+        turns = s if turns is None else turns + s
+        turns = turns - ops.floor(turns)
+    return turns * (2 * math.pi)
 
 
 def sequence_rope_frequencies(rotary_dim: int, theta: float, scaling: dict[str, Any], lengths):

@@ -64,7 +64,7 @@ class RotaryScheme(AttentionScheme):
         elif self.inv_freq is not None:
             inv = ops.cast(self.inv_freq, "float32")
         else:
-            inv = ops.convert_to_tensor(self.ladder, dtype="float32")
+            inv = self.ladder  # host values: the angles reduced modulo 2π exactly
         return rope_angles(positions.pos, inv)
 
     def _xpos(self, positions: Positions, dtype, *, key: bool):
