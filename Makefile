@@ -44,8 +44,9 @@ test: $(KERAS_STAMP) $(TRITON_STAMP)
 	$(BIN)/ruff check src tests benchmarks examples
 	$(BIN)/python tests/run_suites.py -- -m "not slow"
 
+# Every test and every case of each matrix (`make test` runs a pairwise cover: tests/matrix.py).
 test-all: $(KERAS_STAMP) $(TRITON_STAMP)
-	$(BIN)/python tests/run_suites.py
+	$(BIN)/python tests/run_suites.py -- --full-matrix
 
 lint: $(KERAS_STAMP)
 	$(BIN)/ruff check src tests benchmarks examples

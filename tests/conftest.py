@@ -1,5 +1,6 @@
-"""pytest configuration: hypothesis profile (deterministic, no deadline: oracles are slow), and
-no test leaks process-wide floating-point state into the next."""
+"""pytest configuration: hypothesis profile (deterministic, no deadline: oracles are slow), the
+default run's share of each test matrix (``tests/matrix.py``; ``--full-matrix`` runs every
+case), and no test leaks process-wide floating-point state into the next."""
 
 import os
 
@@ -45,8 +46,17 @@ def one_thread():
     torch.set_num_threads(threads)
 
 
-def pytest_collection_modifyitems(items):
-    """Skip the bidirectional cases of a causal-only scheme (FIRE refuses to be built so)."""
+def pytest_addoption(parser):
+    parser.addoption(
+        "--full-matrix",
+        action="store_true",
+        help="run every case of the tests marked `matrix` (default: a pairwise cover of them)",
+    )
+
+
+def pytest_collection_modifyitems(config, items):
+    """Skip the bidirectional cases of a causal-only scheme (FIRE refuses to be built so); keep
+    a pairwise cover of each ``matrix`` test's cases unless ``--full-matrix``."""
     from tests.helpers import causal_only
 
     for item in items:
@@ -54,3 +64,31 @@ def pytest_collection_modifyitems(items):
         spec = params.get("spec")
         if params.get("causal") is False and isinstance(spec, dict) and causal_only(spec):
             item.add_marker(pytest.mark.skip(reason=f"{spec['name']} is causal only"))
+    if not config.getoption("--full-matrix"):
+        _keep_pairwise_covers(config, items)
+
+
+def _keep_pairwise_covers(config, items) -> None:
+    """Deselect the cases of each ``matrix`` test outside its pairwise cover. In the Keras suite,
+    which runs once per backend, the three backends share the cover: each runs every third of its
+    cases (all of them where it has fewer than three), so every case runs on some backend."""
+    from tests.matrix import pairwise_cover
+
+    backends = ("jax", "tensorflow", "torch")
+    seed = backends.index(os.environ.get("KERAS_BACKEND", "jax"))
+    groups: dict[str, list[int]] = {}
+    for n, item in enumerate(items):
+        if item.get_closest_marker("matrix") is not None and hasattr(item, "callspec"):
+            groups.setdefault(item.nodeid.split("[")[0], []).append(n)
+    dropped: set[int] = set()
+    for members in groups.values():
+        # By value, not index: a tuple of parameters given together (("spec", "backend"),
+        # CASES) is one parametrize call whose indices would make every case unique.
+        cases = [{k: repr(v) for k, v in items[n].callspec.params.items()} for n in members]
+        keep = pairwise_cover(cases)
+        if items[members[0]].nodeid.startswith("tests/keras/") and len(keep) >= len(backends):
+            keep = keep[seed :: len(backends)]
+        dropped.update(n for k, n in enumerate(members) if k not in set(keep))
+    if dropped:
+        config.hook.pytest_deselected(items=[items[n] for n in sorted(dropped)])
+        items[:] = [item for n, item in enumerate(items) if n not in dropped]

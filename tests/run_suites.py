@@ -7,7 +7,10 @@ thread each, their output kept and printed whole when they end; the PyTorch suit
 foreground meanwhile, printing as it goes. The exit status is non-zero if any suite failed.
 
     python tests/run_suites.py [--only torch|keras-jax|keras-tensorflow|keras-torch|fused ...]
-                               [-- pytest args]
+                               [--durations [N]] [-- pytest args]
+
+``--durations`` prints each suite's N slowest tests (pytest's ``--durations``) and, at the end,
+every suite's wall time.
 """
 
 from __future__ import annotations
@@ -17,13 +20,20 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 KERAS_BACKENDS = ("jax", "tensorflow", "torch")
+#: One thread per suite; XLA (Keras on JAX, TensorFlow's jit_compile) compiles without its
+#: expensive optimisations: the suites compile thousands of tiny programs once each, and
+#: optimising them took about a fifth of the JAX suite's CPU time.
 ONE_THREAD = {
     "OMP_NUM_THREADS": "1",
-    "XLA_FLAGS": "--xla_cpu_multi_thread_eigen=false",
+    "XLA_FLAGS": (
+        "--xla_cpu_multi_thread_eigen=false --xla_backend_optimization_level=0 "
+        "--xla_llvm_disable_expensive_passes=true"
+    ),
     "TF_NUM_INTEROP_THREADS": "1",
     "TF_NUM_INTRAOP_THREADS": "1",
     "TF_CPP_MIN_LOG_LEVEL": "2",
@@ -50,9 +60,21 @@ def main(argv: list[str]) -> int:
     )
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", nargs="+", choices=SUITES, default=list(SUITES))
+    parser.add_argument(
+        "--durations",
+        nargs="?",
+        type=int,
+        const=25,
+        metavar="N",
+        help="print each suite's N slowest tests (default 25) and every suite's wall time",
+    )
     args = parser.parse_args(own)
+    if args.durations is not None:
+        extra = [f"--durations={args.durations}", *extra]
     pytest = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *extra]
     failed = []
+    start = time.monotonic()
+    walls: dict[str, float] = {}
     with tempfile.TemporaryDirectory() as tmp:
         runs = []
         for suite in args.only:
@@ -70,6 +92,14 @@ def main(argv: list[str]) -> int:
             ignore = [f"--ignore={folder}" for folder, _, _ in BACKGROUND.values()]
             if subprocess.call([*pytest, *sorted(set(ignore))], cwd=ROOT):
                 failed.append("torch")
+            walls["torch"] = time.monotonic() - start
+        while any(proc.poll() is None for _, proc, _ in runs):  # each suite's own end
+            for suite, proc, _ in runs:
+                if proc.poll() is not None and suite not in walls:
+                    walls[suite] = time.monotonic() - start
+            time.sleep(1)
+        for suite, _proc, _ in runs:
+            walls.setdefault(suite, time.monotonic() - start)
         for suite, proc, log in runs:
             code = proc.wait()
             log.seek(0)
@@ -78,6 +108,10 @@ def main(argv: list[str]) -> int:
             log.close()
             if code:
                 failed.append(suite)
+    if args.durations is not None:
+        print("===== wall time of each suite (all started together)")
+        for suite in args.only:
+            print(f"{suite:18s} {walls[suite] / 60:6.1f} min")
     if failed:
         print(f"failed: {', '.join(failed)}", file=sys.stderr)
         return 1

@@ -44,6 +44,7 @@ def _runs(backend: str, spec: dict) -> bool:
 @pytest.mark.parametrize("layout", ["left-pad", "packed", "cached"])
 @pytest.mark.parametrize("spec", DIRECT, ids=spec_id)
 @pytest.mark.parametrize("backend", sorted(set(BACKENDS) - {"flex", "fused"}))  # fused: tests/fused
+@pytest.mark.matrix
 def test_a_backend_computes_the_same_under_autocast(backend, spec, layout, device, deterministic):
     """Outputs and every gradient bit for bit. A ``backward`` inside the autocast block runs too
     (torch advises against it: its own backward matmuls then run in bfloat16, so only finite).
@@ -106,6 +107,7 @@ def _model_case(spec: dict, where: str) -> tuple[Transformer, torch.Tensor, Posi
 
 @pytest.mark.parametrize("where", ["padded", "far"])
 @pytest.mark.parametrize("spec", SCHEME_SPECS, ids=spec_id)
+@pytest.mark.matrix
 def test_a_model_under_autocast_stays_near_float32(spec, where):
     """Logits and the gradient of the embedding within bfloat16's reach of float32."""
     if where == "far" and spec["name"] == "learned":

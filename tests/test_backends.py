@@ -130,6 +130,7 @@ def supported(backend: str, spec: dict) -> bool:
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
 @pytest.mark.parametrize("spec", BACKEND_SPECS, ids=spec_id)
 @pytest.mark.parametrize("backend", FAST_BACKENDS)
+@pytest.mark.matrix
 def test_backend_matches_eager(backend, spec, causal, layout):
     if not supported(backend, spec):
         pytest.skip("sdpa does not support a value term (auto picks chunked)")
@@ -151,6 +152,7 @@ def test_backend_matches_eager(backend, spec, causal, layout):
     ],
     ids=spec_id,
 )
+@pytest.mark.matrix
 def test_tiles_compute_a_keyed_term_for_the_rows_a_block_reaches(spec, causal, layout, monkeypatch):
     """With ``FEW_ROWS = 0`` every ``q·Eᵀ`` term is computed per query block for the rows its
     tiles reach (an offset into the table; the gradients land in those rows): equal to eager on
@@ -237,6 +239,7 @@ def test_chunked_tiles_any_block_sizes(seed, q_block, k_block, layout, causal):
 @pytest.mark.parametrize(
     ("backend", "layout"), [("sdpa", "packed"), ("chunked", "plain"), ("chunked-tiles", "packed")]
 )
+@pytest.mark.matrix
 def test_backend_matches_eager_float32(backend, spec, causal, layout):
     if not supported(backend, spec):
         pytest.skip("sdpa does not support a value term")
@@ -248,6 +251,7 @@ def test_backend_matches_eager_float32(backend, spec, causal, layout):
 # ------------------------------------------------------------------------------ masked rows
 @pytest.mark.parametrize("spec", BACKEND_SPECS, ids=spec_id)
 @pytest.mark.parametrize("backend", FAST_BACKENDS)
+@pytest.mark.matrix
 def test_fully_masked_rows_give_zeros_and_finite_grads(backend, spec):
     if not supported(backend, spec):
         pytest.skip("sdpa does not support a value term")
@@ -269,6 +273,7 @@ def test_fully_masked_rows_give_zeros_and_finite_grads(backend, spec):
 
 @pytest.mark.parametrize("spec", BACKEND_SPECS, ids=spec_id)
 @pytest.mark.parametrize("backend", FAST_BACKENDS)
+@pytest.mark.matrix
 def test_a_call_of_padding_queries_gives_parameters_eagers_gradients(backend, spec):
     """A KV-cache step whose every query is padding sees no key: the output is 0, and the
     scheme's parameters get what ``eager`` gives them (zeros where the term took part, None

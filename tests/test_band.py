@@ -111,6 +111,7 @@ def use_engine(monkeypatch, engine: str) -> None:
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
 @pytest.mark.parametrize("spec", BAND_SPECS, ids=spec_id)
 @pytest.mark.parametrize("n", [70, 200])
+@pytest.mark.matrix
 def test_region_path_matches_eager(spec, causal, group_elements, n, engine, monkeypatch):
     """Both band engines against eager; ``one-block`` makes the tile engine's groups one block
     and the distance engine's chunks one (batch, head) row."""
@@ -126,6 +127,7 @@ def test_region_path_matches_eager(spec, causal, group_elements, n, engine, monk
 
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
 @pytest.mark.parametrize("spec", BAND_SPECS, ids=spec_id)
+@pytest.mark.matrix
 def test_region_path_with_groups_of_two_blocks_matches_eager(spec, causal, monkeypatch):
     """Groups of several blocks inside the sequence: T5's shared ``(1, h, B, J)`` mask is
     broadcast over the group's blocks (and the batch), forward and backward."""
@@ -265,6 +267,7 @@ def test_cpu_flash_misreads_a_float32_mask_with_float64_queries():
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
 @pytest.mark.parametrize("spec", BAND_SPECS, ids=spec_id)
 @pytest.mark.parametrize("dtypes", [(64, 32), (32, 64)], ids=["f64-inputs", "f64-table"])
+@pytest.mark.matrix
 def test_region_path_with_a_table_in_another_dtype_matches_eager(
     spec, causal, engine, dtypes, monkeypatch
 ):

@@ -680,7 +680,8 @@ def test_trailing_padding_changes_no_loss():
 def test_the_study_script_runs_seeds_side_by_side_and_skips_finished_runs(tiny_data, tmp_path):
     """``benchmarks/chorale_study.py --config``: every scheme × seed is a run folder with its
     evaluation; the table has each scheme's mean and spread; a run stopped before its first
-    checkpoint starts over; a second call trains nothing; a call for some seeds tabulates all."""
+    checkpoint starts over; a second call trains nothing; a call for some seeds tabulates all;
+    a cell's own flags (``music-lr10``) replace the file's scheme. Three runs in all."""
     import importlib.util
 
     path = Path(__file__).parents[1] / "benchmarks" / "chorale_study.py"
@@ -694,30 +695,32 @@ def test_the_study_script_runs_seeds_side_by_side_and_skips_finished_runs(tiny_d
     # The file's data path does not exist here; --data names the copy to use instead.
     cfg.write_text(json.dumps({"model": model, "data": str(tmp_path / "gone.json"), **budget}))
     out = tmp_path / "study"
-    argv = ["--config", str(cfg), "--data", str(tiny_data), "--schemes", "alibi,nope"]
-    argv += ["--seeds", "0,1"]
+    argv = ["--config", str(cfg), "--data", str(tiny_data), "--schemes", "alibi,music-lr10"]
     argv += ["--parallel", "2", "--device", "cpu", "--out", str(out)]
-    stopped = out / "nope-seed1"  # a run stopped before its first checkpoint starts over
+    assert study.main([*argv, "--schemes", "alibi", "--seeds", "0,1"]) == 0
+    stopped = out / "music-lr10-seed0"  # a run stopped before its first checkpoint starts over
     stopped.mkdir(parents=True)
     (stopped / "config.json").write_text("{}")
     (stopped / "metrics.jsonl").write_text('{"step": 1}\n')
-    assert study.main(argv) == 0
+    assert study.main([*argv, "--seeds", "0"]) == 0  # alibi-seed0 is finished: one new run
     rows = json.loads((out / "results.json").read_text())
-    assert [(r["scheme"], r["seeds"]) for r in rows] == [("alibi", 2), ("nope", 2)]
-    for r in rows:
-        valid = [
-            json.loads((out / f"{r['scheme']}-seed{s}" / "eval.json").read_text())["valid_nll"]
-            for s in (0, 1)
-        ]
-        assert r["valid_nll"] == pytest.approx(sum(valid) / 2)
-        assert r["valid_spread"] == pytest.approx(max(valid) - min(valid))
+    # A call for one seed tabulates every finished run in --out (alibi's seed 1 ran apart).
+    by_scheme = {r["scheme"]: r for r in rows}  # rows are sorted by validation NLL
+    assert {name: r["seeds"] for name, r in by_scheme.items()} == {"alibi": 2, "music-lr10": 1}
+    valid = [
+        json.loads((out / f"alibi-seed{s}" / "eval.json").read_text())["valid_nll"] for s in (0, 1)
+    ]
+    assert by_scheme["alibi"]["valid_nll"] == pytest.approx(sum(valid) / 2)
+    assert by_scheme["alibi"]["valid_spread"] == pytest.approx(max(valid) - min(valid))
     saved = json.loads((out / "alibi-seed1" / "config.json").read_text())
     assert saved["seed"] == 1 and saved["model"]["scheme"]["heads"] == [1]
-    saved = json.loads((out / "nope-seed1" / "config.json").read_text())
-    assert saved["model"]["scheme"] == {"name": "nope"}
+    saved = json.loads((out / "music-lr10-seed0" / "config.json").read_text())
+    assert saved["position_lr_scale"] == 10.0
+    assert saved["model"]["scheme"] == {"name": "music", "max_distance": 512}
     assert (out / "alibi-seed0" / "samples").is_dir()  # the first seed samples a chorale
     assert not (out / "alibi-seed1" / "samples").exists()
     assert "| alibi | 2 |" in (out / "results.md").read_text()
+    assert "| music-lr10 | 1 |" in (out / "results.md").read_text()
     for bad in (["--schemes", "bogus"], ["--seeds", "x"], ["--parallel", "0"], ["--threads", "0"]):
         with pytest.raises(SystemExit) as stop:
             study.main([*argv, *bad])
@@ -725,24 +728,11 @@ def test_the_study_script_runs_seeds_side_by_side_and_skips_finished_runs(tiny_d
     with pytest.raises(SystemExit) as stop:
         study.main(["--schemes", "nope", "--out", str(out)])  # neither --data nor --config
     assert stop.value.code == 2
-    stamp = (out / "nope-seed0" / "eval.json").stat().st_mtime_ns
-    assert study.main(argv) == 0  # everything finished: nothing runs again
-    assert (out / "nope-seed0" / "eval.json").stat().st_mtime_ns == stamp
-    # A call for one seed still tabulates every finished run in --out (the seeds ran apart).
+    stamp = (out / "music-lr10-seed0" / "eval.json").stat().st_mtime_ns
     (out / "results.json").unlink()
-    assert study.main([*argv, "--seeds", "1"]) == 0
+    assert study.main([*argv, "--seeds", "0"]) == 0  # everything finished: nothing runs again
+    assert (out / "music-lr10-seed0" / "eval.json").stat().st_mtime_ns == stamp
     assert json.loads((out / "results.json").read_text()) == rows
-    # A cell's own flags beside the file's: T5 and the Music Transformer (the recipe's table)
-    # with ten times the rate for their tables.
-    assert study.main([*argv, "--seeds", "0", "--schemes", "t5-lr10,music-lr10"]) == 0
-    saved = json.loads((out / "t5-lr10-seed0" / "config.json").read_text())
-    assert saved["position_lr_scale"] == 10.0 and saved["model"]["scheme"]["name"] == "t5"
-    saved = json.loads((out / "music-lr10-seed0" / "config.json").read_text())
-    assert saved["position_lr_scale"] == 10.0
-    assert saved["model"]["scheme"] == {"name": "music", "max_distance": 512}
-    assert "| t5-lr10 | 1 |" in (out / "results.md").read_text()
-    assert "| music-lr10 | 1 |" in (out / "results.md").read_text()
-    rows = json.loads((out / "results.json").read_text())
     # --table-only: the runs' config, metrics and evaluation alone (no checkpoint) give the same
     # table; the model's size comes from the evaluation.
     kept = tmp_path / "kept"
@@ -750,9 +740,9 @@ def test_the_study_script_runs_seeds_side_by_side_and_skips_finished_runs(tiny_d
         (kept / run.name).mkdir(parents=True)
         for name in ("config.json", "metrics.jsonl", "eval.json"):
             (kept / run.name / name).write_bytes((run / name).read_bytes())
-    state = torch.load(out / "nope-seed0" / "best.pt", weights_only=True)
+    state = torch.load(out / "alibi-seed0" / "best.pt", weights_only=True)
     size = sum(v.numel() for v in state["model"].values())
-    assert json.loads((kept / "nope-seed0" / "eval.json").read_text())["parameters"] == size
+    assert json.loads((kept / "alibi-seed0" / "eval.json").read_text())["parameters"] == size
     assert study.main(["--table-only", "--out", str(kept)]) == 0
     assert json.loads((kept / "results.json").read_text()) == rows
     assert (kept / "valid_curves.png").stat().st_size > 0
@@ -765,7 +755,7 @@ def test_the_study_script_runs_seeds_side_by_side_and_skips_finished_runs(tiny_d
     assert json.loads((kept / "results.json").read_text()) == rows
     # One seed shows no spread; two show it.
     lines = {line.split(" | ")[0]: line for line in (kept / "results.md").read_text().splitlines()}
-    assert "(" not in lines["| t5-lr10"] and lines["| alibi"].count("(") == 2
+    assert "(" not in lines["| music-lr10"] and lines["| alibi"].count("(") == 2
     (tmp_path / "empty").mkdir()
     assert study.main(["--table-only", "--out", str(tmp_path / "empty")]) == 1
     with pytest.raises(SystemExit) as stop:

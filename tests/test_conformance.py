@@ -77,6 +77,7 @@ on_devices = pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("side", ["left", "right"])
 @parity_backends
 @on_devices
+@pytest.mark.matrix
 def test_padded_batch_equals_each_sample_alone(spec, causal, side, backend, device):
     if not causal and causal_only(spec):
         pytest.skip("causal only (its own test file checks the refusal)")
@@ -91,6 +92,7 @@ def test_padded_batch_equals_each_sample_alone(spec, causal, side, backend, devi
 @pytest.mark.parametrize("causal", [True, False], ids=causal_ids)
 @parity_backends
 @on_devices
+@pytest.mark.matrix
 def test_packed_row_equals_each_document_alone(spec, causal, backend, device):
     if not causal and causal_only(spec):
         pytest.skip("causal only (its own test file checks the refusal)")
@@ -110,6 +112,7 @@ def decoding_layers(spec: dict) -> int:
 @pytest.mark.parametrize("chunk", [1, 3])
 @parity_backends
 @on_devices
+@pytest.mark.matrix
 def test_cached_decoding_equals_full_forward(spec, chunk, backend, device):
     tokens = torch.randint(0, VOCAB, (2, 10), generator=torch.Generator().manual_seed(3))
     model = tiny_model(
@@ -121,6 +124,7 @@ def test_cached_decoding_equals_full_forward(spec, chunk, backend, device):
 @pytest.mark.parametrize("spec", SCHEME_SPECS, ids=spec_id)
 @parity_backends
 @on_devices
+@pytest.mark.matrix
 def test_left_padded_prompts_decode_like_each_alone(spec, backend, device):
     """Batched generation: left-padded prompts, then one token per step for every row."""
     rng = random.Random(4)
@@ -213,6 +217,7 @@ def test_attention_refuses_an_absolute_scheme(spec):
 
 @pytest.mark.parametrize("spec", ATTENTION_SPECS, ids=spec_id)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+@pytest.mark.matrix
 def test_attention_dtypes_and_shapes(spec, dtype):
     attn = relpos.MultiheadAttention(16, 2, spec, causal=True).to(dtype)
     x = torch.randn(3, 5, 16, dtype=dtype)
@@ -245,20 +250,15 @@ def test_bf16_bias_does_not_overflow():
     assert torch.isfinite(y).all()
 
 
-#: torch.compile is slow to run (seconds a spec): by default one spec per kind of hook (no
-#: positions, rotation, a learned relative table with a value term, a bucketed bias, a linear
-#: bias, a distance function, a per-pair MLP, rotation after the cache, positions from the
-#: layer input); the others under ``make test-all``.
+#: torch.compile is slow to run (seconds a spec): by default one spec per kind of graph (a
+#: relative table with a value term, a distance function, a per-pair MLP, rotation after the
+#: cache, positions from the layer input); the others under ``make test-all``.
 COMPILE_DEFAULT = [
-    {"name": "nope"},
-    {"name": "rope"},
-    {"name": "shaw", "max_distance": 2},
-    {"name": "t5", "num_buckets": 8, "max_distance": 12},
-    {"name": "alibi"},
-    {"name": "kerple"},
+    {"name": "shaw", "max_distance": 2},  # a relative table: logits and the value term
+    {"name": "alibi"},  # a distance function
     {"name": "fire", "hidden": 8, "init_threshold": 4.5},  # a per-pair MLP: custom autograd
-    next(s for s in SCHEME_SPECS if length_dependent(s)),
-    {"name": "forgetting"},
+    next(s for s in SCHEME_SPECS if length_dependent(s)),  # RoPE: rotation after the cache
+    {"name": "forgetting"},  # positions from the layer input
 ]
 COMPILE_SPECS = [
     s if s in COMPILE_DEFAULT else pytest.param(s, marks=pytest.mark.slow) for s in SCHEME_SPECS

@@ -182,6 +182,7 @@ def assert_close(got, want, tol: float, what: str) -> None:
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
 @pytest.mark.parametrize("spec", ATTENTION_SPECS, ids=spec_id)
+@pytest.mark.matrix
 def test_every_backend_matches_the_oracle(spec, causal, layout, monkeypatch):
     """Outputs and gradients (to x, the context and every parameter) of every backend against
     the loop oracle, in float64: ``eager`` to the oracle's 1e-6 (RoPE's frequencies are float32
@@ -268,6 +269,7 @@ def layer(spec, causal: bool, backend: str) -> MultiheadAttention:
 @pytest.mark.parametrize("backend", ["eager", "chunked", "auto"])
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
 @pytest.mark.parametrize("spec", PROPERTY_SPECS, ids=str)
+@pytest.mark.matrix
 def test_packed_pairs_equal_each_pair_alone(spec, causal, backend):
     """One row packing three (query document, context document) pairs, padded on both sides,
     gives each pair's queries what the pair gives alone; a document with no context gives 0."""
@@ -290,6 +292,7 @@ def test_packed_pairs_equal_each_pair_alone(spec, causal, backend):
 @pytest.mark.parametrize("backend", ["eager", "sdpa", "chunked", "auto"])
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
 @pytest.mark.parametrize("spec", PROPERTY_SPECS, ids=str)
+@pytest.mark.matrix
 def test_padded_rows_equal_each_row_alone(spec, causal, backend):
     """Left- and right-padded queries and context in one batch: each row equals it alone."""
     mha = layer(spec, causal, backend)
@@ -311,6 +314,7 @@ def test_padded_rows_equal_each_row_alone(spec, causal, backend):
 @pytest.mark.parametrize("kvh", [1, 2])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("spec", PROPERTY_SPECS, ids=str)
+@pytest.mark.matrix
 def test_gqa_with_context_equals_the_repeated_heads_layer(spec, causal, kvh, backend):
     gqa, full = gqa_and_repeated(spec, kvh, causal, backend, d_model=16, num_heads=4)
     if not supports(backend, gqa.scheme, grad=False):

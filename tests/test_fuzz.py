@@ -262,6 +262,7 @@ ISOLATION_CASES = [
 
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), 1e30], ids=["nan", "inf", "1e30"])
 @pytest.mark.parametrize(("spec", "backend"), ISOLATION_CASES)
+@pytest.mark.matrix
 def test_a_bad_token_stays_in_its_batch_row_for_every_scheme(spec, backend, bad):
     """Every scheme and backend, not only those the fuzz draws: a whole token of NaN, inf or a
     value whose products overflow (CoPE's gates turn them into NaN positions) changes no other
@@ -452,6 +453,7 @@ EMPTY_CASES = [
 
 
 @pytest.mark.parametrize(("backend", "spec", "causal", "how"), EMPTY_CASES)
+@pytest.mark.matrix
 def test_empty_length(backend, spec, causal, how):
     """Issue 21 item 8: length 0 gives an empty (b, 0, d_model) result on every backend."""
     m = build(spec, 2, 4, causal)
@@ -468,6 +470,7 @@ EMPTY_BATCH_CASES = [
 
 
 @pytest.mark.parametrize(("backend", "spec"), EMPTY_BATCH_CASES)
+@pytest.mark.matrix
 def test_empty_batch(backend, spec):
     """Batch 0 (an empty last shard): an empty (0, n, d_model) result on every backend, with a
     padding mask or a context too, and a backward pass; a KV cache is refused clearly."""
@@ -485,6 +488,7 @@ def test_empty_batch(backend, spec):
 
 
 @pytest.mark.parametrize(("backend", "spec"), EMPTY_BATCH_CASES)
+@pytest.mark.matrix
 def test_empty_batch_called_directly(backend, spec):
     """A backend called with zero rows and batch-1 positions (which broadcast over any batch),
     padded or not: an empty ``(0, h, i, d)`` result and a backward pass, not a broadcast error."""

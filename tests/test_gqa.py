@@ -27,6 +27,7 @@ SPECS = [
 @pytest.mark.parametrize("kvh", [1, 2])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("spec", SPECS, ids=str)
+@pytest.mark.matrix
 def test_gqa_equals_multi_head_with_repeated_kv_weights(spec, causal, kvh, backend):
     if backend == "sdpa" and isinstance(spec, dict) and spec["name"] == "shaw":
         pytest.skip("sdpa does not support a value term")

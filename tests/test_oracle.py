@@ -94,6 +94,7 @@ def check_against_oracle(
 @pytest.mark.parametrize("plain", [True, False], ids=["plain", "padded-packed"])
 @settings(max_examples=ORACLE_EXAMPLES)
 @given(seed=st.integers(0, 2**16))
+@pytest.mark.matrix
 def test_attention_matches_oracle(spec, causal, plain, seed):
     if not causal and causal_only(spec):
         pytest.skip("causal only (its own test file checks the refusal)")
@@ -103,6 +104,7 @@ def test_attention_matches_oracle(spec, causal, plain, seed):
 @pytest.mark.parametrize("spec", SCHEME_SPECS, ids=spec_id)
 @settings(max_examples=ORACLE_EXAMPLES)
 @given(seed=st.integers(0, 2**16))
+@pytest.mark.matrix
 def test_cached_queries_match_oracle(spec, seed):
     """Fewer queries than keys (a KV cache), each at its own position."""
     check_against_oracle(spec, True, seed, cached=True)

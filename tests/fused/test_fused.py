@@ -174,8 +174,15 @@ def test_both_row_reductions(spec):
             _assert_close(g, w, 1e-4, f"{layout}: gradient {t}")
 
 
-@pytest.mark.parametrize("one_row", [False, True], ids=["per-pair", "one-row"])
-@pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
+@pytest.mark.parametrize(
+    ("causal", "one_row"),
+    [
+        pytest.param(True, True, id="causal-one-row"),
+        pytest.param(False, False, id="bidirectional-per-pair"),
+        pytest.param(True, False, id="causal-per-pair", marks=pytest.mark.slow),
+        pytest.param(False, True, id="bidirectional-one-row", marks=pytest.mark.slow),
+    ],
+)
 def test_owned_rows_match_eager(causal, one_row):
     """Past :data:`MAX_LOOP_ROWS` rows over plain positions, a shifted clip's ``d rel`` needs no
     atomic adds (``OWN_ROWS``): each query's rows inside the clip are one pair's, stored, and the
@@ -323,6 +330,7 @@ def test_positions_past_int32(spec):
 )
 @pytest.mark.parametrize("tile", [pytest.param(16, marks=pytest.mark.slow), 64])
 @pytest.mark.parametrize("layout", ["plain", "packed"])
+@pytest.mark.matrix
 def test_every_tile_size_gives_the_same_numbers(tile, layout, spec, p_drop):
     """The tiles (``launch_config``) change only how the work is cut: the block ranges, the
     causal skip and the row sums (the Music Transformer's stored or atomic ones; Shaw's registers
@@ -363,12 +371,14 @@ def _one_row_tiles(scheme, n: int, tile: int) -> int:
 
 
 def _one_row_cases() -> list:
-    """Plain positions for every spec; packed and cached for one (``-m slow``: for all)."""
+    """Plain positions for the first spec of each scheme; packed and cached for one (``-m slow``:
+    every spec, every layout)."""
+    names = [s["name"] for s in RELATIVE_SPECS]
     return [
         pytest.param(spec, layout, id=f"{spec_id(spec)}-{layout}", marks=() if fast else slow)
         for n, spec in enumerate(RELATIVE_SPECS)
         for layout in ("plain", "packed", "cached")
-        for fast in [layout == "plain" or n == 0]
+        for fast in [names.index(spec["name"]) == n and (layout == "plain" or n == 0)]
         for slow in [pytest.mark.slow]
     ]
 
