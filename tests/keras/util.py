@@ -11,8 +11,8 @@ from keras import ops
 
 BACKEND = keras.backend.backend()
 #: JAX and TensorFlow compile every op once per shape in an eager call (seconds a case), while
-#: Keras ops compute the same math on every backend: there the large parametrized tests run half
-#: of their cases by default (``every_other``), all of them under ``make test-all``.
+#: Keras ops compute the same math on every backend: there the large parametrized tests share
+#: their cases by default (``every_other``: a third each), all of them under ``make test-all``.
 COMPILED = BACKEND in ("jax", "tensorflow")
 
 #: Layouts of a (3, n) batch: which tokens are real, and how rows are split into documents.
@@ -20,15 +20,17 @@ LAYOUTS = ("plain", "left", "right", "packed")
 
 
 def every_other(cases: list, ids=None, slow=None) -> list:
-    """``cases`` as ``pytest.param`` s, half of them marked ``slow`` on JAX and TensorFlow (all
-    run on the torch backend). The kept half is staggered (cases 0, 3, 4, 7, 8, ...), so that
-    neighbouring variants of one parameter (causal or not, one shape or another) take turns.
-    A case is a tuple of arguments, or one argument; ``slow(case)`` true marks it ``slow`` on
-    every backend."""
+    """``cases`` as ``pytest.param`` s, shared by the compiled backends: JAX runs cases 0, 3, 6,
+    ..., TensorFlow cases 1, 4, 7, ..., the rest marked ``slow`` there (the torch backend, which
+    computes eagerly and fast, runs them all). So every case runs on the torch backend and a
+    third of them on each compiled one by default, and neighbouring variants of one parameter
+    (causal or not, one shape or another) fall to different backends. A case is a tuple of
+    arguments, or one argument; ``slow(case)`` true marks it ``slow`` on every backend."""
+    share = {"jax": 0, "tensorflow": 1}.get(BACKEND)
     params = []
     for i, case in enumerate(cases):
         values = case if isinstance(case, tuple) else (case,)
-        slow_here = COMPILED and (i + i // 2) % 2
+        slow_here = COMPILED and i % 3 != share
         slow_here = slow_here or (slow is not None and slow(case))
         marks = (pytest.mark.slow,) if slow_here else ()
         params.append(pytest.param(*values, marks=marks, id=None if ids is None else ids(case)))
