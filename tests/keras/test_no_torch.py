@@ -10,9 +10,12 @@ import sys
 import textwrap
 from pathlib import Path
 
+import keras
 import pytest
 
 pytest.importorskip("jax")
+if keras.backend.backend() != "jax":  # the subprocesses run JAX whatever the suite's backend
+    pytest.skip("run once, in the JAX suite", allow_module_level=True)
 
 ROOT = Path(__file__).resolve().parents[2]
 
