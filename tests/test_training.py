@@ -31,14 +31,28 @@ from relpos.training import (
     param_groups,
     save_checkpoint,
     set_lr,
-    train,
 )
 from relpos.training import loop as training_loop
+from relpos.training import train as train_on
 from relpos.training.ema import WeightAverage
 from relpos.training.loop import RUN_FILES, TrainingDiverged, accumulate_gradients
 from relpos.training.windows import random_windows
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def train(cfg, run_dir, *, data=None, resume=False, **kw):
+    """:func:`relpos.training.train` on ``data``, or on the chorales the run's config names (what
+    ``relpos train`` loads and passes it)."""
+    if data is None:
+        if cfg is None:
+            source = TrainConfig.from_dict(load_checkpoint(Path(run_dir) / "last.pt")["config"])
+        else:
+            source = cfg
+        data = load_token_data(source.data, max_shift=source.max_shift, progress=False)
+    return train_on(cfg, run_dir, data=data, resume=resume, **kw)
+
+
 BIN = Path(sys.executable).parent
 
 
@@ -896,3 +910,15 @@ def test_a_shipped_recipe_trains_from_the_packaged_split(name, tmp_path):
 
 def test_the_jsb_recipe_is_shipped():
     assert (ROOT / "configs" / "jsb-music.json").is_file()
+
+
+def test_the_trainer_takes_its_data_and_knows_no_music(tiny_data, tmp_path):
+    """``relpos.training`` imports nothing of ``relpos.music``; ``train`` needs its ``data``."""
+    code = "import sys, relpos.training; print('relpos.music' in sys.modules)"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "False"
+    with pytest.raises(TypeError, match="data"):
+        train_on(tiny_config(tiny_data), tmp_path / "run", progress=False)
+    with pytest.raises(TypeError, match="data must be a TokenDataset, got str"):
+        train_on(tiny_config(tiny_data), tmp_path / "run", progress=False, data=str(tiny_data))
+    assert not (tmp_path / "run").exists()

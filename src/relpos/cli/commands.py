@@ -25,6 +25,7 @@ import re
 import sys
 import traceback
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from ..runtime import flush_denormals, retain_freed_memory
@@ -403,6 +404,26 @@ def _check_data_file(flag: str, data: str) -> None:
         raise CLIError(f"{flag}: {e}") from None
 
 
+def _checkpoint_config(path: Path):
+    """The config a checkpoint holds (what ``--resume`` continues), or a one-line error."""
+    from ..training import TrainConfig, load_checkpoint
+
+    try:
+        return TrainConfig.from_dict(load_checkpoint(path)["config"])
+    except (OSError, ValueError, TypeError, KeyError) as e:
+        raise CLIError(f"--resume: {path}: {e}") from None
+
+
+def _chorale_data(cfg, no_progress: bool):
+    """The chorales ``cfg.data`` names, encoded for training (one progress bar: rank 0's)."""
+    from ..music import load_token_data
+
+    main_rank = os.environ.get("RANK", "0") == "0"
+    return load_token_data(
+        cfg.data, max_shift=cfg.max_shift, progress=not no_progress and main_rank
+    )
+
+
 def cmd_train(args: argparse.Namespace) -> int:
     from ..training import RUN_FILES, TrainConfig, train
     from .limits import device_flag
@@ -443,8 +464,14 @@ def cmd_train(args: argparse.Namespace) -> int:
         if fits_cfg.seed > MAX_SEED:
             raise CLIError(f"--seed: expected an integer in 0..{MAX_SEED}, got {fits_cfg.seed}")
         _check_fits(fits_cfg, device, training=True, source=source)
+    data = _chorale_data(cfg or _checkpoint_config(run_dir / "last.pt"), args.no_progress)
     summary = train(
-        cfg, run_dir, resume=args.resume, progress=not args.no_progress, device=str(device)
+        cfg,
+        run_dir,
+        resume=args.resume,
+        progress=not args.no_progress,
+        device=str(device),
+        data=data,
     )
     if summary["interrupted"]:
         print(

@@ -389,7 +389,7 @@ def train(
     resume: bool = False,
     progress: bool = True,
     device: str | torch.device | None = None,
-    data: TokenDataset | None = None,
+    data: TokenDataset,
     stop_after: int | None = None,
 ) -> dict[str, Any]:
     """Train (or resume) a run in ``run_dir``; returns a summary dict.
@@ -399,7 +399,8 @@ def train(
             run stores ``cfg.data`` as an absolute path (:meth:`TrainConfig.with_absolute_data`).
         resume: continue from ``run_dir/last.pt`` (its saved config wins over ``cfg``).
         progress: show a progress bar (rank 0 only).
-        data: the token dataset; default: the chorales named by ``cfg.data``
+        data: the token dataset (any task: :class:`TokenDataset`). The trainer knows nothing of
+            music; the command line passes the chorales named by ``cfg.data``
             (:func:`relpos.music.load_token_data`).
         stop_after: stop (as if interrupted) after this many steps of this session.
 
@@ -439,10 +440,8 @@ def train(
 
     torch.manual_seed(cfg.seed + ctx.rank)
     rng = np.random.default_rng([cfg.seed, ctx.rank])
-    if data is None:
-        from ..music import load_token_data  # the command line's default dataset
-
-        data = load_token_data(cfg.data, max_shift=cfg.max_shift, progress=progress and ctx.main)
+    if not isinstance(data, TokenDataset):
+        raise TypeError(f"data must be a TokenDataset, got {type(data).__name__}")
     check_data(data, cfg)
     model = Transformer(cfg.model).to(device)
     opt = torch.optim.AdamW(param_groups(model, cfg), lr=cfg.lr, betas=cfg.betas)
