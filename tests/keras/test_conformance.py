@@ -256,10 +256,6 @@ def test_gradients_reach_every_weight(name):
     for v, g in zip(layer.trainable_variables, grads(loss, layer.trainable_variables), strict=True):
         assert g is not None, v.path
         assert np.isfinite(np_(g)).all(), v.path
-        if name == "RelativeMultiHeadAttention[dpb]" and v.path.endswith("dense_2_bias"):
-            continue  # DPB's output bias adds one constant per head: softmax ignores it
-        if name == "RelativeMultiHeadAttention[fire]" and v.path.endswith("mlp_2_bias"):
-            continue  # so does FIRE's
         if _softmax_ignores(v):
             continue
         assert float(np.abs(np_(g)).sum()) > 0, v.path
@@ -276,10 +272,14 @@ def test_jit_compiled_training_step(spec):
     _fit_changes_every_weight(keras.Model(tokens, keras.layers.Dense(10)(x)))
 
 
+#: Weights that add one constant to every key of a query, which softmax ignores (zero gradient,
+#: as in the papers' and HF's models): DeBERTa's c2p projection bias ``b_k`` (``q_i·b_k``), and
+#: the output bias of DPB's and FIRE's MLPs (one constant per head).
+SOFTMAX_IGNORES = ("key_proj_bias", "dense_2_bias", "mlp_2_bias")
+
+
 def _softmax_ignores(weight) -> bool:
-    """DeBERTa's c2p projection bias ``b_k`` adds ``q_i·b_k`` to every key of query ``i``: one
-    constant per query, which softmax ignores (zero gradient, as in HF's model)."""
-    return "position_scheme" in weight.path and weight.path.endswith("key_proj_bias")
+    return "position_scheme" in weight.path and weight.path.endswith(SOFTMAX_IGNORES)
 
 
 def _fit_changes_every_weight(model):
