@@ -42,7 +42,7 @@ recipe: $(STAMP)
 # kernels' suite, side by side, each in its own process (tests/run_suites.py).
 test: $(KERAS_STAMP) $(TRITON_STAMP)
 	$(BIN)/ruff check src tests benchmarks examples
-	$(BIN)/python tests/run_suites.py -- -m "not slow"
+	$(BIN)/python tests/run_suites.py --durations 10 -- -m "not slow"
 
 # Every test and every case of each matrix (`make test` runs a pairwise cover: tests/matrix.py).
 test-all: $(KERAS_STAMP) $(TRITON_STAMP)

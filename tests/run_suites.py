@@ -10,7 +10,8 @@ foreground meanwhile, printing as it goes. The exit status is non-zero if any su
                                [--durations [N]] [-- pytest args]
 
 ``--durations`` prints each suite's N slowest tests (pytest's ``--durations``) and, at the end,
-every suite's wall time.
+every suite's wall and CPU time (the CPU time, summed over the suites, is what a busier or smaller
+machine stretches).
 """
 
 from __future__ import annotations
@@ -66,7 +67,7 @@ def main(argv: list[str]) -> int:
         type=int,
         const=25,
         metavar="N",
-        help="print each suite's N slowest tests (default 25) and every suite's wall time",
+        help="print each suite's N slowest tests (default 25), every suite's wall and CPU time",
     )
     args = parser.parse_args(own)
     if args.durations is not None:
@@ -74,7 +75,7 @@ def main(argv: list[str]) -> int:
     pytest = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *extra]
     failed = []
     start = time.monotonic()
-    walls: dict[str, float] = {}
+    ends: dict[str, tuple[int, float, float]] = {}  # suite: exit status, wall and CPU seconds
     with tempfile.TemporaryDirectory() as tmp:
         runs = []
         for suite in args.only:
@@ -87,21 +88,24 @@ def main(argv: list[str]) -> int:
                 [*pytest, folder], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT
             )
             runs.append((suite, proc, log))
+        procs = {suite: proc for suite, proc, _ in runs}
         if "torch" in args.only:
             print("===== PyTorch suite", flush=True)
             ignore = [f"--ignore={folder}" for folder, _, _ in BACKGROUND.values()]
-            if subprocess.call([*pytest, *sorted(set(ignore))], cwd=ROOT):
-                failed.append("torch")
-            walls["torch"] = time.monotonic() - start
-        while any(proc.poll() is None for _, proc, _ in runs):  # each suite's own end
-            for suite, proc, _ in runs:
-                if proc.poll() is not None and suite not in walls:
-                    walls[suite] = time.monotonic() - start
-            time.sleep(1)
-        for suite, _proc, _ in runs:
-            walls.setdefault(suite, time.monotonic() - start)
-        for suite, proc, log in runs:
-            code = proc.wait()
+            procs["torch"] = subprocess.Popen([*pytest, *sorted(set(ignore))], cwd=ROOT)
+        while len(ends) < len(procs):  # reap each suite as it ends: its own wall and CPU time
+            for suite, proc in procs.items():
+                if suite in ends:
+                    continue
+                pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+                if pid:
+                    cpu = usage.ru_utime + usage.ru_stime  # its reaped children's included
+                    ends[suite] = (os.waitstatus_to_exitcode(status), time.monotonic() - start, cpu)
+            time.sleep(0.5)
+        if "torch" in procs and ends["torch"][0]:
+            failed.append("torch")
+        for suite, _proc, log in runs:
+            code = ends[suite][0]
             log.seek(0)
             print(f"===== {BACKGROUND[suite][2]}: exit {code}")
             print(log.read(), end="", flush=True)
@@ -109,9 +113,14 @@ def main(argv: list[str]) -> int:
             if code:
                 failed.append(suite)
     if args.durations is not None:
-        print("===== wall time of each suite (all started together)")
+        print("===== each suite: wall time (all started together) and CPU time")
         for suite in args.only:
-            print(f"{suite:18s} {walls[suite] / 60:6.1f} min")
+            _, wall, cpu = ends[suite]
+            print(f"{suite:18s} {wall / 60:5.1f} min wall {cpu / 60:5.1f} min CPU")
+        total = sum(cpu for _, _, cpu in ends.values())
+        print(
+            f"{'all':18s} {(time.monotonic() - start) / 60:5.1f} min wall {total / 60:5.1f} min CPU"
+        )
     if failed:
         print(f"failed: {', '.join(failed)}", file=sys.stderr)
         return 1
