@@ -770,6 +770,9 @@ def test_ctrl_c_while_the_command_line_loads_is_one_line(tmp_path):
 
     code = (
         "import os, signal, sys\n"
+        # A background job (nohup, `&`) starts with SIGINT ignored, and Python then installs no
+        # handler: restore the interactive default this test is about.
+        "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
         "class Hook:\n"
         "    def find_spec(self, name, path=None, target=None):\n"
         "        if name == 'relpos.runtime':\n"
