@@ -2,9 +2,10 @@
 suite, side by side.
 
 The Keras suites start first, one process per backend (``KERAS_BACKEND=jax|tensorflow|torch``),
-and the kernels' suite (``tests/fused``, in Triton's interpreter: ``TRITON_INTERPRET=1``), one
-thread each, their output kept and printed whole when they end; the PyTorch suite runs in the
-foreground meanwhile, printing as it goes. The exit status is non-zero if any suite failed.
+and the kernels' suite (``tests/fused``, in Triton's interpreter: ``TRITON_INTERPRET=1``), their
+output kept and printed whole when they end; the PyTorch suite runs meanwhile, printing as it
+goes. Each suite runs one thread: five suites share the cores, where threads of one suite would
+only wait on each other. The exit status is non-zero if any suite failed.
 
     python tests/run_suites.py [--only torch|keras-jax|keras-tensorflow|keras-torch|fused ...]
                                [--durations [N]] [-- pytest args]
@@ -92,7 +93,8 @@ def main(argv: list[str]) -> int:
         if "torch" in args.only:
             print("===== PyTorch suite", flush=True)
             ignore = [f"--ignore={folder}" for folder, _, _ in BACKGROUND.values()]
-            procs["torch"] = subprocess.Popen([*pytest, *sorted(set(ignore))], cwd=ROOT)
+            env = {**os.environ, **ONE_THREAD}  # its many small ops gain nothing from threads
+            procs["torch"] = subprocess.Popen([*pytest, *sorted(set(ignore))], cwd=ROOT, env=env)
         while len(ends) < len(procs):  # reap each suite as it ends: its own wall and CPU time
             for suite, proc in procs.items():
                 if suite in ends:
