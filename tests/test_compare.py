@@ -584,6 +584,7 @@ def test_a_chorale_file_is_kept_as_an_absolute_path(tmp_path, monkeypatch):
     spec = default_spec("chorales-extrapolate", data="chorales.json")
     assert spec.data == str(tmp_path / "chorales.json")
     assert default_spec("chorales-extrapolate").data == "music21"
+    assert default_spec("chorales-extrapolate", data="jsb").data == "jsb"  # a name, not a path
 
 
 def test_an_interrupted_chorale_cell_resumes_its_training_run(tmp_path, monkeypatch):

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..schemes.base import check_int, config_from_dict
+from ..training.config import NAMED_DATA
 from .tasks import TASKS, max_length
 
 __all__ = [
@@ -130,8 +131,10 @@ class CompareSpec:
                 f"d_model ({self.d_model}) must be divisible by num_heads ({self.num_heads})"
             )
         if not self.synthetic and not self.data:
-            raise ValueError(f"data: the {CHORALES} task needs chorales (music21, jsb or a JSB file)")
-        if self.data and self.data != "music21":  # a file: the same one from any directory
+            raise ValueError(
+                f"data: the {CHORALES} task needs chorales (music21, jsb or a JSB file)"
+            )
+        if self.data and self.data not in NAMED_DATA:  # a file: the same one from any directory
             object.__setattr__(self, "data", os.path.abspath(os.path.expanduser(self.data)))
 
     @property
