@@ -5,6 +5,9 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 KERAS_STAMP := $(VENV)/.installed-keras
 TRITON_STAMP := $(VENV)/.installed-triton
+# A Keras user's install, `pip install "relpos[keras]" jax`, beside: it must hold no torch.
+KERAS_VENV := .venv-keras
+KERAS_ONLY_STAMP := $(KERAS_VENV)/.installed
 # No wheel cache: a second copy of TensorFlow, JAX and the rest would double the disk it needs.
 PIP_INSTALL := $(BIN)/python -m pip install -q --no-cache-dir
 
@@ -20,6 +23,12 @@ $(STAMP): pyproject.toml constraints-cpu.txt
 $(KERAS_STAMP): $(STAMP)
 	$(PIP_INSTALL) -c constraints-cpu.txt -e '.[keras-dev]'
 	touch $(KERAS_STAMP)
+
+$(KERAS_ONLY_STAMP): pyproject.toml constraints-cpu.txt
+	$(PYTHON) -m venv $(KERAS_VENV)
+	$(KERAS_VENV)/bin/python -m pip install -q --no-cache-dir --upgrade pip
+	$(KERAS_VENV)/bin/python -m pip install -q --no-cache-dir -c constraints-cpu.txt -e '.[keras]' jax
+	touch $(KERAS_ONLY_STAMP)
 
 # Triton, for the kernels' suite in its interpreter (tests/fused; a CPU needs no other use of it).
 $(TRITON_STAMP): $(STAMP)
@@ -38,14 +47,17 @@ recipe: $(STAMP)
 	$(BIN)/relpos eval --run-dir $(RECIPE)
 	$(BIN)/relpos generate --run-dir $(RECIPE) --samples 20 --length 128 --stats test --no-progress
 
-# The PyTorch suite, the Keras suite once per backend (jax, tensorflow, torch) and the Triton
-# kernels' suite, side by side, each in its own process (tests/run_suites.py).
-test: $(KERAS_STAMP) $(TRITON_STAMP)
+# relpos.keras in a Keras user's install (no torch: tests/install), then the PyTorch suite, the
+# Keras suite once per backend (jax, tensorflow, torch) and the Triton kernels' suite, side by
+# side, each in its own process (tests/run_suites.py).
+test: $(KERAS_STAMP) $(TRITON_STAMP) $(KERAS_ONLY_STAMP)
 	$(BIN)/ruff check src tests benchmarks examples
+	KERAS_BACKEND=jax $(KERAS_VENV)/bin/python tests/install/keras_without_torch.py
 	$(BIN)/python tests/run_suites.py --durations 10 -- -m "not slow"
 
 # Every test and every case of each matrix (`make test` runs a pairwise cover: tests/matrix.py).
-test-all: $(KERAS_STAMP) $(TRITON_STAMP)
+test-all: $(KERAS_STAMP) $(TRITON_STAMP) $(KERAS_ONLY_STAMP)
+	KERAS_BACKEND=jax $(KERAS_VENV)/bin/python tests/install/keras_without_torch.py
 	$(BIN)/python tests/run_suites.py -- --full-matrix
 
 lint: $(KERAS_STAMP)
@@ -53,4 +65,4 @@ lint: $(KERAS_STAMP)
 	$(BIN)/ruff format --check src tests benchmarks examples
 
 clean:
-	rm -rf $(VENV) build *.egg-info src/*.egg-info
+	rm -rf $(VENV) $(KERAS_VENV) build *.egg-info src/*.egg-info
