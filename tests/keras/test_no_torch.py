@@ -43,6 +43,7 @@ def _run(body: str) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.slow  # make test runs every scheme in an install without torch (tests/install)
 def test_keras_runs_every_scheme_without_torch():
     result = _run(
         """
