@@ -22,7 +22,7 @@ from relpos.keras import (
 
 from ..helpers import SCHEME_SPECS as SHARED_SPECS
 from ..helpers import length_dependent
-from .util import BACKEND, every_other, grads, kt, np_
+from .util import BACKEND, every_other, grads, kt, np_, on_compiled
 
 B, N, WIDTH = 2, 6, 8
 SCHEME_SPECS = {
@@ -297,6 +297,7 @@ def _fit_changes_every_weight(model):
 
 
 @pytest.mark.skipif(BACKEND == "torch", reason="jit_compile is for TensorFlow (XLA) and JAX")
+@on_compiled("tensorflow")
 def test_jit_compiled_training_step_through_the_variants():
     """One layer with the traced parts of the variants (one small compile): the per-row sequence
     lengths of dynamic NTK (LongRoPE reads the same), the xPos scales (whose position check is
@@ -309,6 +310,7 @@ def test_jit_compiled_training_step_through_the_variants():
 
 
 @pytest.mark.skipif(BACKEND == "torch", reason="jit_compile is for TensorFlow (XLA) and JAX")
+@on_compiled("jax")
 def test_jit_compiled_training_step_through_the_relative_family():
     """One compile for issue 17's schemes, one layer each (the traced distance window of KERPLE
     and the dynamic position bias, Transformer-XL's u through rotate)."""
@@ -320,6 +322,7 @@ def test_jit_compiled_training_step_through_the_relative_family():
 
 
 @pytest.mark.skipif(BACKEND == "torch", reason="jit_compile is for TensorFlow (XLA) and JAX")
+@on_compiled("tensorflow")
 def test_jit_compiled_training_step_through_the_contextual_schemes():
     """One compile for the schemes that read the keys (DeBERTa's p2c, CoPE's gates) or the layer
     input (the forget gate's per-document sums), one layer each."""

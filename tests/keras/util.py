@@ -37,6 +37,15 @@ def every_other(cases: list, ids=None, slow=None) -> list:
     return params
 
 
+def on_compiled(backend: str):
+    """A decorator for a test of XLA's compiled path that ``make test`` runs on one compiled
+    backend (``jax`` or ``tensorflow``): ``slow`` on the other, as :func:`every_other` shares
+    cases."""
+    if COMPILED and BACKEND != backend:
+        return pytest.mark.slow
+    return lambda test: test
+
+
 def np_(x) -> np.ndarray:
     if isinstance(x, keras.Variable):
         x = x.value
