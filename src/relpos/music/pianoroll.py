@@ -68,11 +68,11 @@ def write_piano_roll(
     if prime_steps:
         ax.axvspan(0, prime_steps, color="0.93", zorder=-1, label=f"prime ({prime_steps} steps)")
         ax.axvline(prime_steps, color="0.3", linestyle="--", linewidth=1.2)
-        ax.annotate(
+        ax.annotate(  # at the bottom: the legend takes the top
             "generated →",
-            (prime_steps, 1.0),
+            (prime_steps, 0.0),
             xycoords=("data", "axes fraction"),
-            xytext=(4, -12),
+            xytext=(4, 4),
             textcoords="offset points",
             fontsize="small",
         )
