@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ..spec.deberta import deberta_span
+from ..spec.deberta import check_log_buckets, deberta_span
 
 __all__ = ["deberta_buckets", "deberta_index", "deberta_span"]
 
@@ -38,13 +38,7 @@ def deberta_buckets(
     rel = relative.long()
     if position_buckets <= 0:
         return rel
-    mid = position_buckets // 2
-    if mid < 1 or max_relative_positions - 1 <= mid:
-        raise ValueError(
-            "log buckets need position_buckets >= 2 and max_relative_positions - 1 > "
-            f"position_buckets // 2, got position_buckets={position_buckets}, "
-            f"max_relative_positions={max_relative_positions}"
-        )
+    mid = check_log_buckets(position_buckets, max_relative_positions)
     size = rel.abs()
     far = size.clamp_min(mid)  # read only where size > mid; no log(0)
     scale = torch.log(torch.tensor((max_relative_positions - 1) / mid, device=rel.device))

@@ -37,6 +37,19 @@ def deberta_span(position_buckets: int, max_relative_positions: int) -> int:
     return position_buckets if position_buckets > 0 else max_relative_positions
 
 
+def check_log_buckets(position_buckets: int, max_relative_positions: int) -> int:
+    """The exact span ``position_buckets // 2`` of DeBERTa's log buckets, once checked: at least
+    1, and short of ``max_relative_positions - 1`` (the log's argument stays above 1)."""
+    mid = position_buckets // 2
+    if mid < 1 or max_relative_positions - 1 <= mid:
+        raise ValueError(
+            "log buckets need position_buckets >= 2 and max_relative_positions - 1 > "
+            f"position_buckets // 2, got position_buckets={position_buckets}, "
+            f"max_relative_positions={max_relative_positions}"
+        )
+    return mid
+
+
 def deberta_buckets(
     relative: np.ndarray, *, position_buckets: int, max_relative_positions: int
 ) -> np.ndarray:
@@ -53,13 +66,7 @@ def deberta_buckets(
     rel = np.asarray(relative).astype(np.int64)
     if position_buckets <= 0:
         return rel
-    mid = position_buckets // 2
-    if mid < 1 or max_relative_positions - 1 <= mid:
-        raise ValueError(
-            "log buckets need position_buckets >= 2 and max_relative_positions - 1 > "
-            f"position_buckets // 2, got position_buckets={position_buckets}, "
-            f"max_relative_positions={max_relative_positions}"
-        )
+    mid = check_log_buckets(position_buckets, max_relative_positions)
     size = np.abs(rel)
     far = np.maximum(size, mid).astype(np.float32)  # read only where size > mid; no log(0)
     scale = np.log(np.float32((max_relative_positions - 1) / mid))
