@@ -1,24 +1,8 @@
 """RoPE scalings for long contexts: the frequencies and attention factor of each ``rope_type``.
 
-A scaling is given as the dict language-model checkpoints ship (``rope_scaling`` /
-``rope_parameters`` in a Hugging Face config), pasted as is:
-
-============  ==============================================================================
-rope_type     frequencies ``ω'_m`` from ``ω_m = θ^(-2m/r)``
-============  ==============================================================================
-``linear``    ``ω_m / factor`` (position interpolation; Chen et al., 2023)
-``ntk``       base change ``θ' = θ·factor^(r/(r-2))`` ("NTK-aware" scaling; bloc97, 2023)
-``yarn``      per frequency, between ``ω_m`` (fast rotations) and ``ω_m / factor`` (slow ones)
-              on a linear ramp over dims ``[low, high]`` from ``beta_fast``/``beta_slow``;
-              q and k scaled by ``0.1·ln(factor) + 1`` (Peng et al., 2023, "YaRN", §3)
-``llama3``    wavelengths ``λ = 2π/ω`` below ``L/high_freq_factor`` kept, above
-              ``L/low_freq_factor`` divided by ``factor``, smooth in between (Llama 3.1)
-``dynamic``   for a sequence of length ``n > L``: base ``θ·(factor·n/L - factor + 1)^(r/(r-2))``;
-              plain RoPE up to ``L`` (dynamic NTK; emozilla, 2023)
-``longrope``  ``ω_m / short_factor[m]`` for sequences up to ``L``, ``ω_m / long_factor[m]``
-              beyond; q and k scaled by ``√(1 + ln(factor)/ln(L))`` (Ding et al., 2024,
-              "LongRoPE"; Phi-3)
-============  ==============================================================================
+A scaling is the dict language-model checkpoints ship (``rope_scaling`` / ``rope_parameters`` in
+a Hugging Face config), pasted as is; the table of ``rope_type`` s and their formulas is in
+:mod:`relpos.spec.rope_scaling`.
 
 ``L`` is ``original_max_position_embeddings``. The keys, their checks and the static
 frequencies live in :mod:`relpos.spec.rope_scaling` (numpy, shared with Keras). The first four
