@@ -1,7 +1,7 @@
 """The scheme study: same model, same budget, different positions, on the standard JSB split.
 
     # the first look (docs/results.md): the demo's model for 600 steps, flags for the budget
-    python benchmarks/chorale_study.py --data ../shared/data/jsb-chorales/Jsb16thSeparated.json \
+    python benchmarks/chorale_study.py --data jsb \
         --out runs/study --steps 600
 
     # at the recipe's quality: every scheme with configs/jsb-music.json, a second seed for the
@@ -228,8 +228,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument(
         "--data",
-        help="a JSB JSON file: the demo's model for --steps; with --config, it replaces the "
-        "file's data path (a copy of the data elsewhere, e.g. on a machine without ../shared)",
+        help="'jsb' (the shipped split) or a JSB JSON file: the demo's model for --steps; with "
+        "--config, it replaces the file's data",
     )
     p.add_argument("--config", help="a TrainConfig JSON file (e.g. configs/jsb-music.json)")
     p.add_argument("--out", default="runs/study")
