@@ -392,18 +392,6 @@ def _check_fits(cfg, device, *, training: bool, source: str) -> None:
 # ----------------------------------------------------------------------------- subcommands
 
 
-def _check_data_file(flag: str, data: str) -> None:
-    """A JSB JSON file's format, checked before the run starts so the error names ``flag``."""
-    if data == "music21":
-        return
-    from ..music import load_chorales
-
-    try:
-        load_chorales(data, progress=False)
-    except (ValueError, FileNotFoundError) as e:
-        raise CLIError(f"{flag}: {e}") from None
-
-
 def _checkpoint_config(path: Path):
     """The config a checkpoint holds (what ``--resume`` continues), or a one-line error."""
     from ..training import TrainConfig, load_checkpoint
@@ -414,14 +402,18 @@ def _checkpoint_config(path: Path):
         raise CLIError(f"--resume: {path}: {e}") from None
 
 
-def _chorale_data(cfg, no_progress: bool):
-    """The chorales ``cfg.data`` names, encoded for training (one progress bar: rank 0's)."""
+def _chorale_data(cfg, flag: str, no_progress: bool):
+    """The chorales ``cfg.data`` names, parsed once and encoded for training, before the run
+    starts: a file the loader refuses is one line naming ``flag``. One progress bar: rank 0's."""
     from ..music import load_token_data
 
     main_rank = os.environ.get("RANK", "0") == "0"
-    return load_token_data(
-        cfg.data, max_shift=cfg.max_shift, progress=not no_progress and main_rank
-    )
+    try:
+        return load_token_data(
+            cfg.data, max_shift=cfg.max_shift, progress=not no_progress and main_rank
+        )
+    except (ValueError, FileNotFoundError) as e:
+        raise CLIError(f"{flag}: {e}") from None
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -448,7 +440,7 @@ def cmd_train(args: argparse.Namespace) -> int:
                 f"--resume: {run_dir / 'last.pt'} does not exist: nothing to resume (start the "
                 "run without --resume)"
             )
-        cfg, source = None, " (of the run)"
+        cfg, source, flag = None, " (of the run)", "the run's data"
         try:
             fits_cfg = TrainConfig.load(run_dir / "config.json")
         except (OSError, ValueError, TypeError):
@@ -459,12 +451,11 @@ def cmd_train(args: argparse.Namespace) -> int:
         flag = "--data" if args.data or not args.config else f"data in --config {args.config}"
         if flag != "--data":  # --data, given or default, was checked with the other flags
             check_data(flag, cfg.data)
-        _check_data_file(flag, cfg.data)
     if fits_cfg is not None:
         if fits_cfg.seed > MAX_SEED:
             raise CLIError(f"--seed: expected an integer in 0..{MAX_SEED}, got {fits_cfg.seed}")
         _check_fits(fits_cfg, device, training=True, source=source)
-    data = _chorale_data(cfg or _checkpoint_config(run_dir / "last.pt"), args.no_progress)
+    data = _chorale_data(cfg or _checkpoint_config(run_dir / "last.pt"), flag, args.no_progress)
     summary = train(
         cfg,
         run_dir,
