@@ -17,12 +17,12 @@ from .positions import (
     allowed_pairs,
     check_mask,
     dense_and_mask,
-    holds_values,
     positions_from_mask,
     resolve_positions,
     restore_ragged,
     sequence_length,
     slot_log_decay,
+    value_bounds,
     with_log_decay,
 )
 from .schemes import make_attention_scheme, scheme_config
@@ -147,11 +147,8 @@ def _cache_index(index, n, slots, batch):
             f"{tuple(index.shape)}"
         )
     index = ops.reshape(ops.cast(index, "int32"), (-1, 1))
-    if bounds is None and holds_values(index):
-        bounds = (
-            int(ops.convert_to_numpy(ops.min(index))),
-            int(ops.convert_to_numpy(ops.max(index))),
-        )
+    if bounds is None:
+        bounds = value_bounds(index)
     if bounds is not None and isinstance(n, int) and isinstance(slots, int):
         lo, hi = bounds
         if lo < 0:

@@ -25,10 +25,10 @@ from .positions import (
     SameShapeLayer,
     check_finite_positive,
     dense_and_mask,
-    holds_values,
     resolve_positions,
     restore_ragged,
     sequence_length,
+    value_bounds,
 )
 
 __all__ = [
@@ -49,9 +49,8 @@ def check_token_ids(ids, vocab_size: int, name: str = "inputs", size_name: str =
     ``id + vocab_size`` on every backend; an id ``>= vocab_size`` reads NaN on JAX, and fails when
     the function runs on TensorFlow's CPU (zeros on a GPU)."""
     ids = ops.convert_to_tensor(ids)
-    if holds_values(ids) and 0 not in tuple(ids.shape):
-        lo = int(ops.convert_to_numpy(ops.min(ids)))
-        hi = int(ops.convert_to_numpy(ops.max(ids)))
+    if (bounds := value_bounds(ids)) is not None:
+        lo, hi = bounds
         if lo < 0 or hi >= vocab_size:
             raise ValueError(
                 f"{name} (token ids) must lie in [0, {size_name}) = [0, {vocab_size}), got id "
@@ -144,9 +143,8 @@ class PositionEmbedding(SameShapeLayer):
     def _inside_table(self, pos, name: str):
         """``pos`` checked against the table where it holds values, and clamped into it."""
         size = self.sequence_length
-        if holds_values(pos):
-            lo = int(ops.convert_to_numpy(ops.min(pos)))
-            hi = int(ops.convert_to_numpy(ops.max(pos)))
+        if (bounds := value_bounds(pos)) is not None:
+            lo, hi = bounds
             if lo < 0 or hi >= size:
                 raise ValueError(
                     f"{name} gives position {lo if lo < 0 else hi}, outside the learned table "

@@ -43,6 +43,7 @@ __all__ = [
     "sequence_lengths",
     "slot_log_decay",
     "token_positions",
+    "value_bounds",
     "with_log_decay",
 ]
 
@@ -110,6 +111,14 @@ def holds_values(x) -> bool:
 
         return tf.executing_eagerly() and hasattr(x, "numpy")
     return True
+
+
+def value_bounds(x) -> tuple[int, int] | None:
+    """``(min, max)`` of an integer tensor where it holds values (:func:`holds_values`) and is not
+    empty, for the checks that read them; ``None`` where it is traced or empty."""
+    if not holds_values(x) or 0 in tuple(x.shape):
+        return None
+    return int(ops.convert_to_numpy(ops.min(x))), int(ops.convert_to_numpy(ops.max(x)))
 
 
 def restore_ragged(outputs, lengths):
