@@ -529,7 +529,7 @@ def test_traced_token_ids_are_not_checked():
         (
             lambda: rk.RelativeMultiHeadAttention(0, 4),
             ValueError,
-            "num_heads must be a positive int",
+            "num_heads must be >= 1, got 0",
         ),
         (
             lambda: rk.RelativeMultiHeadAttention(2, 4, scheme="bogus"),
@@ -587,7 +587,7 @@ def test_traced_token_ids_are_not_checked():
         (
             lambda: rk.RelativeMultiHeadAttention(2, 4, num_key_value_heads=0),
             ValueError,
-            "num_key_value_heads must be a positive int, got 0",
+            "num_key_value_heads must be >= 1, got 0",
         ),
         (
             lambda: rk.RelativeMultiHeadAttention(

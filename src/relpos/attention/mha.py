@@ -11,7 +11,8 @@ from torch import Tensor, nn
 
 from ..functional.dtypes import autocast_off
 from ..positions import Positions, resolve_positions
-from ..schemes.base import Scheme, SchemeConfig, check_heads, check_int, make_scheme
+from ..schemes.base import Scheme, SchemeConfig, make_scheme
+from ..spec.base import check_dropout, check_head_groups, check_heads
 from .backends import get_backend
 from .cache import KVCache
 from .contract import rows_with_keys
@@ -107,13 +108,8 @@ class MultiheadAttention(nn.Module):
         super().__init__()
         check_heads(d_model, num_heads)
         num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
-        check_int("num_kv_heads", num_kv_heads, minimum=1)
-        if num_heads % num_kv_heads:
-            raise ValueError(
-                f"num_heads ({num_heads}) must be a multiple of num_kv_heads ({num_kv_heads})"
-            )
-        if not 0.0 <= dropout < 1.0:
-            raise ValueError(f"dropout must be in [0, 1), got {dropout}")
+        check_head_groups(num_heads, num_kv_heads)
+        dropout = check_dropout(dropout)
         get_backend(backend)  # fail early on an unknown name
         self.d_model, self.num_heads, self.head_dim = d_model, num_heads, d_model // num_heads
         self.num_kv_heads = num_kv_heads

@@ -10,7 +10,7 @@ from typing import Any
 import keras
 from keras import ops
 
-from ..spec.base import check_causal
+from ..spec.base import check_causal, check_dropout, check_head_groups, check_int
 from .positions import (
     PAD_SEGMENT,
     Positions,
@@ -416,21 +416,11 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
         ):
             raise ValueError(f"output_shape must be a positive int, got {output_shape!r}")
         num_key_value_heads = num_heads if num_key_value_heads is None else num_key_value_heads
-        for name, value in (
-            ("num_heads", num_heads),
-            ("key_dim", key_dim),
-            ("num_key_value_heads", num_key_value_heads),
-        ):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
-        if num_heads % num_key_value_heads:
-            raise ValueError(
-                f"num_heads ({num_heads}) must be a multiple of num_key_value_heads "
-                f"({num_key_value_heads})"
-            )
+        check_int("num_heads", num_heads, minimum=1)
+        check_int("key_dim", key_dim, minimum=1)
+        check_head_groups(num_heads, num_key_value_heads, name="num_key_value_heads")
         self.num_key_value_heads = num_key_value_heads
-        if not 0.0 <= dropout < 1.0:
-            raise ValueError(f"dropout must be in [0, 1), got {dropout}")
+        dropout = check_dropout(dropout)
         self.num_heads, self.key_dim = num_heads, key_dim
         self.value_dim = key_dim if value_dim is None else value_dim
         self.dropout_rate, self.use_bias = dropout, use_bias

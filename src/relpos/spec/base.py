@@ -114,6 +114,23 @@ def check_heads(d_model: Any, num_heads: Any) -> None:
         raise ValueError(f"d_model ({d_model}) must be divisible by num_heads ({num_heads})")
 
 
+def check_head_groups(num_heads: int, num_kv_heads: Any, *, name: str = "num_kv_heads") -> None:
+    """Grouped-query attention: ``num_kv_heads`` (called ``name`` in the caller's API, e.g.
+    Keras' ``num_key_value_heads``) is a positive int dividing ``num_heads``."""
+    check_int(name, num_kv_heads, minimum=1)
+    if num_heads % num_kv_heads:
+        raise ValueError(f"num_heads ({num_heads}) must be a multiple of {name} ({num_kv_heads})")
+
+
+def check_dropout(value: Any, *, name: str = "dropout") -> float:
+    """A dropout rate: a number in ``[0, 1)`` (NaN and a bool refused); returned as a float."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(f"{name} must be a number, got {type(value).__name__} ({value!r})")
+    if not 0.0 <= value < 1.0:  # NaN fails too
+        raise ValueError(f"{name} must be in [0, 1), got {value}")
+    return float(value)
+
+
 def check_heads_field(heads: Any, *, field: str = "heads") -> tuple[int, ...] | None:
     """A config's ``heads``: None (every head) or a non-empty list of distinct ints ``>= 0``.
 

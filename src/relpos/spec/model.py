@@ -14,6 +14,8 @@ from .base import (
     ABSOLUTE_SCHEMES,
     check_bool,
     check_config_keys,
+    check_dropout,
+    check_head_groups,
     check_heads,
     check_int,
     config_from_dict,
@@ -61,18 +63,10 @@ class ModelConfig:
             check_int(name, getattr(self, name), minimum=1)
         check_heads(self.d_model, self.num_heads)
         if self.num_kv_heads is not None:
-            check_int("num_kv_heads", self.num_kv_heads, minimum=1)
-            if self.num_heads % self.num_kv_heads:
-                raise ValueError(
-                    f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads "
-                    f"({self.num_kv_heads})"
-                )
+            check_head_groups(self.num_heads, self.num_kv_heads)
         if self.d_ff is not None:
             check_int("d_ff", self.d_ff, minimum=1)
-        if isinstance(self.dropout, bool) or not isinstance(self.dropout, int | float):
-            raise TypeError(f"dropout must be a number, got {type(self.dropout).__name__}")
-        if not 0.0 <= self.dropout < 1.0:  # NaN fails too
-            raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
+        check_dropout(self.dropout)
         check_bool("causal", self.causal)
         if not isinstance(self.backend, str):
             raise TypeError(f"backend must be a str, got {type(self.backend).__name__}")

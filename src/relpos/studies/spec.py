@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..schemes.base import check_int, config_from_dict
+from ..spec.base import check_dropout
 from ..training.config import NAMED_DATA
 from .tasks import TASKS, max_length
 
@@ -121,11 +122,7 @@ class CompareSpec:
         if not (math.isfinite(self.lr) and self.lr > 0):
             raise ValueError(f"lr must be a finite number > 0, got {self.lr}")
         object.__setattr__(self, "lr", float(self.lr))
-        if isinstance(self.dropout, bool) or not isinstance(self.dropout, (int, float)):
-            raise TypeError(f"dropout must be a number, got {self.dropout!r}")
-        if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
-        object.__setattr__(self, "dropout", float(self.dropout))
+        object.__setattr__(self, "dropout", check_dropout(self.dropout))
         if self.d_model % self.num_heads:
             raise ValueError(
                 f"d_model ({self.d_model}) must be divisible by num_heads ({self.num_heads})"
