@@ -314,6 +314,23 @@ def test_eval_refuses(run, nan_checkpoint, tiny_data, tmp_path, capsys):
     assert not (run / "eval.json").exists()
 
 
+def test_eval_at_another_context_keeps_its_own_file(run, tmp_path, capsys):
+    """``--context``: every token still scored once, in longer windows (later tokens see more of
+    their past); the training context's figure stays in eval.json."""
+    copy = tmp_path / "run"
+    shutil.copytree(run, copy)
+    e = ["eval", "--run-dir", str(copy), "--no-progress"]
+    assert main([*e, "--context", "32"]) == 0  # the run's own context: eval.json
+    trained = json.loads((copy / "eval.json").read_text())
+    assert main([*e, "--context", "96"]) == 0
+    longer = json.loads((copy / "eval-context96.json").read_text())
+    assert (trained["context"], longer["context"]) == (32, 96)
+    assert longer["valid_nll"] != trained["valid_nll"]
+    assert json.loads((copy / "eval.json").read_text()) == trained
+    refused(capsys, [*e, "--context", "0"], "argument --context")
+    refused(capsys, [*e, "--context", "2"], "--context", ">= 4, got 2")
+
+
 # ----------------------------------------------------------------------------- generate
 
 

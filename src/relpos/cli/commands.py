@@ -489,6 +489,12 @@ def cmd_eval(args: argparse.Namespace) -> int:
     run_dir = run_folder("--run-dir", args.run_dir)
     splits = parse_splits(args.splits)
     model, cfg, state, path = load_model(run_dir, args.checkpoint)
+    trained_context = cfg.context
+    if args.context is not None:  # the checks below (memory, a learned table's size) read it
+        try:
+            cfg = dataclasses.replace(cfg, context=args.context)
+        except ValueError as e:
+            raise CLIError(f"--context: {e}") from None
     if args.data:
         check_data("--data", args.data)
         source, flag = args.data, "--data"
@@ -507,6 +513,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         "data": source,
         "scheme": cfg.model.scheme,
         "parameters": model.num_parameters(),
+        "context": cfg.context,
     }
     for split in splits:
         seqs = data.split(split)
@@ -520,7 +527,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
             )
         result[f"{split}_nll"] = nll
         print(f"{split:>5}: {nll:.4f} nats/token")
-    out = run_dir / "eval.json"
+    # Another window than the training one is another measurement: it keeps its own file.
+    name = "eval.json" if cfg.context == trained_context else f"eval-context{cfg.context}.json"
+    out = run_dir / name
     with atomic_path(out) as tmp:
         tmp.write_text(json.dumps(result, indent=2) + "\n")
     print(f"wrote {out}")
@@ -611,6 +620,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--checkpoint", default="best", help="best, last, or a checkpoint path")
     p.add_argument("--data", default=None, help="evaluate on other data (default: the run's)")
     p.add_argument("--splits", default="valid,test", help="comma-separated: train, valid, test")
+    p.add_argument(
+        "--context",
+        type=int_type(1),
+        default=None,
+        help="tokens per window, each token scored once (default: the run's training context; "
+        "a longer one gives later tokens more of their past; results go to "
+        "eval-context<N>.json)",
+    )
     p.add_argument(
         "--device", default=None, help="cpu, cuda, cuda:N or mps (default: cuda if available)"
     )
