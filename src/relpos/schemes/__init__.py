@@ -1,7 +1,12 @@
-"""Every positional scheme, registered by name (see :data:`SCHEMES`)."""
+"""Every positional scheme, registered by name (see :data:`SCHEMES`).
 
-from .absolute import LearnedAbsolute, LearnedAbsoluteConfig, Sinusoidal, SinusoidalConfig
-from .alibi import ALiBi, ALiBiConfig, LearnedALiBi, LearnedALiBiConfig
+The package imports every module it holds, so each scheme's ``@register`` runs, and exports every
+registered scheme's class and config class by name (:mod:`relpos.exports`): a new scheme is a new
+module here, with no list to edit. Static analysers see them through their modules
+(``relpos.schemes.t5.T5Bias``); ``from relpos.schemes import T5Bias`` works at run time.
+"""
+
+from ..exports import export_classes, import_modules
 from .base import (
     SCHEMES,
     DecayBiasScheme,
@@ -17,66 +22,25 @@ from .base import (
     register,
     scheme_config,
 )
-from .cope import CoPE, CoPEConfig
-from .deberta import DeBERTa, DebertaConfig
-from .dpb import DynamicPositionBias, DynamicPositionBiasConfig
-from .fire import Fire, FireConfig
-from .forgetting import ForgetGate, ForgetGateConfig
-from .kerple import Kerple, KerpleConfig
-from .music import MusicConfig, MusicRelative
-from .nope import NoPE, NoPEConfig
-from .rope import Rotary, RotaryConfig
-from .sandwich import Sandwich, SandwichConfig
-from .shaw import ShawConfig, ShawRelative
-from .t5 import T5Bias, T5Config
-from .transformer_xl import TransformerXL, TransformerXLConfig
+
+import_modules(__name__, __path__)  # every scheme's module: its class registers itself
 
 __all__ = [
     "SCHEMES",
-    "ALiBi",
-    "ALiBiConfig",
-    "CoPE",
-    "CoPEConfig",
-    "DeBERTa",
-    "DebertaConfig",
     "DecayBiasScheme",
     "DistanceBiasScheme",
     "DistanceClip",
-    "DynamicPositionBias",
-    "DynamicPositionBiasConfig",
-    "Fire",
-    "FireConfig",
-    "ForgetGate",
-    "ForgetGateConfig",
-    "Kerple",
-    "KerpleConfig",
-    "LearnedALiBi",
-    "LearnedALiBiConfig",
-    "LearnedAbsolute",
-    "LearnedAbsoluteConfig",
     "LinearBiasScheme",
-    "MusicConfig",
-    "MusicRelative",
-    "NoPE",
-    "NoPEConfig",
     "PairBiasScheme",
     "RelativeScheme",
-    "Rotary",
-    "RotaryConfig",
-    "Sandwich",
-    "SandwichConfig",
     "Scheme",
     "SchemeConfig",
-    "ShawConfig",
-    "ShawRelative",
-    "Sinusoidal",
-    "SinusoidalConfig",
-    "T5Bias",
-    "T5Config",
-    "TransformerXL",
-    "TransformerXLConfig",
     "config_from_dict",
     "make_scheme",
     "register",
     "scheme_config",
 ]
+#: Every registered scheme's class (``T5Bias``, ...) and config class (``T5Config``, ...).
+__all__ += export_classes(
+    globals(), [cls for scheme in SCHEMES.values() for cls in (scheme, scheme.config_class)]
+)

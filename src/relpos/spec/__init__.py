@@ -5,10 +5,14 @@ The PyTorch schemes (:mod:`relpos.schemes`) and the Keras schemes (:mod:`relpos.
 from it: a config is validated by :meth:`SchemeConfig.validate` when made and by
 :meth:`SchemeConfig.check_dims` when a layer of either framework builds its scheme, so a spec is
 accepted or refused the same way, with the same message, in both.
+
+The package imports every module it holds, so each scheme's ``@register_config`` runs, and exports
+every registered config class by its name (:mod:`relpos.exports`): a new scheme's config is a new
+module here, with no list to edit. Static analysers see the configs through their modules
+(``relpos.spec.t5.T5Config``); ``from relpos.spec import T5Config`` works at run time.
 """
 
-from .absolute import LearnedAbsoluteConfig, SinusoidalConfig
-from .alibi import ALiBiConfig, LearnedALiBiConfig
+from ..exports import export_classes, import_modules
 from .base import (
     ABSOLUTE_SCHEMES,
     CONFIGS,
@@ -24,43 +28,15 @@ from .base import (
     register_config,
     scheme_config,
 )
-from .cope import CoPEConfig
-from .deberta import DebertaConfig
-from .dpb import DynamicPositionBiasConfig
-from .fire import FireConfig
-from .forgetting import ForgetGateConfig
-from .kerple import KerpleConfig
 from .model import ModelConfig
-from .music import MusicConfig
-from .nope import NoPEConfig
-from .rope import RotaryConfig
-from .sandwich import SandwichConfig
-from .shaw import ShawConfig
-from .t5 import T5Config
-from .transformer_xl import TransformerXLConfig
+
+import_modules(__name__, __path__)  # every scheme's module: its config registers itself
 
 __all__ = [
     "ABSOLUTE_SCHEMES",
     "CONFIGS",
-    "ALiBiConfig",
-    "CoPEConfig",
-    "DebertaConfig",
-    "DynamicPositionBiasConfig",
-    "FireConfig",
-    "ForgetGateConfig",
-    "KerpleConfig",
-    "LearnedALiBiConfig",
-    "LearnedAbsoluteConfig",
     "ModelConfig",
-    "MusicConfig",
-    "NoPEConfig",
-    "RotaryConfig",
-    "SandwichConfig",
     "SchemeConfig",
-    "ShawConfig",
-    "SinusoidalConfig",
-    "T5Config",
-    "TransformerXLConfig",
     "check_bool",
     "check_causal",
     "check_heads",
@@ -72,3 +48,5 @@ __all__ = [
     "register_config",
     "scheme_config",
 ]
+#: Every registered config class (``T5Config``, ``RotaryConfig``, ...), bound here by its name.
+__all__ += export_classes(globals(), CONFIGS.values())

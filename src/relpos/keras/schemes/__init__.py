@@ -28,9 +28,15 @@ scheme defined for causal attention only declares ``causal_only`` (``causal=Fals
 the PyTorch side's message).
 Absolute schemes (``sinusoidal``, ``learned``) act at the input: see
 :class:`~relpos.keras.embeddings.TokenAndPositionEmbedding`.
+
+The package imports every module it holds, so each scheme's ``@register`` runs, and exports every
+registered scheme's class by name (:mod:`relpos.exports`): a new scheme is a new module here, with
+no list to edit. Static analysers see them through their modules
+(``relpos.keras.schemes.t5.T5Scheme``); ``from relpos.keras.schemes import T5Scheme`` works at run
+time.
 """
 
-from .alibi import AlibiScheme, LearnedAlibiScheme
+from ...exports import export_classes, import_modules
 from .base import (
     KERAS_SCHEMES,
     AttentionScheme,
@@ -38,39 +44,15 @@ from .base import (
     make_attention_scheme,
     scheme_config,
 )
-from .cope import CoPEScheme
-from .deberta import DebertaScheme
-from .dpb import DynamicPositionBiasScheme
-from .fire import FireScheme
-from .forgetting import ForgetGateScheme
-from .kerple import KerpleScheme
-from .music import MusicScheme
-from .nope import NoPositions
-from .rope import RotaryScheme
-from .sandwich import SandwichScheme
-from .shaw import ShawScheme
-from .t5 import T5Scheme
-from .transformer_xl import TransformerXLScheme
+
+import_modules(__name__, __path__)  # every scheme's module: its class registers itself
 
 __all__ = [
     "KERAS_SCHEMES",
-    "AlibiScheme",
     "AttentionScheme",
-    "CoPEScheme",
-    "DebertaScheme",
     "DistanceBiasScheme",
-    "DynamicPositionBiasScheme",
-    "FireScheme",
-    "ForgetGateScheme",
-    "KerpleScheme",
-    "LearnedAlibiScheme",
-    "MusicScheme",
-    "NoPositions",
-    "RotaryScheme",
-    "SandwichScheme",
-    "ShawScheme",
-    "T5Scheme",
-    "TransformerXLScheme",
     "make_attention_scheme",
     "scheme_config",
 ]
+#: Every registered Keras attention scheme's class (``T5Scheme``, ...), bound here by its name.
+__all__ += export_classes(globals(), KERAS_SCHEMES.values())
