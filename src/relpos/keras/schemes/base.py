@@ -31,8 +31,16 @@ KERAS_SCHEMES: dict[str, type[AttentionScheme]] = {}
 
 
 def register(cls):
-    """Class decorator: register a Keras scheme under its ``scheme_name``."""
-    KERAS_SCHEMES[cls.scheme_name] = cls
+    """Class decorator: register a Keras scheme under its ``scheme_name`` (once: a second class
+    of the same name is refused, as the PyTorch registry does)."""
+    name = cls.scheme_name
+    if not name:
+        raise ValueError(f"{cls.__name__}.scheme_name must define a name")
+    if name in KERAS_SCHEMES and KERAS_SCHEMES[name] is not cls:
+        raise ValueError(
+            f"Keras scheme name {name!r} is already registered to {KERAS_SCHEMES[name].__name__}"
+        )
+    KERAS_SCHEMES[name] = cls
     return cls
 
 
