@@ -5,7 +5,8 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 KERAS_STAMP := $(VENV)/.installed-keras
 TRITON_STAMP := $(VENV)/.installed-triton
-# A Keras user's install, `pip install "relpos[keras]" jax`, beside: it must hold no torch.
+# A Keras user's install, `pip install "relpos[keras]" jax`, beside, with pytest and Hypothesis
+# (the keras-test extra): the Keras suite's JAX part runs there, and it must hold no torch.
 KERAS_VENV := .venv-keras
 KERAS_ONLY_STAMP := $(KERAS_VENV)/.installed
 # No wheel cache: a second copy of TensorFlow, JAX and the rest would double the disk it needs.
@@ -27,7 +28,7 @@ $(KERAS_STAMP): $(STAMP)
 $(KERAS_ONLY_STAMP): pyproject.toml constraints-cpu.txt
 	$(PYTHON) -m venv $(KERAS_VENV)
 	$(KERAS_VENV)/bin/python -m pip install -q --no-cache-dir --upgrade pip
-	$(KERAS_VENV)/bin/python -m pip install -q --no-cache-dir -c constraints-cpu.txt -e '.[keras]' jax
+	$(KERAS_VENV)/bin/python -m pip install -q --no-cache-dir -c constraints-cpu.txt -e '.[keras,keras-test]' jax
 	touch $(KERAS_ONLY_STAMP)
 
 # Triton, for the kernels' suite in its interpreter (tests/fused; a CPU needs no other use of it).
@@ -47,17 +48,15 @@ recipe: $(STAMP)
 	$(BIN)/relpos eval --run-dir $(RECIPE)
 	$(BIN)/relpos generate --run-dir $(RECIPE) --samples 20 --length 128 --stats test --no-progress
 
-# relpos.keras in a Keras user's install (no torch: tests/install), then the PyTorch suite, the
-# Keras suite once per backend (jax, tensorflow, torch) and the Triton kernels' suite, side by
-# side, each in its own process (tests/run_suites.py).
+# The PyTorch suite, the Keras suite once per backend (jax, tensorflow, torch; the JAX part that
+# needs no PyTorch in the Keras user's install, which must hold none) and the Triton kernels'
+# suite, side by side, each in its own process (tests/run_suites.py).
 test: $(KERAS_STAMP) $(TRITON_STAMP) $(KERAS_ONLY_STAMP)
 	$(BIN)/ruff check src tests benchmarks examples
-	KERAS_BACKEND=jax $(KERAS_VENV)/bin/python tests/install/keras_without_torch.py
 	$(BIN)/python tests/run_suites.py --durations 10 -- -m "not slow"
 
 # Every test and every case of each matrix (`make test` runs a pairwise cover: tests/matrix.py).
 test-all: $(KERAS_STAMP) $(TRITON_STAMP) $(KERAS_ONLY_STAMP)
-	KERAS_BACKEND=jax $(KERAS_VENV)/bin/python tests/install/keras_without_torch.py
 	$(BIN)/python tests/run_suites.py -- --full-matrix
 
 lint: $(KERAS_STAMP)

@@ -1,11 +1,12 @@
 """pytest configuration: hypothesis profile (deterministic, no deadline: oracles are slow), the
 default run's share of each test matrix (``tests/matrix.py``; ``--full-matrix`` runs every
-case), and no test leaks process-wide floating-point state into the next."""
+case), and no test leaks process-wide floating-point state into the next. Imports no torch: the
+Keras suite's JAX part runs in a Keras user's install without it (``tests/run_suites.py``)."""
 
 import os
+import sys
 
 import pytest
-import torch
 from hypothesis import settings
 
 settings.register_profile("default", deadline=None, max_examples=15, derandomize=True)
@@ -21,14 +22,18 @@ os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 def _keep_denormals():
     """``relpos bench`` run in-process turns on flush-to-zero (for the whole process when the
     thread pool has one thread); switch it back off, or later tests see subnormals as 0 (and
-    hypothesis refuses to draw floats)."""
+    hypothesis refuses to draw floats). Only where torch is loaded: nothing else sets it."""
     yield
-    torch.set_flush_denormal(False)
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.set_flush_denormal(False)
 
 
 @pytest.fixture
 def deterministic():
     """``torch.use_deterministic_algorithms`` for the test to set, restored afterwards."""
+    import torch
+
     before = (
         torch.are_deterministic_algorithms_enabled(),
         torch.is_deterministic_algorithms_warn_only_enabled(),
@@ -40,6 +45,8 @@ def deterministic():
 @pytest.fixture
 def one_thread():
     """Run the test with one intra-op thread (many small ops: threads only add overhead)."""
+    import torch
+
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     yield
@@ -52,12 +59,18 @@ def pytest_addoption(parser):
         action="store_true",
         help="run every case of the tests marked `matrix` (default: a pairwise cover of them)",
     )
+    parser.addoption(
+        "--keras-user-install",
+        action="store_true",
+        help="the run is in a Keras user's install (.venv-keras), which must hold no torch "
+        "(tests/keras/test_no_torch.py)",
+    )
 
 
 def pytest_collection_modifyitems(config, items):
     """Skip the bidirectional cases of a causal-only scheme (FIRE refuses to be built so); keep
     a pairwise cover of each ``matrix`` test's cases unless ``--full-matrix``."""
-    from tests.helpers import causal_only
+    from tests.specs import causal_only
 
     for item in items:
         params = getattr(getattr(item, "callspec", None), "params", {})

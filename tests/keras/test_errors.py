@@ -677,6 +677,7 @@ def test_bad_constructor_arguments(make, error, match):
         make()
 
 
+@pytest.mark.torch_reference
 def test_from_torch_refuses_what_it_cannot_convert():
     import torch
 

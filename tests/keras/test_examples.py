@@ -1,5 +1,5 @@
 """The examples (``examples/``) run end to end at a tiny size, in their own processes, as a user
-runs them: each once, in the JAX backend's run of the suite."""
+runs them: each once, in the run of the suite on the backend it runs on."""
 
 from __future__ import annotations
 
@@ -13,9 +13,12 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 
-pytestmark = pytest.mark.skipif(
-    keras.backend.backend() != "jax", reason="each example runs once, in the JAX suite"
-)
+
+def on_backend(backend: str):
+    """Runs the test in the suite of ``backend`` only: each example once."""
+    return pytest.mark.skipif(
+        keras.backend.backend() != backend, reason=f"each example runs once, in the {backend} suite"
+    )
 
 
 def run_example(name: str, *args: str, backend: str) -> str:
@@ -29,6 +32,8 @@ def run_example(name: str, *args: str, backend: str) -> str:
     return done.stdout
 
 
+@on_backend("jax")
+@pytest.mark.torch_reference
 def test_keras_chorales_with_the_torch_baseline():
     """Both sides train and report a finite NLL in one process (Keras on JAX, which imports
     TensorFlow where it is installed, then PyTorch's trainer, which loads Triton)."""
@@ -40,6 +45,7 @@ def test_keras_chorales_with_the_torch_baseline():
     assert all(0 < float(line[1]) < 10 for line in lines), out
 
 
+@on_backend("tensorflow")  # tf.map_fn: TensorFlow, which a JAX user's install lacks
 def test_keras_map_fn_migration():
     """The vectorised layer is exact (0) on every layout; ``tf.map_fn`` with index positions is
     not, on the holed batch."""

@@ -11,6 +11,9 @@ import relpos.keras as rk
 from .util import kt, np_
 
 hub = pytest.importorskip("keras_hub")
+#: keras-hub's tensorflow-text pulls TensorFlow, which a JAX user's install lacks: the JAX suite
+#: runs these in the main environment (tests/run_suites.py).
+pytestmark = pytest.mark.keras_hub_reference
 
 
 def test_position_embedding_equals_keras_hub():

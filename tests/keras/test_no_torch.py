@@ -1,9 +1,11 @@
-"""``relpos.keras`` needs no PyTorch: with torch made unimportable, every Keras attention scheme
-builds and runs on JAX, and torch is never loaded (issue 44). ``import relpos`` alone needs none
-either, and a PyTorch name then says how to install it."""
+"""``relpos.keras`` needs no PyTorch (issue 44): a Keras user's install (``relpos[keras]`` and
+JAX: ``.venv-keras``, where tests/run_suites.py runs this suite's JAX part) holds none; with torch
+made unimportable, every Keras attention scheme builds and runs on JAX, and torch is never loaded.
+``import relpos`` alone needs none either, and a PyTorch name then says how to install it."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
@@ -43,7 +45,16 @@ def _run(body: str) -> subprocess.CompletedProcess:
     )
 
 
-@pytest.mark.slow  # make test runs every scheme in an install without torch (tests/install)
+def test_the_keras_users_install_holds_no_torch(request):
+    """Where the suite runs in a Keras user's install (``--keras-user-install``), torch is not
+    installed: neither ``relpos[keras]`` nor JAX pulled it in, so the tests run beside this one
+    needed none."""
+    if not request.config.getoption("--keras-user-install"):
+        pytest.skip("not in a Keras user's install (tests/run_suites.py runs the suite in one)")
+    assert importlib.util.find_spec("torch") is None, "relpos[keras] installed torch"
+
+
+@pytest.mark.slow  # make test runs the suite's JAX part in an install without torch (run_suites)
 def test_keras_runs_every_scheme_without_torch():
     result = _run(
         """

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from keras import ops
 
-import relpos
 from relpos.keras import KERAS_SCHEMES, RelativeMultiHeadAttention
+from relpos.spec import config_class
 
 from .util import every_other, grads, kt, np_
 
@@ -23,7 +23,7 @@ MASK[2, 5:] = False  # right padding
 
 
 def _layer(name):
-    causal = relpos.SCHEMES[name].causal_only
+    causal = config_class(name).causal_only
     layer = RelativeMultiHeadAttention(HEADS, WIDTH // HEADS, scheme=name, causal=causal)
     layer.build((None, None, WIDTH))
     return layer

@@ -2,31 +2,27 @@
 equals its relpos PyTorch module (fp32, 1e-5) on plain, left/right-padded and packed batches,
 with and without grouped-query attention; length-dependent RoPE decodes as PyTorch's row alone.
 
-The PyTorch modules are themselves tested against loop oracles (tests/test_oracle.py); the loop
-oracles here check what has no PyTorch twin (segment ranks, the relative embedding tensor).
+The PyTorch modules are themselves tested against loop oracles (tests/test_oracle.py); what has
+no PyTorch twin (segment ranks, the relative embedding tensor) is checked against loops in
+tests/keras/test_oracles.py. Every test here needs torch (``torch_reference``): the Keras suite's
+JAX part runs without them in a Keras user's install, and with them in the main environment.
 """
 
 import zlib
 
 import numpy as np
 import pytest
-import torch
 from keras import ops
 
 import relpos
-from relpos.functional import apply_rope, rope_angles, rope_frequencies
-from relpos.keras import (
-    AlibiBias,
-    RelativePositionEmbedding,
-    RotaryEmbedding,
-    from_torch,
-    make_attention_scheme,
-)
-from relpos.keras.ops import fire_mlp
+from relpos.keras import RotaryEmbedding, from_torch, make_attention_scheme
 from relpos.keras.positions import Positions, positions_from_segments
 
-from ..helpers import SCHEME_SPECS, length_dependent
+from ..specs import SCHEME_SPECS, length_dependent
 from .util import BACKEND, COMPILED, LAYOUTS, decode, every_other, grads, kt, layout, np_
+
+torch = pytest.importorskip("torch")
+pytestmark = pytest.mark.torch_reference
 
 #: The PyTorch suite's: they switch at 5 tokens, so the test rows (5 to 9 tokens) cross it.
 DYNAMIC, LONGROPE = [spec for spec in SCHEME_SPECS if length_dependent(spec)]
@@ -412,22 +408,6 @@ def _keras_weight_name(name: str) -> tuple[str, bool]:
     return f"mlp_{index}_{'kernel' if kind == 'weight' else 'bias'}", kind == "weight"
 
 
-def test_fire_mlp_piecewise_form_equals_the_dense_mlp():
-    """``keras.ops`` FIRE MLP (kinks and tables) against ``relu(x·w1 + b1)·w2 + b2`` in NumPy,
-    with flat units (``w1 = 0``, on and off), two units sharing a kink and inputs on kinks."""
-    rng = np.random.default_rng(0)
-    w, h = 9, 3
-    w1, b1 = rng.normal(size=w).astype("float32"), rng.normal(size=w).astype("float32")
-    w1[:2], b1[:2] = 0.0, (0.7, -0.3)
-    w1[3], b1[3] = 2 * w1[2], 2 * b1[2]
-    w2, b2 = rng.normal(size=(w, h)).astype("float32"), rng.normal(size=h).astype("float32")
-    kinks = -b1[2:] / w1[2:]
-    x = np.concatenate([np.linspace(-4, 4, 41), kinks]).astype("float32").reshape(2, -1)
-    want = np.maximum(x[..., None] * w1 + b1, 0.0) @ w2 + b2
-    got = np_(fire_mlp(*(kt(a) for a in (x, w1, b1, w2, b2))))
-    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
-
-
 @pytest.mark.parametrize(
     "spec", [FIRE, {**FIRE, "heads": [0, 3]}, {"name": "kerple", "heads": [1]}], ids=str
 )
@@ -497,6 +477,8 @@ def test_bias_layers_equal_torch(kind, causal):
 def test_rotary_equals_torch(kind, interleaved):
     b, n, h, d, r = 3, 7, 2, 8, 6
     lay = layout(kind, b, n, seed=3)
+    from relpos.functional import apply_rope, rope_angles, rope_frequencies
+
     p = relpos.Positions.from_segments(torch.from_numpy(lay["seg"]).long())
     x = torch.randn(b, n, h, d)
     angles = rope_angles(p.pos, rope_frequencies(r, 500.0))
@@ -513,42 +495,12 @@ def test_rotary_equals_torch(kind, interleaved):
     np.testing.assert_allclose(np_(got2), want.permute(0, 2, 3, 1).numpy(), atol=1e-5)
 
 
-def test_segment_positions_equal_a_loop():
-    rng = np.random.default_rng(4)
-    seg = rng.integers(-1, 3, size=(4, 12)).astype("int32")  # interleaved documents too
-    got = positions_from_segments(kt(seg), start_index=kt(np.array([0, 2, 5, 1], "int32")))
-    for r in range(4):
-        for t in range(12):
-            want = 0 if seg[r, t] < 0 else int((seg[r, :t] == seg[r, t]).sum()) + [0, 2, 5, 1][r]
-            assert np_(got.pos)[r, t] == want
-    assert (np_(got.seg) == seg).all()
-    # The PyTorch Positions agree on the same ids.
+def test_segment_positions_equal_torch():
+    """The PyTorch Positions agree on the same ids (interleaved documents too); a loop checks the
+    Keras ones alone: tests/keras/test_oracles.py."""
+    seg = np.random.default_rng(4).integers(-1, 3, size=(4, 12)).astype("int32")
     torch_pos = relpos.Positions.from_segments(torch.from_numpy(seg).long())
-    base = positions_from_segments(kt(seg))
-    assert (np_(base.pos) == torch_pos.pos.numpy()).all()
-
-
-def test_relative_embedding_equals_the_papers_formula():
-    k, d = 2, 5
-    layer = RelativePositionEmbedding(k, d)
-    lay = layout("packed", 2, 7, seed=5)
-    got = np_(layer(kt(np.zeros((2, 7, 3), "float32")), segment_ids=kt(lay["seg"])))
-    w = np_(layer.embeddings)
-    seg = lay["seg"]
-    for r in range(2):
-        pos = [int((seg[r, :t] == seg[r, t]).sum()) for t in range(7)]
-        for i in range(7):
-            for j in range(7):
-                same = seg[r, i] == seg[r, j] and seg[r, i] >= 0
-                want = w[min(max(pos[j] - pos[i], -k), k) + k] if same else np.zeros(d)
-                np.testing.assert_allclose(got[r, i, j], want, atol=1e-7)
-
-
-def test_alibi_layer_counts_positions_not_indices():
-    left = kt(np.array([[False, False, True, True, True]]))
-    got = np_(AlibiBias(num_heads=2, causal=True)(kt(np.zeros((1, 5, 4), "float32")), mask=left))
-    alone = np_(AlibiBias(num_heads=2, causal=True)(kt(np.zeros((1, 3, 4), "float32"))))
-    np.testing.assert_allclose(got[:, :, 2:, 2:], alone)
+    assert (np_(positions_from_segments(kt(seg)).pos) == torch_pos.pos.numpy()).all()
 
 
 def test_attention_with_per_head_alibi_slopes_equals_torch():

@@ -5,7 +5,6 @@ frequencies follow each row's length decodes as its prefix: tests/keras/test_par
 import numpy as np
 import pytest
 
-import relpos
 from relpos.keras import (
     PositionEmbedding,
     RelativeMultiHeadAttention,
@@ -13,6 +12,7 @@ from relpos.keras import (
     SinePositionEncoding,
     T5RelativeBias,
 )
+from relpos.spec import config_class
 
 from .util import COMPILED, decode, every_other, kt, np_
 
@@ -61,7 +61,7 @@ SPEC_CAUSAL = every_other(
 
 def _layer(spec, causal, kv_heads=None):
     name = spec if isinstance(spec, str) else spec["name"]
-    if not causal and (spec is XPOS or relpos.SCHEMES[name].causal_only):
+    if not causal and (spec is XPOS or config_class(name).causal_only):
         pytest.skip("causal only")
     layer = RelativeMultiHeadAttention(
         HEADS, WIDTH // HEADS, scheme=spec, causal=causal, num_key_value_heads=kv_heads

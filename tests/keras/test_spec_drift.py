@@ -8,7 +8,8 @@ distances, NaN, wrong types) with a geometry and ``causal``, and checks that PyT
   valid (the layers check their own arguments, each in its framework's words, before the spec);
 * give the same outputs where accepted, the Keras layer built by ``from_torch``.
 
-Cheap by design (few examples, one 5-token row): it runs on every Keras backend.
+Cheap by design (few examples, one 5-token row): it runs on every Keras backend. The PyTorch side
+needs torch (``torch_reference``), imported by those tests alone.
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ import zlib
 
 import numpy as np
 import pytest
-import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -153,6 +153,8 @@ def _same_refusal(torch_side, keras_side):
 
 
 def _torch_module(spec, h, d, causal):
+    import torch
+
     module = relpos.MultiheadAttention(h * d, h, spec, causal=causal, backend="eager").eval()
     with torch.no_grad():  # off their initial values: only copied weights agree
         for p in module.scheme.parameters():
@@ -170,7 +172,10 @@ def _torch_module(spec, h, d, causal):
     suppress_health_check=[HealthCheck.too_slow],
 )
 @given(case=cases())
+@pytest.mark.torch_reference
 def test_both_frameworks_accept_refuse_and_compute_alike(case):
+    import torch
+
     spec, h, d, causal = case
     torch_scheme = _outcome(
         lambda: relpos.make_scheme(spec, d_model=h * d, num_heads=h, causal=causal)
@@ -198,10 +203,18 @@ def test_both_frameworks_accept_refuse_and_compute_alike(case):
 @pytest.mark.parametrize(
     "build",
     [
-        lambda spec: relpos.MultiheadAttention(16, 2, spec, causal=True),
-        lambda spec: RelativeMultiHeadAttention(num_heads=2, key_dim=8, scheme=spec, causal=True),
+        pytest.param(
+            lambda spec: relpos.MultiheadAttention(16, 2, spec, causal=True),
+            marks=pytest.mark.torch_reference,
+            id="torch",
+        ),
+        pytest.param(
+            lambda spec: RelativeMultiHeadAttention(
+                num_heads=2, key_dim=8, scheme=spec, causal=True
+            ),
+            id="keras",
+        ),
     ],
-    ids=["torch", "keras"],
 )
 def test_t5_distance_within_the_exact_buckets_is_refused_by_both(build):
     """Issue 44's example: 32 causal buckets are 16 exact ones and 16 log-spaced ones from

@@ -10,7 +10,7 @@ keras = pytest.importorskip("keras")  # conftest.py seeds every test (keras.util
 
 from relpos.keras import from_torch  # noqa: E402
 from relpos.keras.transformer import Transformer  # noqa: E402
-from relpos.schemes import scheme_config  # noqa: E402
+from relpos.spec import scheme_config  # noqa: E402
 
 SMALL = {"vocab_size": 11, "d_model": 16, "num_heads": 2, "num_layers": 2, "dropout": 0.0}
 ONE_LAYER = {**SMALL, "num_layers": 1}  # a smaller graph to compile (JAX)
@@ -81,8 +81,10 @@ def _copy_torch_weights(torch_model, model) -> None:
     ],
     ids=["t5", "rope-mqa", "transformer_xl", "dpb-mqa", "forgetting", "deberta-mqa", "cope"],
 )
+@pytest.mark.torch_reference
 def test_matches_the_pytorch_transformer_with_its_weights(scheme, num_kv_heads):
-    torch = pytest.importorskip("torch")
+    import torch
+
     from relpos.models import Transformer as TorchTransformer
     from relpos.models import TransformerConfig
 

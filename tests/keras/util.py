@@ -1,12 +1,13 @@
 """Shared helpers of the Keras suite: conversions, the layouts every property is checked on, and
-gradients on the active backend."""
+gradients on the active backend. Imports no torch: the suite's JAX part runs without it."""
 
 from __future__ import annotations
+
+import sys
 
 import keras
 import numpy as np
 import pytest
-import torch
 from keras import ops
 
 BACKEND = keras.backend.backend()
@@ -54,7 +55,8 @@ def np_(x) -> np.ndarray:
 
 def kt(x, dtype=None):
     """A numpy array or torch tensor as a Keras backend tensor."""
-    if isinstance(x, torch.Tensor):
+    torch = sys.modules.get("torch")  # a torch tensor exists only where torch is loaded
+    if torch is not None and isinstance(x, torch.Tensor):
         x = x.numpy()
     return ops.convert_to_tensor(x, dtype=dtype)
 
@@ -109,6 +111,8 @@ def grads(fn, variables):
             loss = fn()
         return tape.gradient(loss, [v.value for v in variables])
     if BACKEND == "torch":
+        import torch
+
         loss = fn()
         return list(torch.autograd.grad(loss, [v.value for v in variables], allow_unused=True))
     import jax
