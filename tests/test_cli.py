@@ -314,9 +314,9 @@ def test_eval_refuses(run, nan_checkpoint, tiny_data, tmp_path, capsys):
     assert not (run / "eval.json").exists()
 
 
-def test_eval_at_another_context_keeps_its_own_file(run, tmp_path, capsys):
-    """``--context``: every token still scored once, in longer windows (later tokens see more of
-    their past); the training context's figure stays in eval.json."""
+def test_eval_at_another_context_or_stride_keeps_its_own_file(run, tmp_path, capsys):
+    """``--context``, ``--stride``: every token still scored once, in longer or overlapping
+    windows (tokens see more of their past); the training context's figure stays in eval.json."""
     copy = tmp_path / "run"
     shutil.copytree(run, copy)
     e = ["eval", "--run-dir", str(copy), "--no-progress"]
@@ -329,6 +329,15 @@ def test_eval_at_another_context_keeps_its_own_file(run, tmp_path, capsys):
     assert json.loads((copy / "eval.json").read_text()) == trained
     refused(capsys, [*e, "--context", "0"], "argument --context")
     refused(capsys, [*e, "--context", "2"], "--context", ">= 4, got 2")
+    assert main([*e, "--stride", "16"]) == 0  # overlapping windows: more past per token
+    sliding = json.loads((copy / "eval-stride16.json").read_text())
+    assert (sliding["context"], sliding["stride"]) == (32, 16)
+    assert sliding["valid_nll"] != trained["valid_nll"]
+    assert main([*e, "--context", "96", "--stride", "48"]) == 0
+    assert json.loads((copy / "eval-context96-stride48.json").read_text())["stride"] == 48
+    refused(capsys, [*e, "--stride", "64"], "--stride 64", "4 .* to the context \\(32\\)")
+    refused(capsys, [*e, "--stride", "2"], "--stride 2")
+    assert json.loads((copy / "eval.json").read_text()) == trained
 
 
 # ----------------------------------------------------------------------------- generate

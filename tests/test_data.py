@@ -55,7 +55,7 @@ from relpos.music.cache import (
 )
 from relpos.music.jsb import packaged_jsb_path
 from relpos.music.midi import voice_runs
-from relpos.training.windows import eval_windows, random_windows
+from relpos.training.windows import WindowGrid, eval_windows, random_windows
 
 # --------------------------------------------------------------------------- strategies, helpers
 
@@ -309,15 +309,22 @@ def _seqs():
     return [encode(rng.integers(40, 80, size=(n, 4))) for n in lengths]
 
 
+@pytest.mark.parametrize("stride", [None, 4, "half", "length"])
 @pytest.mark.parametrize("length", [4, 7, 16, 33, 200])
-def test_eval_windows_cover_every_target_once(length):
+def test_eval_windows_cover_every_target_once(length, stride):
+    """Tiled (no stride) or sliding (overlapping windows, each scoring the targets after the
+    previous one's): every target once, and with a stride at least ``length - stride`` tokens
+    of past (less one step, as windows start on the grid) for every target past the first
+    window."""
     seqs = _seqs()
-    w = eval_windows(seqs, length, grid=CHORALE_GRID)
+    stride = {"half": max(4, length // 2), "length": length}.get(stride, stride)
+    w = eval_windows(seqs, length, grid=CHORALE_GRID, stride=stride)
     assert w.tokens.shape[1] == length + 1
     assert w.tokens.dtype == np.int64
     assert w.mask.dtype == np.bool_
     assert w.num_targets == sum(len(s) - 1 for s in seqs)
     seen = {i: np.zeros(len(s), int) for i, s in enumerate(seqs)}
+    seen_rows: list[int] = []
     for row, mask, i, start in zip(w.tokens, w.mask, w.seq_index, w.start, strict=True):
         seq = seqs[i]
         assert start in CHORALE_GRID.boundaries(len(seq))
@@ -326,7 +333,12 @@ def test_eval_windows_cover_every_target_once(length):
         assert not mask[n:].any()
         np.testing.assert_array_equal(row[:n], seq[start : start + n])
         assert (row[n:] == PAD).all()
-        seen[i][start + 1 : start + n] += 1
+        scored = np.flatnonzero(w.scored[len(seen_rows)])
+        seen_rows.append(i)
+        assert w.mask[len(seen_rows) - 1][scored].all()
+        seen[i][start + scored] += 1
+        if stride is not None and start > 0:
+            assert scored.min() >= length - stride - CHORALE_GRID.step + 1, (start, scored)
         # voices of the window as seen alone = the voices in the full sequence
         np.testing.assert_array_equal(token_voices(row)[:n], token_voices(seq)[start : start + n])
     for i in range(len(seqs)):
@@ -334,8 +346,12 @@ def test_eval_windows_cover_every_target_once(length):
         assert (seen[i][1:] == 1).all()
     batches = list(w.batches(3))
     assert sum(len(b) for b in batches) == len(w)
-    again = eval_windows(seqs, length, grid=CHORALE_GRID)
+    again = eval_windows(seqs, length, grid=CHORALE_GRID, stride=stride)
     assert again.tokens.tolist() == w.tokens.tolist()  # deterministic
+    if stride == length:  # a stride of the window's length is the tiling
+        tiled = eval_windows(seqs, length, grid=CHORALE_GRID)
+        assert tiled.tokens.tolist() == w.tokens.tolist()
+        assert tiled.scored.tolist() == w.scored.tolist()
 
 
 def test_eval_windows_errors():
@@ -344,6 +360,11 @@ def test_eval_windows_errors():
     with pytest.raises(TypeError, match="token_seqs"):
         eval_windows(np.zeros((2, 5), np.int64), 8)
     assert len(eval_windows([], 8, grid=CHORALE_GRID)) == 0
+    for stride in (3, 9, 0):
+        with pytest.raises(ValueError, match=f"stride: expected .*got {stride}"):
+            eval_windows(_seqs(), 8, grid=CHORALE_GRID, stride=stride)
+    with pytest.raises(ValueError, match="length: expected at least 6"):  # the first boundary
+        eval_windows(_seqs(), 5, grid=WindowGrid(step=2, head=6))
 
 
 def test_random_windows():

@@ -922,3 +922,32 @@ def test_the_trainer_takes_its_data_and_knows_no_music(tiny_data, tmp_path):
     with pytest.raises(TypeError, match="data must be a TokenDataset, got str"):
         train_on(tiny_config(tiny_data), tmp_path / "run", progress=False, data=str(tiny_data))
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("scheme", ["music", "sinusoidal"])
+@pytest.mark.parametrize(("context", "stride"), [(8, 8), (8, 3), (8, 1), (5, 2)])
+def test_sliding_evaluation_equals_a_loop_over_tokens(scheme, context, stride):
+    """``evaluate_nll(stride=)`` against a loop from the definition: windows start every
+    ``stride`` tokens (any token may start one: the default grid), window ``k`` reads tokens
+    ``[k·stride, min(k·stride + context, n - 1))``, and each token is predicted by the first
+    window that reaches it, from that window's tokens before it alone (no batch, no padding)."""
+    torch.manual_seed(0)
+    spec = {"name": "music", "max_distance": 4} if scheme == "music" else {"name": "sinusoidal"}
+    cfg = TransformerConfig(vocab_size=20, d_model=16, num_heads=2, num_layers=2, scheme=spec)
+    model = Transformer(cfg).eval()
+    rng = np.random.default_rng(0)
+    seqs = [rng.integers(1, 20, n) for n in (1, 2, 6, 9, 17, 23)]
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for seq in seqs:
+            n, starts = len(seq), range(0, max(len(seq) - 1, 1), stride)
+            stops = [min(s + context, n - 1) for s in starts]
+            for p in range(1, n):
+                start = next(s for s, e in zip(starts, stops, strict=False) if e >= p)
+                logits = model(torch.as_tensor(seq[start:p])[None])[0, -1]
+                total -= torch.log_softmax(logits.double(), -1)[seq[p]].item()
+                count += 1
+    got = evaluate_nll(model, seqs, context=context, stride=stride, batch_size=3)
+    assert got == pytest.approx(total / count, rel=1e-5)
+    if stride < context:  # not vacuous: the overlap changes the figure
+        assert got != pytest.approx(evaluate_nll(model, seqs, context=context), rel=1e-5)

@@ -507,6 +507,11 @@ def cmd_eval(args: argparse.Namespace) -> int:
         data = load_token_data(source, max_shift=0, progress=not args.no_progress)
     except ValueError as e:
         raise CLIError(f"{flag}: {e}") from None
+    if args.stride is not None and not data.grid.step <= args.stride <= cfg.context:
+        raise CLIError(
+            f"--stride {args.stride}: expected {data.grid.step} (one time step of {source}) to "
+            f"the context ({cfg.context})"
+        )
     result: dict[str, Any] = {
         "checkpoint": str(path),
         "step": state["step"],
@@ -514,12 +519,15 @@ def cmd_eval(args: argparse.Namespace) -> int:
         "scheme": cfg.model.scheme,
         "parameters": model.num_parameters(),
         "context": cfg.context,
+        "stride": args.stride or cfg.context,
     }
     for split in splits:
         seqs = data.split(split)
         if not any(len(s) >= 2 for s in seqs):
             raise CLIError(f"--splits: the {split} split of {source} is empty: nothing to evaluate")
-        nll = evaluate_nll(model, seqs, context=cfg.context, grid=data.grid, device=device)
+        nll = evaluate_nll(
+            model, seqs, context=cfg.context, grid=data.grid, device=device, stride=args.stride
+        )
         if not math.isfinite(nll):
             raise CLIError(
                 f"--checkpoint: the {split} NLL of {path} is {nll}: the model's outputs are not "
@@ -527,9 +535,13 @@ def cmd_eval(args: argparse.Namespace) -> int:
             )
         result[f"{split}_nll"] = nll
         print(f"{split:>5}: {nll:.4f} nats/token")
-    # Another window than the training one is another measurement: it keeps its own file.
-    name = "eval.json" if cfg.context == trained_context else f"eval-context{cfg.context}.json"
-    out = run_dir / name
+    # Other windows than the training ones are another measurement: they keep their own file.
+    name = "eval"
+    if cfg.context != trained_context:
+        name += f"-context{cfg.context}"
+    if args.stride is not None:
+        name += f"-stride{args.stride}"
+    out = run_dir / f"{name}.json"
     with atomic_path(out) as tmp:
         tmp.write_text(json.dumps(result, indent=2) + "\n")
     print(f"wrote {out}")
@@ -627,6 +639,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="tokens per window, each token scored once (default: the run's training context; "
         "a longer one gives later tokens more of their past; results go to "
         "eval-context<N>.json)",
+    )
+    p.add_argument(
+        "--stride",
+        type=int_type(1),
+        default=None,
+        help="tokens between window starts (default: --context, no overlap); a shorter stride "
+        "scores each token once, with at least context - stride tokens of its past (a "
+        "sliding-window evaluation; results go to eval[-context<N>]-stride<S>.json)",
     )
     p.add_argument(
         "--device", default=None, help="cpu, cuda, cuda:N or mps (default: cuda if available)"

@@ -36,19 +36,24 @@ def trim_padding(tokens: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor
 
 
 def window_loss(
-    model: Transformer | torch.nn.Module, tokens: torch.Tensor, mask: torch.Tensor
+    model: Transformer | torch.nn.Module,
+    tokens: torch.Tensor,
+    mask: torch.Tensor,
+    scored: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, int]:
-    """Summed next-token NLL over the real targets of ``(b, n+1)`` windows, and their count.
+    """Summed next-token NLL over the scored targets of ``(b, n+1)`` windows, and their count.
 
     The model reads ``tokens[:, :-1]`` (padding masked out) and predicts ``tokens[:, 1:]``;
-    trailing padding columns are dropped first (:func:`trim_padding`).
+    trailing padding columns are dropped first (:func:`trim_padding`). ``scored`` ``(b, n+1)``:
+    the tokens whose prediction counts (:attr:`Windows.scored`); default every real one.
     """
     tokens, mask = trim_padding(tokens, mask)
+    scored = mask if scored is None else scored[:, : mask.shape[1]]
     inputs, targets = tokens[:, :-1], tokens[:, 1:]
     logits = model(inputs, padding_mask=mask[:, :-1])
     nll = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), reduction="none")
-    keep = mask[:, 1:].flatten()
-    return (nll * keep).sum(), int(keep.sum())
+    keep = scored[:, 1:].flatten()
+    return torch.where(keep, nll, 0.0).sum(), int(keep.sum())
 
 
 @torch.no_grad()
@@ -60,9 +65,11 @@ def evaluate_nll(
     batch_size: int = 32,
     device: torch.device | str = "cpu",
     grid: WindowGrid = EVERY_TOKEN,
+    stride: int | None = None,
 ) -> float:
     """Mean NLL (nats per token) of ``seqs``, in windows of ``context`` tokens starting on
-    ``grid``'s boundaries.
+    ``grid``'s boundaries, every ``stride`` tokens (default ``context``: no overlap; a shorter
+    stride gives each target more of its past, each still scored once: :func:`eval_windows`).
 
     ``batch_size`` windows per forward pass, fewer when they would hold more than
     :data:`EVAL_TOKENS` tokens (the result does not depend on it). A model with non-finite
@@ -70,14 +77,15 @@ def evaluate_nll(
     """
     was_training = model.training
     model.eval()
-    windows = eval_windows(seqs, context, grid=grid)
+    windows = eval_windows(seqs, context, grid=grid, stride=stride)
     batch_size = max(1, min(batch_size, EVAL_TOKENS // (context + 1)))
     total, count = 0.0, 0
     try:
         for batch in windows.batches(batch_size):
             tokens = torch.from_numpy(batch.tokens).to(device)
             mask = torch.from_numpy(batch.mask).to(device)
-            loss, n = window_loss(model, tokens, mask)
+            scored = None if batch.scored is None else torch.from_numpy(batch.scored).to(device)
+            loss, n = window_loss(model, tokens, mask, scored)
             total, count = total + loss.item(), count + n
     finally:
         model.train(was_training)

@@ -5,7 +5,8 @@ A window is ``length + 1`` token ids: the model reads ``tokens[:, :-1]`` and pre
 :class:`WindowGrid`: position 0, then ``head, head + step, head + 2·step, …`` (every token for the
 default grid; for an encoded chorale, BOS and each soprano token, so a window starts on a whole
 time step). Sequences that end inside a window are padded with the grid's ``pad`` id; ``mask`` is
-``True`` on real tokens, so the targets to score are ``mask[:, 1:]``.
+``True`` on real tokens, and ``scored`` on the tokens whose prediction counts (all real ones but
+those an earlier, overlapping window scored), so the targets to score are ``scored[:, 1:]``.
 
 Everything here returns numpy arrays; the caller makes tensors
 (``torch.from_numpy(w.tokens)``, ``torch.from_numpy(w.mask)``).
@@ -67,27 +68,39 @@ class Windows:
         mask: ``bool (n, length + 1)``, ``True`` on real tokens.
         seq_index: ``int64 (n,)``, which input sequence each window comes from.
         start: ``int64 (n,)``, position in that sequence of the window's first token.
+        scored: ``bool (n, length + 1)``, ``True`` on the real tokens whose prediction counts
+            (overlapping evaluation windows score each target in one window only); None: every
+            real token (``mask``).
     """
 
     tokens: np.ndarray
     mask: np.ndarray
     seq_index: np.ndarray
     start: np.ndarray
+    scored: np.ndarray | None = None
+
+    @property
+    def targets(self) -> np.ndarray:
+        """``bool (n, length)``: the targets ``tokens[:, 1:]`` that count."""
+        return (self.mask if self.scored is None else self.scored)[:, 1:]
 
     def __len__(self) -> int:
         return len(self.tokens)
 
     @property
     def num_targets(self) -> int:
-        """Number of scored target tokens, ``mask[:, 1:].sum()``."""
-        return int(self.mask[:, 1:].sum())
+        """Number of scored target tokens, ``targets.sum()``."""
+        return int(self.targets.sum())
 
     def batches(self, batch_size: int) -> Iterator[Windows]:
         """Consecutive slices of at most ``batch_size`` windows, in order."""
         _check_positive_int("batch_size", batch_size)
         for i in range(0, len(self), batch_size):
             sl = slice(i, i + batch_size)
-            yield Windows(self.tokens[sl], self.mask[sl], self.seq_index[sl], self.start[sl])
+            scored = None if self.scored is None else self.scored[sl]
+            yield Windows(
+                self.tokens[sl], self.mask[sl], self.seq_index[sl], self.start[sl], scored
+            )
 
 
 def _check_seqs(token_seqs: Sequence[Any]) -> list[np.ndarray]:
@@ -105,6 +118,12 @@ def _check_seqs(token_seqs: Sequence[Any]) -> list[np.ndarray]:
             )
         out.append(arr.astype(np.int64, copy=False))
     return out
+
+
+def _after(bounds: np.ndarray, position: int) -> int:
+    """The first boundary after ``position`` (the sequence's length where none is)."""
+    at = int(np.searchsorted(bounds, position, side="right"))
+    return int(bounds[at]) if at < len(bounds) else int(bounds[-1]) + 1
 
 
 def _window(seq: np.ndarray, start: int, size: int, pad: int) -> tuple[np.ndarray, np.ndarray]:
@@ -174,26 +193,48 @@ def random_windows(
 
 
 def eval_windows(
-    token_seqs: Sequence[Any], length: int, *, grid: WindowGrid = EVERY_TOKEN
+    token_seqs: Sequence[Any],
+    length: int,
+    *,
+    grid: WindowGrid = EVERY_TOKEN,
+    stride: int | None = None,
 ) -> Windows:
     """Deterministic windows that score every token of every sequence exactly once.
 
-    For each sequence (in order), windows are cut at step boundaries ``0 = s_0 < s_1 < ...``
-    where ``s_{j+1}`` is the last boundary ``≤ s_j + length``; window ``j`` holds tokens
-    ``[s_j, s_{j+1}]`` (its inputs ``[s_j, s_{j+1})`` and targets ``(s_j, s_{j+1}]``), padded to
-    ``length + 1``; the last window runs to the end of the sequence. So the targets of a sequence
-    of ``n`` tokens are positions ``1..n-1`` (the first is never a target), each exactly once,
-    and ``Windows.num_targets == sum(n - 1)``: summing NLL over ``mask[:, 1:]`` and dividing by
-    ``num_targets`` gives the per-token NLL. Each window's context restarts at its first token.
-    Requires ``length >= grid.step`` so that a window always advances by at least one step.
+    For each sequence (in order), windows start at step boundaries ``0 = s_0 < s_1 < ...``;
+    window ``j`` holds tokens ``[s_j, e_j]`` (inputs ``[s_j, e_j)``, targets ``(s_j, e_j]``),
+    ``e_j`` the last boundary ``≤ s_j + length`` (the sequence's end for the last window), padded
+    to ``length + 1``. Without ``stride``, ``s_{j+1} = e_j``: the windows tile the sequence and each
+    window's context restarts at its first token. With ``stride``, ``s_{j+1}`` is the last
+    boundary ``≤ s_j + stride``: the windows overlap, and window ``j`` scores only its targets
+    after ``e_{j-1}`` (``Windows.scored``), so every target but the first window's has at least
+    ``length - stride`` tokens of its past (a sliding-window evaluation). Either way the targets
+    of a sequence of ``n`` tokens are positions ``1..n-1`` (the first is never a target), each
+    exactly once, and ``Windows.num_targets == sum(n - 1)``: summing NLL over ``targets`` and
+    dividing by ``num_targets`` gives the per-token NLL.
+
+    Args:
+        length: tokens a window reads, at least ``grid.step`` and ``grid.head`` (a window always
+            advances).
+        stride: tokens between window starts, ``grid.step ≤ stride ≤ length``; None: ``length``
+            (no overlap; the figure the trainer validates with).
     """
     seqs = _check_seqs(token_seqs)
     _check_positive_int("length", length)
-    if length < grid.step:
-        raise ValueError(f"length: expected at least {grid.step} (one step), got {length}")
+    if length < max(grid.step, grid.head):  # else a window could not reach the next boundary
+        raise ValueError(
+            f"length: expected at least {max(grid.step, grid.head)} (one step), got {length}"
+        )
+    if stride is not None:
+        _check_positive_int("stride", stride)
+        if not grid.step <= stride <= length:
+            raise ValueError(
+                f"stride: expected {grid.step} (one step) to length={length}, got {stride}"
+            )
     size = length + 1
     rows: list[np.ndarray] = []
     masks: list[np.ndarray] = []
+    scored: list[np.ndarray] = []
     index: list[int] = []
     starts: list[int] = []
     for i, seq in enumerate(seqs):
@@ -201,23 +242,39 @@ def eval_windows(
         if n < 2:  # nothing to predict
             continue
         bounds = grid.boundaries(n)
-        start = 0
+
+        def last_bound(limit: int, bounds=bounds) -> int:
+            return int(bounds[np.searchsorted(bounds, limit, side="right") - 1])
+
+        start, done = 0, 0  # targets at positions <= done are scored already
         while True:
-            if start + length >= n - 1:  # the rest fits: targets up to n - 1
-                stop = n - 1
-            else:
-                stop = int(bounds[np.searchsorted(bounds, start + length, side="right") - 1])
+            stop = n - 1 if start + length >= n - 1 else last_bound(start + length)
+            if stop <= done:  # it would score nothing new (a stride under a step's reach)
+                start = _after(bounds, start)
+                continue
             row, m = _window(seq[: stop + 1], start, size, grid.pad)
+            counts = m.copy()
+            counts[: done - start + 1] = False
             rows.append(row)
             masks.append(m)
+            scored.append(counts)
             index.append(i)
             starts.append(start)
             if stop >= n - 1:
                 break
-            start = stop
+            # The next start: at the stride (but past this start, and not past this stop).
+            ahead = (
+                stop if stride is None else max(last_bound(start + stride), _after(bounds, start))
+            )
+            start, done = min(ahead, stop), stop
     if not rows:
         empty = np.zeros((0, size), dtype=np.int64)
-        return Windows(empty, empty.astype(bool), np.zeros(0, np.int64), np.zeros(0, np.int64))
+        none = empty.astype(bool)
+        return Windows(empty, none, np.zeros(0, np.int64), np.zeros(0, np.int64), none)
     return Windows(
-        np.stack(rows), np.stack(masks), np.array(index, np.int64), np.array(starts, np.int64)
+        np.stack(rows),
+        np.stack(masks),
+        np.array(index, np.int64),
+        np.array(starts, np.int64),
+        np.stack(scored),
     )
