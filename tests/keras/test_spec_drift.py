@@ -5,7 +5,7 @@ distances, NaN, wrong types) with a geometry and ``causal``, and checks that PyT
 * accept the same ones and refuse the same ones with the same error type and message, for the
   scheme alone (``relpos.make_scheme`` / ``make_attention_scheme``) and for the attention layers
   (``relpos.MultiheadAttention`` / ``RelativeMultiHeadAttention``) where the layer geometry is
-  valid (the layers check their own arguments, each in its framework's words, before the spec);
+  valid (the layers' own arguments, checked before the spec: test_layer_drift.py);
 * give the same outputs where accepted, the Keras layer built by ``from_torch``.
 
 Cheap by design (few examples, one 5-token row): it runs on every Keras backend. The PyTorch side
