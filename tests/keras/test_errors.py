@@ -620,7 +620,16 @@ def test_traced_token_ids_are_not_checked():
             r"output_shape must be an int or a 1-tuple \(the output width\)",
         ),
         (lambda: rk.PositionEmbedding(None), ValueError, "sequence_length must be an int"),
-        (lambda: rk.T5RelativeBias(2, num_buckets=3), ValueError, "num_buckets must be"),
+        (
+            lambda: rk.T5RelativeBias(2, num_buckets=3),
+            ValueError,
+            "bidirectional T5 bias needs an even num_buckets >= 4",
+        ),
+        (
+            lambda: rk.T5RelativeBias(2, num_buckets=32, max_distance=16, bidirectional=False),
+            ValueError,
+            r"max_distance \(16\) must exceed the exact buckets per direction \(16\)",
+        ),
         (
             lambda: rk.RotaryEmbedding(rotary_dim=3),
             ValueError,

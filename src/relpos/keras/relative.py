@@ -17,6 +17,8 @@ import keras
 from keras import ops
 
 from ..spec.alibi import ALiBiConfig, alibi_slopes
+from ..spec.base import check_bool
+from ..spec.t5 import T5Config
 from .ops import alibi_bias, clipped_relative_index, relative_distance, t5_buckets
 from .positions import (
     allowed_pairs,
@@ -281,24 +283,11 @@ class T5RelativeBias(_HeadBias):
         **kwargs,
     ) -> None:
         super().__init__(**kwargs)
-        _positive_int("num_heads", num_heads)
-        _positive_int("max_distance", max_distance)
-        if (
-            isinstance(num_buckets, bool)
-            or not isinstance(num_buckets, int)
-            or num_buckets < 2
-            or (bidirectional and (num_buckets % 2 or num_buckets < 4))
-        ):
-            raise ValueError(
-                "num_buckets must be an int >= 2 (even and >= 4 when bidirectional), "
-                f"got {num_buckets!r}"
-            )
-        per_direction = num_buckets // (2 if bidirectional else 1)
-        if max_distance <= per_direction // 2:
-            raise ValueError(
-                f"max_distance ({max_distance}) must exceed the exact buckets per direction "
-                f"({per_direction // 2})"
-            )
+        check_bool("bidirectional", bidirectional)
+        # The T5 scheme's own checks (relpos.spec), with its messages; its bias reads no head width.
+        T5Config(num_buckets=num_buckets, max_distance=max_distance).check_dims(
+            num_heads=num_heads, head_dim=1, causal=not bidirectional
+        )
         self.num_heads, self.num_buckets = num_heads, num_buckets
         self.max_distance, self.bidirectional = max_distance, bool(bidirectional)
 
