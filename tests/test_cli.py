@@ -325,6 +325,7 @@ def test_eval_at_another_context_or_stride_keeps_its_own_file(run, tmp_path, cap
     assert main([*e, "--context", "96"]) == 0
     longer = json.loads((copy / "eval-context96.json").read_text())
     assert (trained["context"], longer["context"]) == (32, 96)
+    assert trained["layer_schemes"] is None  # one scheme throughout (the timing recipe lists its)
     assert longer["valid_nll"] != trained["valid_nll"]
     assert json.loads((copy / "eval.json").read_text()) == trained
     refused(capsys, [*e, "--context", "0"], "argument --context")

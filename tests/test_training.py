@@ -897,15 +897,23 @@ def test_shipped_recipes_load_and_fit_the_vocabulary(path):
 
 
 @pytest.mark.parametrize("name", ["jsb-music.json", "jsb-music-timing.json"])
-def test_a_shipped_recipe_trains_from_the_packaged_split(name, tmp_path):
+def test_a_shipped_recipe_trains_from_the_packaged_split(name, tiny_data, tmp_path):
     """The recipe's config (its model as shipped; shorter windows and one step) trains from the
-    packaged ``jsb`` split with nothing beside the repository."""
+    packaged ``jsb`` split with nothing beside the repository; ``relpos eval`` records its
+    schemes (the timing recipe's per-layer ones too)."""
     cfg = TrainConfig.load(ROOT / "configs" / name)
     assert cfg.data == "jsb"
     quick = dataclasses.replace(cfg, context=32, batch_size=2, warmup=1, max_shift=0, ema=0.0)
     summary = train(quick, tmp_path / "run", progress=False, stop_after=1)
     assert summary["step"] == 1
     assert load_checkpoint(tmp_path / "run" / "last.pt")["config"]["data"] == "jsb"
+    run = ["--run-dir", str(tmp_path / "run"), "--checkpoint", "last", "--data", str(tiny_data)]
+    assert main(["eval", *run, "--splits", "valid", "--no-progress"]) == 0
+    result = json.loads((tmp_path / "run" / "eval.json").read_text())
+    assert (result["scheme"], result["layer_schemes"]) == (
+        cfg.model.scheme,
+        cfg.model.layer_schemes,
+    )
 
 
 def test_the_jsb_recipe_is_shipped():

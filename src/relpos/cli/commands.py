@@ -517,6 +517,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         "step": state["step"],
         "data": source,
         "scheme": cfg.model.scheme,
+        "layer_schemes": cfg.model.layer_schemes,  # None: every layer's attention is `scheme`'s
         "parameters": model.num_parameters(),
         "context": cfg.context,
         "stride": args.stride or cfg.context,
