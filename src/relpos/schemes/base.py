@@ -74,6 +74,7 @@ from ..spec.base import (
     check_heads,
     check_int,
     check_positive_float,
+    check_registrable,
     config_class,
     config_from_dict,
     register_config,
@@ -513,10 +514,8 @@ def register(cls: type[Scheme]) -> type[Scheme]:
     """Class decorator: register a scheme module under its config's name (and the config, when
     it is new, in :data:`relpos.spec.CONFIGS`, so names and dicts build it)."""
     name = cls.config_class.name
-    if not name:
-        raise ValueError(f"{cls.__name__}.config_class must define a name")
-    if name in SCHEMES and SCHEMES[name] is not cls:
-        raise ValueError(f"scheme name {name!r} is already registered to {SCHEMES[name].__name__}")
+    owner = f"{cls.__name__}.config_class"
+    check_registrable(SCHEMES, name, cls, kind="scheme name", owner=owner)
     register_config(cls.config_class)
     SCHEMES[name] = cls
     return cls

@@ -26,11 +26,14 @@ __all__ = [
     "check_causal",
     "check_causal_only",
     "check_config_keys",
+    "check_dropout",
+    "check_head_groups",
     "check_head_indices",
     "check_heads",
     "check_heads_field",
     "check_int",
     "check_positive_float",
+    "check_registrable",
     "config_class",
     "config_from_dict",
     "head_mask",
@@ -222,14 +225,21 @@ class SchemeConfig:
         return config_from_dict(data)
 
 
+def check_registrable(registry: dict[str, type], name: str, cls: type, *, kind: str, owner: str):
+    """Raise a ``ValueError`` unless ``cls`` may be registered in ``registry`` under ``name``: a
+    name is required (``owner`` must define one), and a name holds one class (a second one, say
+    from a copied scheme file, would replace the first silently). Every registry of schemes
+    (configs, PyTorch and Keras schemes) checks with it; ``kind`` names the registry's names."""
+    if not name:
+        raise ValueError(f"{owner} must define a name")
+    if name in registry and registry[name] is not cls:
+        raise ValueError(f"{kind} {name!r} is already registered to {registry[name].__name__}")
+
+
 def register_config(cls: type[SchemeConfig]) -> type[SchemeConfig]:
     """Class decorator: register a config class under its ``name``."""
-    name = cls.name
-    if not name:
-        raise ValueError(f"{cls.__name__} must define a name")
-    if name in CONFIGS and CONFIGS[name] is not cls:
-        raise ValueError(f"config name {name!r} is already registered to {CONFIGS[name].__name__}")
-    CONFIGS[name] = cls
+    check_registrable(CONFIGS, cls.name, cls, kind="config name", owner=cls.__name__)
+    CONFIGS[cls.name] = cls
     return cls
 
 

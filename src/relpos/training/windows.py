@@ -120,6 +120,11 @@ def _check_seqs(token_seqs: Sequence[Any]) -> list[np.ndarray]:
     return out
 
 
+def _at_or_before(bounds: np.ndarray, position: int) -> int:
+    """The last boundary ``≤ position`` (``bounds`` ascending, from 0)."""
+    return int(bounds[np.searchsorted(bounds, position, side="right") - 1])
+
+
 def _after(bounds: np.ndarray, position: int) -> int:
     """The first boundary after ``position`` (the sequence's length where none is)."""
     at = int(np.searchsorted(bounds, position, side="right"))
@@ -242,13 +247,9 @@ def eval_windows(
         if n < 2:  # nothing to predict
             continue
         bounds = grid.boundaries(n)
-
-        def last_bound(limit: int, bounds=bounds) -> int:
-            return int(bounds[np.searchsorted(bounds, limit, side="right") - 1])
-
         start, done = 0, 0  # targets at positions <= done are scored already
         while True:
-            stop = n - 1 if start + length >= n - 1 else last_bound(start + length)
+            stop = n - 1 if start + length >= n - 1 else _at_or_before(bounds, start + length)
             if stop <= done:  # it would score nothing new (a stride under a step's reach)
                 start = _after(bounds, start)
                 continue
@@ -264,13 +265,15 @@ def eval_windows(
                 break
             # The next start: at the stride (but past this start, and not past this stop).
             ahead = (
-                stop if stride is None else max(last_bound(start + stride), _after(bounds, start))
+                stop
+                if stride is None
+                else max(_at_or_before(bounds, start + stride), _after(bounds, start))
             )
             start, done = min(ahead, stop), stop
     if not rows:
         empty = np.zeros((0, size), dtype=np.int64)
-        none = empty.astype(bool)
-        return Windows(empty, none, np.zeros(0, np.int64), np.zeros(0, np.int64), none)
+        no_tokens = empty.astype(bool)
+        return Windows(empty, no_tokens, np.zeros(0, np.int64), np.zeros(0, np.int64), no_tokens)
     return Windows(
         np.stack(rows),
         np.stack(masks),

@@ -10,7 +10,7 @@ from keras import ops
 
 from ...spec import CONFIGS, SchemeConfig, config_from_dict
 from ...spec import scheme_config as shared_scheme_config
-from ...spec.base import ABSOLUTE_SCHEMES, check_causal, head_mask
+from ...spec.base import ABSOLUTE_SCHEMES, check_causal, check_registrable, head_mask
 from ..ops import gather_relative, relative_distance
 from ..positions import Positions, distance_range, holds_values, sequence_length
 
@@ -34,12 +34,8 @@ def register(cls):
     """Class decorator: register a Keras scheme under its ``scheme_name`` (once: a second class
     of the same name is refused, as the PyTorch registry does)."""
     name = cls.scheme_name
-    if not name:
-        raise ValueError(f"{cls.__name__}.scheme_name must define a name")
-    if name in KERAS_SCHEMES and KERAS_SCHEMES[name] is not cls:
-        raise ValueError(
-            f"Keras scheme name {name!r} is already registered to {KERAS_SCHEMES[name].__name__}"
-        )
+    owner = f"{cls.__name__}.scheme_name"
+    check_registrable(KERAS_SCHEMES, name, cls, kind="Keras scheme name", owner=owner)
     KERAS_SCHEMES[name] = cls
     return cls
 
