@@ -16,7 +16,7 @@
 # with nothing else on the GPU: benchmarks/fused_tiles.py (the fused kernel's TILE_CONFIGS against
 # flash SDPA at L=4096), then `relpos bench --device cuda` of BENCH_IMPLS.
 # Budgets (seconds): TEST_S (0: no tests, no cold compiles), TRAIN_S, TILES_S (0: no tiles),
-# BENCH_S. LAYOUT: the bench's positions (plain, padded, packed). DATA: the JSB JSON where the config's
+# BENCH_S. LAYOUT: the bench's positions (plain, padded, packed); MASK: causal, bidirectional or both. DATA: the JSB JSON where the config's
 # ../shared path does not exist (a GPU machine gets only the checkout: carry a copy in it).
 set -u
 OUT=${1:?usage: benchmarks/gpu_check.sh OUT}
@@ -36,6 +36,8 @@ BENCH_SCHEMES=${BENCH_SCHEMES:-alibi,t5,shaw,music,kerple}
 BENCH_IMPLS=${BENCH_IMPLS:-sdpa,chunked,flex,fused,sdpa-bias}
 DEVICE=${DEVICE:-cuda}
 LAYOUT=${LAYOUT:-plain}
+MASK=${MASK:-both}  # the bench's and the cold compiles' masks: causal, bidirectional or both
+MASKS=$([ "$MASK" = both ] && echo "causal bidirectional" || echo "$MASK")
 
 { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1
   $PY -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__,
@@ -55,7 +57,7 @@ TRAIN=$!
 if [ "$TEST_S" -gt 0 ]; then
 cold() {  # cold IMPL SCHEMES: one bench process per scheme and mask
   for scheme in $2; do
-    for mask in causal bidirectional; do
+    for mask in $MASKS; do
       timeout "$TEST_S" $PY -m relpos.cli.bench --device "$DEVICE" --impls "$1" --schemes "$scheme" \
         --mask "$mask" --lengths "$LENGTHS" --tokens "$TOKENS" --repeats 5 --warmup 1 --no-memory \
         --no-plot --out "$WORK/cold/$1-$scheme-$mask" > "$WORK/cold-$1-$scheme-$mask.log" 2>&1 &
@@ -93,7 +95,7 @@ unset OMP_NUM_THREADS TORCHINDUCTOR_COMPILE_THREADS
 [ "$TILES_S" -gt 0 ] && timeout "$TILES_S" $PY benchmarks/fused_tiles.py --out "$WORK/tiles" \
   --lengths 4096 --tokens "$TOKENS" --configs "$TILE_CONFIGS" 2>&1 | tee "$OUT/tiles.log"
 timeout "$BENCH_S" $PY -m relpos.cli.bench --device "$DEVICE" --dtype bfloat16 \
-  --lengths "$LENGTHS" --tokens "$TOKENS" --mask both --layout "$LAYOUT" --schemes "$BENCH_SCHEMES" \
+  --lengths "$LENGTHS" --tokens "$TOKENS" --mask "$MASK" --layout "$LAYOUT" --schemes "$BENCH_SCHEMES" \
   --impls "$BENCH_IMPLS" --repeats 10 --warmup 3 --max-config-seconds 10 \
   --out "$WORK/bench" 2>&1 | tee "$OUT/bench.log"
 echo "bench: exit ${PIPESTATUS[0]}"

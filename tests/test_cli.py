@@ -7,6 +7,7 @@ training, so the whole catalogue costs a few seconds. Also here: ``auto`` and ev
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import re
@@ -813,3 +814,19 @@ def test_ctrl_c_while_the_command_line_loads_is_one_line(tmp_path):
     )
     assert done.returncode == 130, done.stderr
     assert done.stderr.strip() == "relpos: interrupted", done.stderr
+
+
+def test_bench_times_flex_with_no_score_mod_where_flex_runs(monkeypatch):
+    """Where ``flex`` is timed, each shape also times FlexAttention with no ``score_mod`` (scheme
+    ``none``, the layout's block mask alone): the kernel family's own cost beside each scheme's.
+    Not where flex does not run (its backward on a CPU) or is not asked for."""
+    from relpos.cli import bench
+
+    args = argparse.Namespace(impls=["flex", "fused"], layout="packed", device="cpu")
+    args.dtype = "float32"
+    assert bench._kernel_family_reference(args, 64, 2, True) == []  # CPU: no flex backward
+    monkeypatch.setattr(bench, "_skip", lambda args, impl, scheme, causal: "")
+    want = bench.Config("none", "flex", 64, 2, True, "packed")
+    assert bench._kernel_family_reference(args, 64, 2, True) == [want]
+    args.impls = ["fused"]
+    assert bench._kernel_family_reference(args, 64, 2, True) == []

@@ -638,7 +638,10 @@ def run(
     kw = dict(heads=args.heads, head_dim=args.head_dim, device=device, dtype=dtype)
     for causal in args.causal_modes:
         for b, n in _shapes(args):
-            configs = [Config("none", "sdpa-plain", n, b, causal)] + [
+            configs = [
+                Config("none", "sdpa-plain", n, b, causal),
+                *_kernel_family_reference(args, n, b, causal),
+            ] + [
                 Config(sc, impl, n, b, causal, args.layout)
                 for sc in args.schemes
                 for impl in args.impls
@@ -654,6 +657,17 @@ def run(
                     on_result(results)
             del base
     return results
+
+
+def _kernel_family_reference(
+    args: argparse.Namespace, n: int, b: int, causal: bool
+) -> list[Config]:
+    """Where ``flex`` is timed: FlexAttention with no ``score_mod`` (scheme ``none``: the block
+    mask of the layout alone), so that each ``flex`` row's ratio splits into the kernel family's
+    own cost against flash SDPA and what a scheme's ``score_mod`` adds to it."""
+    if "flex" not in args.impls or _skip(args, "flex", "nope", causal):
+        return []
+    return [Config("none", "flex", n, b, causal, args.layout)]
 
 
 def _shapes(args: argparse.Namespace) -> list[tuple[int, int]]:
