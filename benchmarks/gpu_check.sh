@@ -36,6 +36,7 @@ BENCH_SCHEMES=${BENCH_SCHEMES:-alibi,t5,shaw,music,kerple}
 BENCH_IMPLS=${BENCH_IMPLS:-sdpa,chunked,flex,fused,sdpa-bias}
 DEVICE=${DEVICE:-cuda}
 LAYOUT=${LAYOUT:-plain}
+TESTS_K=${TESTS_K:-cuda}  # pytest -k of the CUDA suite (tests/fused runs whole)
 MASK=${MASK:-both}  # the bench's and the cold compiles' masks: causal, bidirectional or both
 MASKS=$([ "$MASK" = both ] && echo "causal bidirectional" || echo "$MASK")
 
@@ -77,7 +78,7 @@ XDIST=(); [ "$WORKERS" -gt 0 ] && XDIST=(-n "$WORKERS")
     > "$OUT/tests-fused.log" 2>&1
   echo "fused tests: exit $?" | tee -a "$OUT/tests-fused.log" ) &
 FUSED=$!
-timeout "$TEST_S" $PY -m pytest -v -rfE "${XDIST[@]}" -p no:cacheprovider -k cuda \
+timeout "$TEST_S" $PY -m pytest -v -rfE "${XDIST[@]}" -p no:cacheprovider -k "$TESTS_K" \
   tests/test_cuda.py tests/test_conformance.py tests/test_forgetting.py tests/test_autocast.py \
   tests/test_training.py > "$OUT/tests.log" 2>&1
 echo "tests: exit $?" | tee -a "$OUT/tests.log"

@@ -665,8 +665,10 @@ class CudaQuery:
         ("t5", 4096, "plain", True, False, True),  # its table read per distance
         ("t5", 512, "plain", True, False, True),  # sdpa's mask gradient: the math kernel
         ("t5", 256, "plain", True, False, False),  # short: sdpa
-        ("kerple", 4096, "plain", True, False, False),  # not measured on a GPU
-        ("deberta", 4096, "plain", True, False, False),  # a key term
+        ("kerple", 4096, "plain", True, False, True),  # its mask's gradient: the math kernel
+        ("kerple", 256, "plain", True, False, False),  # short: sdpa
+        ("deberta", 4096, "plain", True, False, True),  # past the mask budget
+        ("deberta", 256, "plain", True, False, False),
     ],
 )
 def test_auto_takes_flex_on_cuda_where_it_was_measured_to_win(
@@ -700,18 +702,69 @@ def test_auto_keeps_flex_off_a_frozen_table_and_learned_terms_in_deterministic_m
     [
         ({"name": "shaw"}, torch.bfloat16, True),  # a value term: sdpa and flex cannot
         ({"name": "shaw"}, torch.float32, True),
-        ({"name": "shaw", "values": False}, torch.bfloat16, False),  # keys only: flex
+        ({"name": "shaw", "values": False}, torch.bfloat16, False),  # keys only, short: sdpa
         ({"name": "shaw", "max_distance": 100}, torch.bfloat16, False),  # past MAX_LOOP_ROWS
         ({"name": "shaw"}, torch.float64, False),  # not a dtype the kernel takes
-        ({"name": "music"}, torch.bfloat16, False),  # flex measured faster
+        ({"name": "music"}, torch.bfloat16, False),  # short: sdpa
         ({"name": "alibi"}, torch.bfloat16, False),
     ],
 )
 def test_auto_takes_fused_on_cuda_for_a_value_term(spec, dtype, expected):
     pytest.importorskip("triton")
     scheme = relpos.make_scheme(spec, d_model=32, num_heads=2, causal=True)
-    assert auto_mod.fused_wins_on_cuda(scheme, CudaQuery(4, 2, 64, 16, dtype)) is expected
-    assert not auto_mod.fused_wins_on_cuda(scheme, torch.zeros(4, 2, 64, 16, dtype=dtype))
+    pos = Positions.from_length(64)
+    for grad in (True, False):
+        q = CudaQuery(4, 2, 64, 16, dtype)
+        assert auto_mod.fused_wins_on_cuda(scheme, q, pos, pos, needs_grad=grad) is expected
+        cpu = torch.zeros(4, 2, 64, 16, dtype=dtype)
+        assert not auto_mod.fused_wins_on_cuda(scheme, cpu, pos, pos, needs_grad=grad)
+
+
+@pytest.mark.parametrize(
+    ("spec", "n", "layout", "needs_grad", "dropout", "dtype", "expected"),
+    [
+        ("t5", 4096, "plain", True, False, torch.bfloat16, "fused"),  # one-row tiles: 4.2× vs 6.6
+        ("t5", 512, "plain", True, False, torch.float16, "fused"),  # sdpa: the math kernel
+        ("t5", 256, "plain", True, False, torch.bfloat16, "sdpa"),  # short
+        ("t5", 4096, "plain", True, False, torch.float32, "flex"),  # float32: not timed
+        ("music", 4096, "plain", True, False, torch.bfloat16, "fused"),
+        ("music", 4096, "packed", True, False, torch.bfloat16, "fused"),
+        ("music", 256, "plain", True, False, torch.bfloat16, "sdpa"),  # a small mask
+        ("transformer_xl", 4096, "plain", True, False, torch.bfloat16, "fused"),
+        ("learned_alibi", 1024, "plain", True, False, torch.bfloat16, "fused"),  # flex: 6×
+        ("alibi", 4096, "plain", True, False, torch.bfloat16, "flex"),  # flex measured faster
+        ("alibi", 4096, "plain", True, True, torch.bfloat16, "fused"),  # flex has no dropout
+        ("alibi", 4096, "plain", False, False, torch.bfloat16, "fused"),  # inference: no compile
+        ("alibi", 256, "plain", False, False, torch.bfloat16, "sdpa"),  # a small mask
+        ("deberta", 4096, "plain", True, False, torch.bfloat16, "flex"),  # flex measured faster
+        ("deberta", 4096, "plain", False, False, torch.bfloat16, "fused"),
+        ("kerple", 4096, "plain", True, False, torch.bfloat16, "flex"),  # fused cannot
+    ],
+)
+def test_auto_on_cuda_takes_what_the_gpu_measured_fastest(
+    spec, n, layout, needs_grad, dropout, dtype, expected
+):
+    """``choose_backend`` on CUDA (a stand-in query: the rule, on a machine without a GPU); the
+    figures behind each pick: ``docs/performance.md``, "On a GPU"."""
+    pytest.importorskip("triton")
+    scheme = relpos.make_scheme(spec, d_model=32, num_heads=2, causal=True)
+    qp, kp = make_layout(layout, random.Random(0), 4, n)
+    q = CudaQuery(4, 2, len(qp), 16, dtype)
+    kw = dict(needs_grad=needs_grad, dropout_p=0.1 if dropout else 0.0, training=dropout)
+    assert choose_backend(scheme, q, qp, kp, causal=True, **kw) == expected
+
+
+def test_auto_keeps_fused_off_atomic_sums_in_deterministic_mode(deterministic):
+    """In deterministic mode ``auto`` takes ``fused`` only where it sums no table's gradient by
+    atomic adds (``fused_sums_atomically``): the Music Transformer over plain positions (each
+    query's rows its own), not over packed ones; ``flex`` refuses learned terms there."""
+    pytest.importorskip("triton")
+    music = relpos.make_scheme("music", d_model=32, num_heads=2, causal=True)
+    deterministic(True)
+    for layout, expected in (("plain", "fused"), ("packed", "chunked")):
+        qp, kp = make_layout(layout, random.Random(0), 4, 4096)
+        q = CudaQuery(4, 2, 4096, 16)
+        assert choose_backend(music, q, qp, kp, needs_grad=True, causal=True) == expected
 
 
 def test_auto_keeps_learned_tables_off_flex_before_the_torch_it_was_measured_with(monkeypatch):

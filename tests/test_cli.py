@@ -825,8 +825,12 @@ def test_bench_times_flex_with_no_score_mod_where_flex_runs(monkeypatch):
     args = argparse.Namespace(impls=["flex", "fused"], layout="packed", device="cpu")
     args.dtype = "float32"
     assert bench._kernel_family_reference(args, 64, 2, True) == []  # CPU: no flex backward
-    monkeypatch.setattr(bench, "_skip", lambda args, impl, scheme, causal: "")
+    from relpos.attention import flex
+
+    seen = []
+    monkeypatch.setattr(flex, "flex_supports", lambda scheme, **kw: seen.append(scheme) or True)
     want = bench.Config("none", "flex", 64, 2, True, "packed")
     assert bench._kernel_family_reference(args, 64, 2, True) == [want]
+    assert [type(s).__name__ for s in seen] == ["NoPE"]  # no score_mod: no logit hook
     args.impls = ["fused"]
     assert bench._kernel_family_reference(args, 64, 2, True) == []

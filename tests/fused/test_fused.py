@@ -26,8 +26,9 @@ pytest.importorskip("triton")
 import relpos
 from relpos.attention.backends import BACKENDS
 from relpos.attention.contract import is_contiguous_self
-from relpos.attention.fused import fused_attention, fused_supports
+from relpos.attention.fused import fused_attention, fused_sums_atomically, fused_supports
 from relpos.kernels import interpreted
+from relpos.kernels.aot import variant_launches
 from relpos.kernels.relative_attention import (
     MAX_LOOP_ROWS,
     block_ranges,
@@ -36,6 +37,7 @@ from relpos.kernels.relative_attention import (
     lut_with_runs,
     recorded_launches,
     relative_flash_attention,
+    tile_options,
 )
 from tests import oracles
 from tests.helpers import BACKEND_SPECS, make_layout, randomize_parameters, spec_id
@@ -389,18 +391,80 @@ def _one_row_cases() -> list:
 def test_one_row_tiles_give_the_same_numbers(spec, layout):
     """``launch_config(one_row=True)`` reads a tile whose distances share a row once: outputs and
     every gradient as the per-pair path gives them (itself checked against the oracle above), on
-    sequences long enough for far-field tiles, causal and not, plain positions and not."""
+    sequences long enough for far-field tiles, causal and not, plain positions and not. Never
+    with a value term (``tile_options``: Triton 3.6 cannot compile that kernel for sm_90)."""
     for causal in (True, False):
         scheme, q, k, v, qp, kp = _case(spec, layout, causal, 5, n=110)
         assert _one_row_tiles(scheme, 110, 32) > 0
         grad_out = torch.randn(*q.shape, device=DEVICE)
-        with launch_config(tile=32):
+        with launch_config(tile=32, one_row=False):
             out = fused_attention(q, k, v, scheme, qp, kp, causal=causal)
             want = (out, *_grads(out, scheme, q, k, v, grad_out))
         with launch_config(tile=32, one_row=True):
+            with torch.no_grad(), recorded_launches() as runs:
+                fused_attention(q, k, v, scheme, qp, kp, causal=causal)
+            assert runs[0].constexprs["ONE_ROW"] == ("value_term" not in scheme.hooks)
             out = fused_attention(q, k, v, scheme, qp, kp, causal=causal)
             got = (out, *_grads(out, scheme, q, k, v, grad_out))
         _assert_all_close(got, want, 1e-5, f"{spec_id(spec)} {layout} causal={causal}")
+
+
+@pytest.mark.parametrize(
+    ("variant", "dtype", "one_row", "unmasked"),
+    [
+        ("t5", torch.bfloat16, True, True),  # a table in half precision: both
+        ("music", torch.float16, True, True),
+        ("deberta", torch.bfloat16, True, True),  # a key term is a table too
+        ("shaw-values", torch.bfloat16, False, True),  # never one row with the mass
+        ("alibi", torch.bfloat16, False, False),  # no table: neither
+        ("t5", torch.float32, False, False),  # float32: neither (not timed)
+    ],
+)
+def test_tile_options_default_to_what_the_gpu_measured(variant, dtype, one_row, unmasked):
+    """With :func:`launch_config` unset the kernels take :func:`tile_options`' measured defaults
+    (both kernels of a pass, forward and backward, launched alike), and ``launch_config`` sets
+    each either way, except one-row tiles with the mass."""
+    assert tile_options(True, False, torch.bfloat16) == (True, True)
+    runs = variant_launches(variant, dtype, 64)
+    assert {(r.constexprs["ONE_ROW"], r.constexprs["UNMASKED"]) for r in runs} == {
+        (one_row, unmasked)
+    }, variant
+    for flag in (False, True):
+        with launch_config(one_row=flag, unmasked=flag):
+            assert tile_options(True, False, dtype) == (flag, flag)
+            assert tile_options(False, True, dtype) == (False, flag)
+        runs = variant_launches(variant, dtype, 64, one_row=flag, unmasked=flag)
+        want = flag and "values" not in variant
+        assert {(r.constexprs["ONE_ROW"], r.constexprs["UNMASKED"]) for r in runs} == {
+            (want, flag)
+        }, (variant, flag)
+
+
+@pytest.mark.parametrize("layout", ["plain", "packed"])
+@pytest.mark.parametrize(
+    "spec",
+    [
+        {"name": "music", "max_distance": 129},  # 130 rows: owned over plain positions only
+        {"name": "deberta"},  # a key term past MAX_LOOP_ROWS: always summed
+        {"name": "t5"},  # within MAX_LOOP_ROWS: a register sum
+        {"name": "shaw"},
+        {"name": "learned_alibi"},
+    ],
+    ids=spec_id,
+)
+def test_fused_sums_atomically_says_what_the_kernel_does(spec, layout, deterministic):
+    """``fused_sums_atomically`` (what ``auto`` asks in deterministic mode) agrees with the
+    kernel's own refusal of atomic row sums there, both ways (no kernel runs: recorded)."""
+    scheme, q, k, v, qp, kp = _case(spec, layout, True, 3, n=40)
+    deterministic(True)
+    summed = fused_sums_atomically(scheme, qp, kp)
+    assert summed == (spec["name"] == "deberta" or (spec["name"] == "music" and layout != "plain"))
+    with recorded_launches():
+        if summed:
+            with pytest.raises(RuntimeError, match="not deterministic"):
+                fused_attention(q, k, v, scheme, qp, kp, causal=True)
+        else:
+            fused_attention(q, k, v, scheme, qp, kp, causal=True)
 
 
 @pytest.mark.parametrize("spec", RELATIVE_SPECS, ids=spec_id)

@@ -82,7 +82,7 @@ from .chunked import chunked_attention, chunked_path, chunked_supports
 from .contract import AttentionBackend, needs_grad, validate_attention_inputs
 from .eager import eager_attention
 from .flex import flex_attention_backend, flex_available, flex_supports
-from .fused import FUSED_DTYPES, fused_attention, fused_supports
+from .fused import FUSED_DTYPES, fused_attention, fused_sums_atomically, fused_supports
 from .sdpa import is_plain, sdpa_attention, sdpa_supports
 
 __all__ = [
@@ -190,29 +190,72 @@ def flex_wins_on_cuda(
     size = len(q_positions) * len(k_positions)
     if isinstance(scheme, LinearBiasScheme):  # fixed slopes (learned ALiBi is a distance bias)
         return size > SMALL
+    learned = any(p.requires_grad for p in scheme.parameters())
     if (
-        not isinstance(scheme, RelativeScheme)
-        or "key_bias" in scheme.hooks
-        or TorchVersion(torch.__version__) < FLEX_LEARNED_TORCH
+        TorchVersion(torch.__version__) < FLEX_LEARNED_TORCH
         or torch.are_deterministic_algorithms_enabled()
     ):
         return False
-    if scheme.query_independent:  # T5: sdpa's mask is small, but its gradient is the math kernel
-        return size >= SMALL and any(p.requires_grad for p in scheme.parameters())
-    return sdpa_mask_bytes(scheme, q, q_positions, k_positions) > SDPA_MASK_BUDGET
+    if isinstance(scheme, RelativeScheme) and not scheme.query_independent:
+        return sdpa_mask_bytes(scheme, q, q_positions, k_positions) > SDPA_MASK_BUDGET
+    # T5, KERPLE, Sandwich, DPB, learned ALiBi: sdpa's mask is small, but its gradient is the
+    # math kernel.
+    return size >= SMALL and learned
 
 
-def fused_wins_on_cuda(scheme: Scheme, q: Tensor) -> bool:
-    """Whether ``auto`` takes ``fused`` for this call: on CUDA, for a relative scheme with a value
-    term (Shaw's), which ``sdpa`` and ``flex`` cannot run and ``chunked`` runs as PyTorch tiles
-    (measured, ``docs/performance.md``, "On a GPU"); with or without gradients, dropout included.
-    Elsewhere ``flex`` measured faster than ``fused``."""
-    return (
-        q.device.type == "cuda"
-        and "value_term" in scheme.hooks
-        and q.dtype in FUSED_DTYPES
-        and fused_supports(scheme, device=q.device)
+def fused_wins_on_cuda(
+    scheme: Scheme,
+    q: Tensor,
+    q_positions: Positions,
+    k_positions: Positions,
+    *,
+    needs_grad: bool,
+    dropout: bool = False,
+    causal: bool | None = None,
+) -> bool:
+    """Whether ``auto`` takes ``fused`` for this call, on CUDA where the kernel runs the scheme
+    (measured in bf16: ``docs/performance.md``, "On a GPU"):
+
+    * a value term (Shaw's), which ``sdpa`` and ``flex`` cannot run and ``chunked`` runs as
+      PyTorch tiles: always, in any dtype the kernel takes, with or without gradients;
+    * in half precision, with gradients: T5 and learned ALiBi from ``i·j = 512²`` when their
+      parameters train (``sdpa`` differentiates their mask with the math kernel), a
+      query-dependent table (Shaw's keys, the
+      Music Transformer, Transformer-XL) where ``sdpa``'s mask would pass
+      :data:`SDPA_MASK_BUDGET` — not where ``flex`` measured faster and runs the call
+      (:func:`flex_wins_on_cuda`: ALiBi's fixed slopes, DeBERTa's key term), nor in
+      deterministic mode where the kernel would sum a table's gradient by atomic adds
+      (:func:`~.fused.fused_sums_atomically`);
+    * in half precision, without gradients: wherever ``sdpa``'s mask would pass the budget (the
+      kernel compiles once per kind of call, not per shape, so decoding pays no compile).
+
+    Float32 (not timed) keeps the other backends."""
+    if q.device.type != "cuda" or q.dtype not in FUSED_DTYPES:
+        return False
+    if not fused_supports(scheme, device=q.device):
+        return False
+    if "value_term" in scheme.hooks:
+        return True
+    if q.dtype == torch.float32:
+        return False
+    mask_passes = sdpa_mask_bytes(scheme, q, q_positions, k_positions, causal=causal) > (
+        SDPA_MASK_BUDGET
     )
+    if not needs_grad:
+        return mask_passes
+    if torch.are_deterministic_algorithms_enabled() and fused_sums_atomically(
+        scheme, q_positions, k_positions
+    ):
+        return False
+    if isinstance(scheme, LinearBiasScheme) or "key_bias" in scheme.hooks:
+        flex = flex_wins_on_cuda(
+            scheme, q, q_positions, k_positions, needs_grad=True, dropout=dropout
+        )
+        return not flex and mask_passes
+    if isinstance(scheme, RelativeScheme) and not scheme.query_independent:
+        return mask_passes
+    learned = any(p.requires_grad for p in scheme.parameters())
+    return mask_passes or (learned and len(q_positions) * len(k_positions) >= SMALL)
 
 
 def choose_backend(
@@ -232,19 +275,17 @@ def choose_backend(
         needs_grad: whether a backward pass will follow (gradients of q, k, v or the scheme).
         causal: the call's masking, if known (:func:`sdpa_mask_bytes`).
     """
-    if fused_wins_on_cuda(scheme, q):
+    dropout = dropout_p > 0 and training
+    if fused_wins_on_cuda(
+        scheme, q, q_positions, k_positions, needs_grad=needs_grad, dropout=dropout, causal=causal
+    ):
         return "fused"
     if not chunked_supports(scheme):
         return "sdpa" if sdpa_supports(scheme) else "eager"
     if not sdpa_supports(scheme):
         return "chunked"
     if flex_wins_on_cuda(
-        scheme,
-        q,
-        q_positions,
-        k_positions,
-        needs_grad=needs_grad,
-        dropout=dropout_p > 0 and training,
+        scheme, q, q_positions, k_positions, needs_grad=needs_grad, dropout=dropout
     ):
         return "flex"
     if sdpa_mask_bytes(scheme, q, q_positions, k_positions, causal=causal) > SDPA_MASK_BUDGET:

@@ -21,9 +21,9 @@ What it runs: every relative scheme (a logit term, a key term, a value term or a
 ALiBi and learned ALiBi; a value term, or a table shared by every query (T5), with at most
 :data:`~relpos.kernels.relative_attention.MAX_LOOP_ROWS` rows; float32, bfloat16 or float16;
 attention dropout in training (the kernel redraws its mask in the backward pass from a seed taken
-from PyTorch's CPU generator, so ``torch.manual_seed`` makes it reproducible). On an H100 ``auto``
-picks it for Shaw's value term, which no other backend runs fast (:func:`.auto.fused_wins_on_cuda`);
-for the other schemes ``flex`` measured faster (``docs/performance.md``, "On a GPU").
+from PyTorch's CPU generator, so ``torch.manual_seed`` makes it reproducible). Where ``auto``
+picks it on CUDA: :func:`.auto.fused_wins_on_cuda` (measured: ``docs/performance.md``, "On a
+GPU").
 
 On CPU it runs only where Triton's interpreter is on (``TRITON_INTERPRET=1``): the test suite
 checks the kernel that way on machines without a GPU.
@@ -48,7 +48,13 @@ from .contract import (
     zero_padding_keys,
 )
 
-__all__ = ["FUSED_DTYPES", "fused_attention", "fused_available", "fused_supports"]
+__all__ = [
+    "FUSED_DTYPES",
+    "fused_attention",
+    "fused_available",
+    "fused_sums_atomically",
+    "fused_supports",
+]
 
 #: The input dtypes the kernel takes.
 FUSED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -90,6 +96,24 @@ def fused_supports(scheme: Scheme, *, device: torch.device | str | None = None) 
     if "value_term" in scheme.hooks and not small:
         return False
     return small or not (scheme.query_independent and "score_bias" in scheme.hooks)
+
+
+def fused_sums_atomically(scheme: Scheme, q_positions: Positions, k_positions: Positions) -> bool:
+    """Whether :func:`fused_attention`'s backward pass sums a relative table's gradient by atomic
+    adds for this call (in an order that varies between runs, so deterministic mode refuses it):
+    past :data:`~relpos.kernels.relative_attention.MAX_LOOP_ROWS` rows, a key term (DeBERTa)
+    always, a logit term unless over plain positions with a shifted clip (each query's rows are
+    then its own: the Music Transformer, Transformer-XL). The kernel decides it from the same
+    facts; ``tests/fused`` checks that the two agree."""
+    if _is_linear(scheme) or not isinstance(scheme, RelativeScheme):
+        return False
+    if scheme.num_relative <= _kernels().MAX_LOOP_ROWS:
+        return False
+    if "key_bias" in scheme.hooks:
+        return True
+    clip = scheme.distance_clip
+    own_rows = clip is not None and clip.shifted and is_contiguous_self(q_positions, k_positions)
+    return "score_bias" in scheme.hooks and not own_rows
 
 
 def _kernel_positions(q_positions: Positions, k_positions: Positions) -> tuple[Tensor, ...]:

@@ -665,7 +665,7 @@ def _kernel_family_reference(
     """Where ``flex`` is timed: FlexAttention with no ``score_mod`` (scheme ``none``: the block
     mask of the layout alone), so that each ``flex`` row's ratio splits into the kernel family's
     own cost against flash SDPA and what a scheme's ``score_mod`` adds to it."""
-    if "flex" not in args.impls or _skip(args, "flex", "nope", causal):
+    if "flex" not in args.impls or not _flex_runs("nope", causal, args.device):
         return []
     return [Config("none", "flex", n, b, causal, args.layout)]
 

@@ -9,7 +9,7 @@ on ``meta`` tensors by :func:`~.relative_attention.recorded_launches`.
 .. code-block:: text
 
     python -m relpos.kernels.aot --arch 80,90 --tile 64 --dtype bfloat16 [--warps 4,8]
-                                 [--one-row] [--lut-only] [--unmasked] [--check] [--json F]
+                                 [--[no-]one-row] [--lut-only] [--[no-]unmasked] [--check] [--json F]
 
 ``--check`` exits 1 when a kernel needs more shared memory than
 :data:`~.relative_attention.SHARED_BUDGET` allows its tile and dtype
@@ -104,14 +104,15 @@ def variant_launches(
     *,
     d: int = 64,
     n: int = 256,
-    one_row: bool = False,
+    one_row: bool | None = None,
     lut_only: bool = False,
-    unmasked: bool = False,
+    unmasked: bool | None = None,
 ) -> list[Launch]:
     """The launches of one forward and backward pass of ``variant`` (a key of :data:`VARIANTS`)
     with ``dtype`` inputs of head dim ``d`` and ``n`` tokens, ``tile``-square tiles and ``warps``
     warps (None: the kernels' default for ``dtype``, :func:`~.relative_attention.warp_count`), and
-    ``one_row``, ``lut_only`` and ``unmasked`` (:func:`~.relative_attention.launch_config`)."""
+    ``one_row``, ``lut_only`` and ``unmasked`` (:func:`~.relative_attention.launch_config`; None:
+    the measured defaults, :func:`~.relative_attention.tile_options`)."""
     spec = dict(VARIANTS[variant])
     rows, rel = spec.pop("rows"), spec.pop("rel", None)
     b, h = 2, 4
@@ -194,9 +195,9 @@ def report(
     tiles: list[int],
     arches: list[int],
     warps: tuple[int | None, ...] = (None,),
-    one_row: bool = False,
+    one_row: bool | None = None,
     lut_only: bool = False,
-    unmasked: bool = False,
+    unmasked: bool | None = None,
 ) -> list[KernelReport]:
     """Every kernel of every variant × dtype × tile × warps × architecture, compiled."""
     rows = []
@@ -230,9 +231,12 @@ def main(argv: list[str] | None = None) -> int:
         "--warps", default="", help="warps per program, e.g. 4,8 (default: each dtype's own)"
     )
     parser.add_argument("--variants", default=",".join(VARIANTS), help="keys of VARIANTS")
-    parser.add_argument("--one-row", action="store_true", help="with launch_config(one_row=True)")
+    for flag in ("one-row", "unmasked"):  # neither: the measured defaults (tile_options)
+        parser.add_argument(
+            f"--{flag}", action=argparse.BooleanOptionalAction, default=None,
+            help=f"with launch_config({flag.replace('-', '_')}=True), or False with --no-{flag}",
+        )  # fmt: skip
     parser.add_argument("--lut-only", action="store_true", help="with launch_config(lut_only=True)")
-    parser.add_argument("--unmasked", action="store_true", help="with launch_config(unmasked=True)")
     parser.add_argument("--check", action="store_true", help="exit 1 past SHARED_BUDGET")
     parser.add_argument("--json", type=Path, help="also write the rows to this file")
     args = parser.parse_args(argv)

@@ -53,8 +53,9 @@ transpose through shared memory; ``d out`` is cast to the inputs' dtype once, be
 kernels read it.
 
 Plain positions (one contiguous sequence per batch row, queries = keys) read ``p_j - p_i`` as
-``j - i`` and skip the causal future's tiles; with ``launch_config(unmasked=True)`` the tiles
-every pair of which may attend run in a loop of their own that checks nothing per pair. The
+``j - i`` and skip the causal future's tiles; with unmasked tiles (``tile_options``: on where a
+table is read in half precision) the tiles every pair of which may attend run in a loop of their
+own that checks nothing per pair. The
 softmax runs in base 2 (``exp2``; the logits times ``log2(e)``).
 
 With ``TRITON_INTERPRET=1`` the kernels run in Triton's interpreter on CPU tensors (slowly: the
@@ -91,6 +92,7 @@ __all__ = [
     "lut_with_runs",
     "recorded_launches",
     "relative_flash_attention",
+    "tile_options",
     "tile_size",
     "warp_count",
 ]
@@ -151,7 +153,7 @@ class Launch(NamedTuple):
 
 _recording: list[Launch] | None = None
 _config: dict[str, int | bool | None] = {
-    "tile": None, "num_warps": None, "one_row": False, "lut_only": False, "unmasked": False
+    "tile": None, "num_warps": None, "one_row": None, "lut_only": False, "unmasked": None
 }  # fmt: skip
 
 
@@ -160,9 +162,9 @@ def launch_config(
     tile: int | None = None,
     num_warps: int | None = None,
     *,
-    one_row: bool = False,
+    one_row: bool | None = None,
     lut_only: bool = False,
-    unmasked: bool = False,
+    unmasked: bool | None = None,
 ) -> Iterator[None]:
     """Within it the kernels use ``tile``-square tiles and ``num_warps`` warps whatever the
     device (None keeps the default: :func:`tile_size`, :func:`warp_count`); with ``one_row``
@@ -171,22 +173,38 @@ def launch_config(
     of their own that checks nothing per pair (:func:`_pairs`), and with ``lut_only`` they read
     every pair's row from ``lut`` and then its logit (two dependent loads) even where
     :func:`relative_flash_attention` has a one-load form (``row_base``, a shared table): for
-    benchmarks and :mod:`relpos.kernels.aot` to compare them. ``one_row`` and ``unmasked`` are
-    built and tested but not yet timed on a GPU, so off by default (``unmasked`` takes more
-    registers in some kernels: ``aot --unmasked``). Not thread-safe."""
+    benchmarks and :mod:`relpos.kernels.aot` to compare them. ``one_row`` and ``unmasked`` left
+    None take the measured defaults (:func:`tile_options`); ``one_row`` never applies to a call
+    with a value term. Not thread-safe."""
     if tile is not None and tile not in (16, 32, 64, 128):
         raise ValueError(f"tile must be 16, 32, 64 or 128, got {tile}")
     if num_warps is not None and num_warps not in (1, 2, 4, 8, 16):
         raise ValueError(f"num_warps must be 1, 2, 4, 8 or 16, got {num_warps}")
     before = dict(_config)
     _config.update(
-        tile=tile, num_warps=num_warps, one_row=bool(one_row), lut_only=bool(lut_only),
-        unmasked=bool(unmasked),
+        tile=tile, num_warps=num_warps, one_row=one_row if one_row is None else bool(one_row),
+        lut_only=bool(lut_only), unmasked=unmasked if unmasked is None else bool(unmasked),
     )  # fmt: skip
     try:
         yield
     finally:
         _config.update(before)
+
+
+def tile_options(has_table: bool, mass: bool, dtype: torch.dtype) -> tuple[bool, bool]:
+    """``(one_row, unmasked)`` for one call: :func:`launch_config`'s where it sets them, else the
+    defaults an H200 measured (bf16, causal, L=4096, fwd+bwd against flash SDPA;
+    ``benchmarks/results/2026-11-28-gpu-h200``): both on where the call reads a relative table in
+    half precision (T5 4.2× against 6.2× with neither, the Music Transformer 7.0× against 8.1×,
+    Shaw's keys and values 9.3× against 10.6× with ``unmasked``), both off without one (ALiBi
+    2.4× against 2.5–2.8× with either) and in float32 (not the fast path: its small tiles were
+    not timed). Never ``one_row`` with the attention mass (a value term): Triton 3.6's software
+    pipeliner fails on that kernel for sm_90 ("PassManager::run failed"; Triton 3.9 compiles
+    it, spilling more: ``aot --one-row``)."""
+    measured = has_table and dtype != torch.float32
+    one_row = measured if _config["one_row"] is None else bool(_config["one_row"])
+    unmasked = measured if _config["unmasked"] is None else bool(_config["unmasked"])
+    return one_row and not mass, unmasked
 
 
 @contextlib.contextmanager
@@ -920,11 +938,10 @@ class _RelativeFlash(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, rel, relk, slopes, geometry, want_mass):
         qpos, qseg, kpos, kseg, lut, offset, causal, plain = geometry[:8]
-        r, p_drop, seed, linear, dist, row_base, _ = geometry[8:]
+        r, p_drop, seed, linear, dist, row_base, _, unmasked = geometry[8:]
         b, h, i, d = q.shape
         j = k.shape[2]
         bm, bn, warps = _blocks(q.device, q.dtype)
-        unmasked = bool(_config["unmasked"])
         one_row = lut.shape[0] == 2  # with its runs (relative_flash_attention)
         dp, rp, _ = _padded(q, r)
         out = q.new_empty(b, h, i, d, dtype=torch.float32)
@@ -955,7 +972,7 @@ class _RelativeFlash(torch.autograd.Function):
     def backward(ctx, dout, dmass):
         q, k, v, rel, relk, slopes, out, lse, mass, q_ranges = ctx.saved_tensors
         qpos, qseg, kpos, kseg, lut, offset, causal, plain = ctx.geometry[:8]
-        r, p_drop, seed, linear, dist, row_base, own_rows = ctx.geometry[8:]
+        r, p_drop, seed, linear, dist, row_base, own_rows, _ = ctx.geometry[8:]
         b, h, i, d = q.shape
         j = k.shape[2]
         dp, rp, loop_rows = _padded(q, r)
@@ -1125,14 +1142,15 @@ def relative_flash_attention(
     if rows > MAX_LOOP_ROWS and torch.is_grad_enabled():
         if any(t is not None and t.requires_grad for t in atomic):
             _alert_atomic_row_sums(rows)
+    one_row, unmasked = tile_options(rel is not None or relk is not None, want_mass, q.dtype)
     geometry = (
         q_pos.contiguous(),
         q_seg.contiguous(),
         k_pos.contiguous(),
         k_seg.contiguous(),
-        # (2, n) with its runs where one-row tiles are on (launch_config), else (1, n): the
-        # runs cost a few launches per call, which the default kernels would not read.
-        lut_with_runs(lut.contiguous()) if _config["one_row"] else lut.contiguous()[None],
+        # (2, n) with its runs where one-row tiles are on (tile_options), else (1, n): the
+        # runs cost a few launches per call, which the other kernels would not read.
+        lut_with_runs(lut.contiguous()) if one_row else lut.contiguous()[None],
         int(offset),
         bool(causal),
         bool(plain),
@@ -1142,6 +1160,7 @@ def relative_flash_attention(
         0 if slopes is None else (2 if symmetric else 1),
         *_one_load_form(rel, relk, mass, lut, row_base, q.dtype),
         own_rows,
+        unmasked,
     )
     q, k, v = (t.contiguous() for t in (q, k, v))
     rel = None if rel is None else rel.contiguous()  # the kernels read its rows with stride 1
