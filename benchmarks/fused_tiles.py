@@ -8,7 +8,8 @@ forward+backward time against flash SDPA with no positions, measured in the same
 
 For each scheme, length and candidate (``TILExWARPS``, ``+one`` for ``one_row``, ``+unmasked``
 for ``unmasked``, ``+lut`` for ``lut_only``: ``relative_attention.launch_config``; an option
-not named is off, whatever ``relative_attention.tile_options`` would take by default), causal, ``B·L = tokens``, bf16 on CUDA: the first call (it compiles), then ``--repeats`` passes
+not named is off, whatever ``relative_attention.tile_options`` would take by default), causal,
+``B·L = tokens``, bf16 on CUDA: the first call (it compiles), then ``--repeats`` passes
 alternated run by run with SDPA (``relpos bench``'s paired timing; the ratio is the median of
 the run-by-run ratios) and, on CUDA, the peak memory of one pass beside SDPA's. A candidate that
 fails (Triton's "out of resources") is reported, not fatal. Writes ``tiles.md`` and

@@ -9,7 +9,7 @@ on ``meta`` tensors by :func:`~.relative_attention.recorded_launches`.
 .. code-block:: text
 
     python -m relpos.kernels.aot --arch 80,90 --tile 64 --dtype bfloat16 [--warps 4,8]
-                                 [--[no-]one-row] [--lut-only] [--[no-]unmasked] [--check] [--json F]
+        [--[no-]one-row] [--lut-only] [--[no-]unmasked] [--check] [--json F]
 
 ``--check`` exits 1 when a kernel needs more shared memory than
 :data:`~.relative_attention.SHARED_BUDGET` allows its tile and dtype
