@@ -667,6 +667,7 @@ class CudaQuery:
         ("t5", 256, "plain", True, False, False),  # short: sdpa
         ("kerple", 4096, "plain", True, False, True),  # its mask's gradient: the math kernel
         ("kerple", 256, "plain", True, False, False),  # short: sdpa
+        ("sandwich", 4096, "plain", True, False, True),  # fixed: sdpa's float mask, still slower
         ("deberta", 4096, "plain", True, False, True),  # past the mask budget
         ("deberta", 256, "plain", True, False, False),
     ],
@@ -683,18 +684,17 @@ def test_auto_takes_flex_on_cuda_where_it_was_measured_to_win(
     assert not auto_mod.flex_wins_on_cuda(scheme, cpu, qp, kp, needs_grad=True, dropout=False)
 
 
-def test_auto_keeps_flex_off_a_frozen_table_and_learned_terms_in_deterministic_mode(deterministic):
+def test_auto_keeps_flex_off_learned_terms_in_deterministic_mode(deterministic):
     pos = Positions.from_length(4096)
     q = CudaQuery(4, 2, 4096, 16)
-    t5 = relpos.make_scheme("t5", d_model=32, num_heads=2, causal=True)
-    t5.requires_grad_(False)  # sdpa's fused kernel takes a float mask it needs no gradient of
-    assert not auto_mod.flex_wins_on_cuda(t5, q, pos, pos, needs_grad=True, dropout=False)
+    frozen = relpos.make_scheme("t5", d_model=32, num_heads=2, causal=True).requires_grad_(False)
     deterministic(True)  # flex would sum a learned term's gradient by atomic adds (it refuses)
-    for name in ("t5", "music"):
+    for name in ("t5", "music", "kerple", "deberta"):
         scheme = relpos.make_scheme(name, d_model=32, num_heads=2, causal=True)
         assert not auto_mod.flex_wins_on_cuda(scheme, q, pos, pos, needs_grad=True, dropout=False)
-    alibi = relpos.make_scheme("alibi", d_model=32, num_heads=2, causal=True)  # nothing summed
-    assert auto_mod.flex_wins_on_cuda(alibi, q, pos, pos, needs_grad=True, dropout=False)
+    alibi = relpos.make_scheme("alibi", d_model=32, num_heads=2, causal=True)
+    for scheme in (alibi, frozen):  # nothing summed
+        assert auto_mod.flex_wins_on_cuda(scheme, q, pos, pos, needs_grad=True, dropout=False)
 
 
 @pytest.mark.parametrize(
@@ -730,6 +730,7 @@ def test_auto_takes_fused_on_cuda_for_a_value_term(spec, dtype, expected):
         ("music", 4096, "plain", True, False, torch.bfloat16, "fused"),
         ("music", 4096, "packed", True, False, torch.bfloat16, "fused"),
         ("music", 256, "plain", True, False, torch.bfloat16, "sdpa"),  # a small mask
+        ("music", 2048, "plain", True, False, torch.float16, "fused"),  # past FUSED_LONG
         ("transformer_xl", 4096, "plain", True, False, torch.bfloat16, "fused"),
         ("learned_alibi", 1024, "plain", True, False, torch.bfloat16, "fused"),  # flex: 6×
         ("alibi", 4096, "plain", True, False, torch.bfloat16, "flex"),  # flex measured faster
@@ -739,6 +740,7 @@ def test_auto_takes_fused_on_cuda_for_a_value_term(spec, dtype, expected):
         ("deberta", 4096, "plain", True, False, torch.bfloat16, "flex"),  # flex measured faster
         ("deberta", 4096, "plain", False, False, torch.bfloat16, "fused"),
         ("kerple", 4096, "plain", True, False, torch.bfloat16, "flex"),  # fused cannot
+        ("sandwich", 1024, "plain", True, False, torch.bfloat16, "flex"),  # sdpa: 8.6× vs 5.7×
     ],
 )
 def test_auto_on_cuda_takes_what_the_gpu_measured_fastest(
@@ -752,6 +754,26 @@ def test_auto_on_cuda_takes_what_the_gpu_measured_fastest(
     q = CudaQuery(4, 2, len(qp), 16, dtype)
     kw = dict(needs_grad=needs_grad, dropout_p=0.1 if dropout else 0.0, training=dropout)
     assert choose_backend(scheme, q, qp, kp, causal=True, **kw) == expected
+
+
+@pytest.mark.parametrize(
+    ("name", "dropout", "expected"),
+    [
+        ("music", False, "flex"),  # up to FUSED_LONG flex leads (L=1024: 6.3× vs 7.2×)
+        ("transformer_xl", False, "flex"),
+        ("music", True, "fused"),  # flex has no dropout: fused, not chunked
+        ("t5", False, "fused"),  # T5 from 512²: fused (5.5× vs 5.6× at L=1024)
+    ],
+)
+def test_auto_on_cuda_below_fused_long(name, dropout, expected):
+    """At L=1024 with many heads (a mask past the budget) a query-dependent table takes ``flex``
+    where it runs, ``fused`` where it does not (never ``chunked``: 24× against 7×)."""
+    pytest.importorskip("triton")
+    scheme = relpos.make_scheme(name, d_model=64, num_heads=8, causal=True)
+    pos = Positions.from_length(1024)
+    q = CudaQuery(16, 8, 1024, 8)
+    kw = dict(needs_grad=True, dropout_p=0.1 if dropout else 0.0, training=dropout)
+    assert choose_backend(scheme, q, pos, pos, causal=True, **kw) == expected
 
 
 def test_auto_keeps_fused_off_atomic_sums_in_deterministic_mode(deterministic):

@@ -87,6 +87,7 @@ from .sdpa import is_plain, sdpa_attention, sdpa_supports
 
 __all__ = [
     "FLEX_LEARNED_TORCH",
+    "FUSED_LONG",
     "SDPA_MASK_BUDGET",
     "SMALL",
     "SMALL_RELATIVE",
@@ -106,6 +107,9 @@ SMALL_RELATIVE = 128 * 256
 #: relative table it reads in its ``score_mod`` (older releases may lack that backward): ``auto``
 #: takes ``flex`` for those schemes from this release on.
 FLEX_LEARNED_TORCH = "2.11"
+#: ``i·j`` past which ``fused`` overtakes ``flex`` in training for a query-dependent table
+#: (:func:`fused_wins_on_cuda`; measured at L=1024 and 4096 only).
+FUSED_LONG = 1024 * 1024
 #: Bytes of the float mask ``sdpa`` may build in one call; past it ``auto`` takes ``chunked``
 #: (:func:`sdpa_mask_bytes`). 64 MiB: e.g. one ``(1, 1, 4096, 4096)`` float32 mask, or a
 #: ``(32, 4, 256, 256)`` bias (a batch of 32 windows of 256 tokens, 4 heads).
@@ -173,16 +177,20 @@ def flex_wins_on_cuda(
     needs_grad: bool,
     dropout: bool,
 ) -> bool:
-    """Whether ``auto`` takes ``flex`` for this call: on CUDA, for training (gradients; no
-    attention dropout, which FlexAttention lacks), where it was measured to win
-    (``docs/performance.md``, "On a GPU"): ALiBi with fixed slopes past ``i·j > 512²``; T5's
-    learned table from ``i·j = 512²`` (the shortest measured: 5.9× flash SDPA against 32× for
-    ``sdpa``); a query-dependent relative term (Shaw's keys, the Music
-    Transformer, Transformer-XL) wherever ``sdpa``'s float mask would exceed
-    :data:`SDPA_MASK_BUDGET`. Training runs one shape, so the compile (seconds, once per shape)
-    is paid once; inference (a new shape per decoding step) stays on ``sdpa``/``chunked``. The
-    learned terms only from torch :data:`FLEX_LEARNED_TORCH`, the release they were tested with,
-    and not in deterministic mode (their gradients are summed by atomic adds)."""
+    """Whether ``flex`` runs this call faster than the other backends ``auto`` could take
+    besides ``fused`` (:func:`fused_wins_on_cuda` is asked first): on CUDA, for training
+    (gradients; no attention dropout, which FlexAttention lacks), where an H200 measured it
+    (bf16, causal, fwd+bwd × flash SDPA; ``docs/performance.md``, "On a GPU"): ALiBi's fixed
+    slopes past ``i·j = 512²`` (L=4096: 2.4× against 2.7× ``fused``, 15× ``sdpa``); a bias that
+    is a function of the distance (T5, KERPLE, Sandwich, DPB, learned ALiBi) from ``i·j = 512²``
+    (KERPLE 6.3× against 19× ``sdpa``, 67× ``chunked``); a query- or key-dependent relative term
+    (Shaw's keys, the Music Transformer, Transformer-XL, DeBERTa) wherever ``sdpa``'s float mask
+    would pass :data:`SDPA_MASK_BUDGET` (DeBERTa 12× against 35× ``sdpa``, 122× ``chunked``).
+    Training runs one shape, so the compile (seconds, once per shape) is paid once; inference (a
+    new shape per decoding step) never takes it. A term whose gradient FlexAttention sums by
+    atomic adds (a learned table, a query- or key-dependent term) only from torch
+    :data:`FLEX_LEARNED_TORCH`, the release it was tested with, and not in deterministic
+    mode."""
     if q.device.type != "cuda" or not needs_grad or dropout or not flex_available():
         return False
     if not flex_supports(scheme, device=q.device, needs_grad=True):
@@ -190,17 +198,17 @@ def flex_wins_on_cuda(
     size = len(q_positions) * len(k_positions)
     if isinstance(scheme, LinearBiasScheme):  # fixed slopes (learned ALiBi is a distance bias)
         return size > SMALL
-    learned = any(p.requires_grad for p in scheme.parameters())
-    if (
+    dependent = isinstance(scheme, RelativeScheme) and not scheme.query_independent
+    dependent = dependent or "key_bias" in scheme.hooks
+    atomic = dependent or any(p.requires_grad for p in scheme.parameters())
+    if atomic and (
         TorchVersion(torch.__version__) < FLEX_LEARNED_TORCH
         or torch.are_deterministic_algorithms_enabled()
     ):
         return False
-    if isinstance(scheme, RelativeScheme) and not scheme.query_independent:
+    if dependent:
         return sdpa_mask_bytes(scheme, q, q_positions, k_positions) > SDPA_MASK_BUDGET
-    # T5, KERPLE, Sandwich, DPB, learned ALiBi: sdpa's mask is small, but its gradient is the
-    # math kernel.
-    return size >= SMALL and learned
+    return size >= SMALL  # sdpa: a float mask (differentiated by the math kernel if learned)
 
 
 def fused_wins_on_cuda(
@@ -214,20 +222,22 @@ def fused_wins_on_cuda(
     causal: bool | None = None,
 ) -> bool:
     """Whether ``auto`` takes ``fused`` for this call, on CUDA where the kernel runs the scheme
-    (measured in bf16: ``docs/performance.md``, "On a GPU"):
+    (measured on an H200 in bf16, causal, × flash SDPA: ``docs/performance.md``, "On a GPU"):
 
     * a value term (Shaw's), which ``sdpa`` and ``flex`` cannot run and ``chunked`` runs as
       PyTorch tiles: always, in any dtype the kernel takes, with or without gradients;
-    * in half precision, with gradients: T5 and learned ALiBi from ``i·j = 512²`` when their
-      parameters train (``sdpa`` differentiates their mask with the math kernel), a
-      query-dependent table (Shaw's keys, the
-      Music Transformer, Transformer-XL) where ``sdpa``'s mask would pass
-      :data:`SDPA_MASK_BUDGET` — not where ``flex`` measured faster and runs the call
-      (:func:`flex_wins_on_cuda`: ALiBi's fixed slopes, DeBERTa's key term), nor in
+    * in half precision, with gradients: T5 and learned ALiBi from ``i·j = 512²`` (L=4096: T5
+      4.4× against 6.4× ``flex``, learned ALiBi 2.9× against 6.2×); a query-dependent table
+      (Shaw's keys, the Music Transformer, Transformer-XL) past ``i·j =``
+      :data:`FUSED_LONG` (the Music Transformer 6.3× against 8.7× ``flex``; ``flex`` leads at
+      L=1024, 6.3× against 7.2×), and below it where ``sdpa``'s mask would pass
+      :data:`SDPA_MASK_BUDGET` and ``flex`` cannot run the call; ALiBi's fixed slopes and
+      DeBERTa's key term likewise where ``flex`` cannot (:func:`flex_wins_on_cuda`). Not in
       deterministic mode where the kernel would sum a table's gradient by atomic adds
       (:func:`~.fused.fused_sums_atomically`);
-    * in half precision, without gradients: wherever ``sdpa``'s mask would pass the budget (the
-      kernel compiles once per kind of call, not per shape, so decoding pays no compile).
+    * in half precision, without gradients: wherever ``sdpa``'s mask would pass the budget
+      (ALiBi's forward at L=4096: 3.9× against 20× ``sdpa``, 107× ``chunked``); the kernel
+      compiles once per kind of call, not per shape, so decoding pays no compile.
 
     Float32 (not timed) keeps the other backends."""
     if q.device.type != "cuda" or q.dtype not in FUSED_DTYPES:
@@ -247,15 +257,16 @@ def fused_wins_on_cuda(
         scheme, q_positions, k_positions
     ):
         return False
-    if isinstance(scheme, LinearBiasScheme) or "key_bias" in scheme.hooks:
+    size = len(q_positions) * len(k_positions)
+    dependent = isinstance(scheme, RelativeScheme) and not scheme.query_independent
+    if isinstance(scheme, LinearBiasScheme) or "key_bias" in scheme.hooks or dependent:
+        if dependent and "key_bias" not in scheme.hooks and size > FUSED_LONG:
+            return True
         flex = flex_wins_on_cuda(
             scheme, q, q_positions, k_positions, needs_grad=True, dropout=dropout
         )
-        return not flex and mask_passes
-    if isinstance(scheme, RelativeScheme) and not scheme.query_independent:
-        return mask_passes
-    learned = any(p.requires_grad for p in scheme.parameters())
-    return mask_passes or (learned and len(q_positions) * len(k_positions) >= SMALL)
+        return mask_passes and not flex
+    return mask_passes or size >= SMALL
 
 
 def choose_backend(
