@@ -33,31 +33,37 @@ then differentiates its float mask with the math kernel) or when the term depend
 (``sdpa`` builds a ``(b, h, i, j)`` bias). Plain positions: self-attention over one contiguous
 sequence per row (``Positions.from_length``). On a device other than CPU, ``chunked`` has no
 fused parts, so ``auto`` takes ``sdpa`` whenever it supports the scheme and ``chunked`` otherwise,
-except where a GPU measured otherwise (an H100 in bf16, ``docs/performance.md``, "On a GPU";
-:func:`flex_wins_on_cuda`, :func:`fused_wins_on_cuda`):
+except where a GPU measured otherwise (an H200 in bf16, ``docs/performance.md``, "On a GPU";
+:func:`fused_wins_on_cuda`, then :func:`flex_wins_on_cuda`):
 
 ==============================  ================================================================
-scheme (CUDA)                   picks
+scheme (CUDA)                   picks (half precision; Shaw's value term in any dtype)
 ==============================  ================================================================
-Shaw with a value term          ``fused``, with or without gradients (L=4096: 8.3–11× flash
-                                SDPA fwd+bwd vs 59× for ``chunked``)
-ALiBi, with gradients           ``flex`` past 512² (L=4096: 1.9× vs 2.5× ``fused``, 15× ``sdpa``)
-T5 with a learned table, with   ``flex`` from 512² (L=4096: 5.7–6.7× vs 10–13× ``fused``,
-gradients                       263× ``chunked``, 1557× ``sdpa``)
-Shaw keys, Music Transformer,   ``flex`` where ``sdpa``'s mask would pass the budget below
-Transformer-XL, with gradients  (Music Transformer, L=4096: 11–13× vs 13–17× ``fused``,
-                                31× ``sdpa``, 75× ``chunked``)
+Shaw with a value term          ``fused``, with or without gradients (L=4096: 8.7× flash SDPA)
+ALiBi, with gradients           ``flex`` past 512² (L=4096: 2.4× vs 2.7× ``fused``, 15× ``sdpa``)
+T5, learned ALiBi, with         ``fused`` from 512² (L=4096: T5 4.4× vs 6.4× ``flex``, 1491×
+gradients                       ``sdpa``; learned ALiBi 2.9× vs 6.2× ``flex``)
+KERPLE, Sandwich, DPB, with     ``flex`` from 512² (L=4096: 6.0–8.0× vs 17–19× ``sdpa``,
+gradients                       46–79× ``chunked``)
+Shaw keys, Music Transformer,   past the mask budget, ``flex`` up to ``i·j =`` :data:`FUSED_LONG`
+Transformer-XL, with gradients  (L=1024: 6.3× vs 7.2× ``fused``), ``fused`` past it (L=4096:
+                                6.3× vs 8.7×)
+DeBERTa, with gradients         ``flex`` past the mask budget (L=4096: 12× vs 15× ``fused``,
+                                35× ``sdpa``, 122× ``chunked``)
+any scheme ``fused`` runs,      ``fused`` past the mask budget (ALiBi's forward at L=4096: 3.9×
+without gradients               vs 20× ``sdpa``, 107× ``chunked``)
 ==============================  ================================================================
 
 ``flex`` compiles once per shape (seconds), which training pays once; without gradients (a new
-shape at every decoding step) ``auto`` never picks it, nor in deterministic mode where a term it
-differentiates would be summed by atomic adds. ``fused`` compiles once per kind of call, not per
-shape.
+shape at every decoding step) ``auto`` never picks it. ``fused`` compiles once per kind of call,
+not per shape. In deterministic mode neither is taken for a call whose gradient it would sum by
+atomic adds.
 
 **Memory first.** Wherever ``sdpa`` would have to build its float mask — a ``(b|1, h|1, i, j)``
 tensor, for padded, packed or cached positions or for a score bias — and that mask would exceed
 :data:`SDPA_MASK_BUDGET` (64 MiB; :func:`sdpa_mask_bytes`), ``auto`` takes ``chunked``, whose
-memory is ``O(block·L)``, whatever the table above says. So evaluation of padded windows at a long
+memory is ``O(block·L)``, whatever the CPU table above says (on CUDA the table's ``fused`` and
+``flex`` build no such tensor either). So evaluation of padded windows at a long
 context never builds an ``(L, L)`` tensor (a batch of 16 windows of 100,000 tokens would need a
 640 GB mask). Below the budget the table holds.
 """
