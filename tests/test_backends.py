@@ -776,6 +776,19 @@ def test_auto_on_cuda_below_fused_long(name, dropout, expected):
     assert choose_backend(scheme, q, pos, pos, causal=True, **kw) == expected
 
 
+def test_auto_keeps_fused_to_the_head_dims_it_was_timed_at():
+    """Past ``FUSED_HEAD_DIM`` (64) ``auto`` leaves ``fused`` for ``flex`` (its 64×64 kernels ask
+    for more shared memory than an H100 grants at d=256), except for Shaw's value term."""
+    pytest.importorskip("triton")
+    pos = Positions.from_length(4096)
+    for d, expected in ((64, "fused"), (128, "flex")):
+        scheme = relpos.make_scheme("t5", d_model=2 * d, num_heads=2, causal=True)
+        q = CudaQuery(4, 2, 4096, d)
+        assert choose_backend(scheme, q, pos, pos, needs_grad=True, causal=True) == expected
+    shaw = relpos.make_scheme("shaw", d_model=256, num_heads=2, causal=True)
+    assert choose_backend(shaw, CudaQuery(4, 2, 4096, 128), pos, pos, needs_grad=True) == "fused"
+
+
 def test_auto_keeps_fused_off_atomic_sums_in_deterministic_mode(deterministic):
     """In deterministic mode ``auto`` takes ``fused`` only where it sums no table's gradient by
     atomic adds (``fused_sums_atomically``): the Music Transformer over plain positions (each

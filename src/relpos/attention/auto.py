@@ -93,6 +93,7 @@ from .sdpa import is_plain, sdpa_attention, sdpa_supports
 
 __all__ = [
     "FLEX_LEARNED_TORCH",
+    "FUSED_HEAD_DIM",
     "FUSED_LONG",
     "SDPA_MASK_BUDGET",
     "SMALL",
@@ -116,6 +117,12 @@ FLEX_LEARNED_TORCH = "2.11"
 #: ``i·j`` past which ``fused`` overtakes ``flex`` in training for a query-dependent table
 #: (:func:`fused_wins_on_cuda`; measured at L=1024 and 4096 only).
 FUSED_LONG = 1024 * 1024
+#: The largest head dim for which ``auto`` prefers ``fused`` to ``flex`` (Shaw's value term
+#: aside): the one timed (64). Compiled for sm_90 in bf16 at 64×64 tiles
+#: (``aot.variant_launches(..., d=...)``), T5's and the Music Transformer's kernels ask for
+#: 132–148 KiB of shared memory at d=128 and spill up to 1 KB per thread, and for 230–280 KiB at
+#: d=256, past what an H100 grants a block (227 KiB).
+FUSED_HEAD_DIM = 64
 #: Bytes of the float mask ``sdpa`` may build in one call; past it ``auto`` takes ``chunked``
 #: (:func:`sdpa_mask_bytes`). 64 MiB: e.g. one ``(1, 1, 4096, 4096)`` float32 mask, or a
 #: ``(32, 4, 256, 256)`` bias (a batch of 32 windows of 256 tokens, 4 heads).
@@ -245,14 +252,14 @@ def fused_wins_on_cuda(
       (ALiBi's forward at L=4096: 3.9× against 20× ``sdpa``, 107× ``chunked``); the kernel
       compiles once per kind of call, not per shape, so decoding pays no compile.
 
-    Float32 (not timed) keeps the other backends."""
+    Float32 and head dims past :data:`FUSED_HEAD_DIM` (not timed) keep the other backends."""
     if q.device.type != "cuda" or q.dtype not in FUSED_DTYPES:
         return False
     if not fused_supports(scheme, device=q.device):
         return False
     if "value_term" in scheme.hooks:
         return True
-    if q.dtype == torch.float32:
+    if q.dtype == torch.float32 or q.shape[-1] > FUSED_HEAD_DIM:
         return False
     mask_passes = sdpa_mask_bytes(scheme, q, q_positions, k_positions, causal=causal) > (
         SDPA_MASK_BUDGET
