@@ -156,4 +156,8 @@ def test_tile_size_fits_the_device():
     assert tile_size(torch.float32, big) == 32  # exact products: 64 spills registers
     assert tile_size(torch.float32, None) == tile_size(torch.bfloat16, None) == 32  # interpreter
     assert SHARED_BUDGET[(64, "half")] <= 160 * 1024  # an A100 (164 KiB) takes the large tiles
+    # Past head dim 64 the need grows (273 KiB at d=256 on sm_90): an H100 takes 32×32 tiles.
+    assert tile_size(torch.bfloat16, big, 48) == tile_size(torch.bfloat16, big, 64) == 64
+    assert tile_size(torch.bfloat16, big, 128) == tile_size(torch.bfloat16, big, 256) == 32
+    assert tile_size(torch.bfloat16, 512 * 1024, 256) == 64
     assert max(SHARED_BUDGET[(32, kind)] for kind in ("half", "float32")) <= 99 * 1024

@@ -120,7 +120,7 @@ FUSED_LONG = 1024 * 1024
 #: The largest head dim for which ``auto`` prefers ``fused`` to ``flex`` (Shaw's value term
 #: aside): the one timed (64). Compiled for sm_90 in bf16 at 64×64 tiles
 #: (``aot.variant_launches(..., d=...)``), T5's and the Music Transformer's kernels ask for
-#: 132–148 KiB of shared memory at d=128 and spill up to 1 KB per thread, and for 230–280 KiB at
+#: 129–145 KiB of shared memory at d=128 and spill up to 1 KB per thread, and for 241–273 KiB at
 #: d=256, past what an H100 grants a block (227 KiB).
 FUSED_HEAD_DIM = 64
 #: Bytes of the float mask ``sdpa`` may build in one call; past it ``auto`` takes ``chunked``

@@ -116,18 +116,24 @@ LOG2E = tl.constexpr(1.4426950408889634)
 LN2 = tl.constexpr(0.6931471805599453)
 
 
-def tile_size(dtype: torch.dtype, shared: int | None) -> int:
-    """The kernels' square tile (``BM = BN``) for inputs of ``dtype`` on a device with ``shared``
-    bytes of shared memory per block (None: Triton's interpreter).
+def tile_size(dtype: torch.dtype, shared: int | None, head_dim: int = 64) -> int:
+    """The kernels' square tile (``BM = BN``) for inputs of ``dtype`` and ``head_dim`` on a device
+    with ``shared`` bytes of shared memory per block (None: Triton's interpreter).
 
-    64 for half precision where the device holds it (A100, H100: 164–228 KiB); 32 otherwise:
-    GPUs with about 100 KiB (RTX 30/40, L4, L40) would refuse the larger tiles' launch, and
-    float32's exact products (no tensor cores) spill about 10 KB of registers per thread at 64.
+    64 for half precision where the device holds it (A100, H100: 164–228 KiB at head dim 64);
+    32 otherwise: GPUs with about 100 KiB (RTX 30/40, L4, L40) would refuse the larger tiles'
+    launch, and float32's exact products (no tensor cores) spill about 10 KB of registers per
+    thread at 64. :data:`SHARED_BUDGET` holds for head dims up to 64; past it the need is taken
+    to grow in proportion to the padded head dim, an upper bound (T5's, the Music Transformer's
+    and ALiBi's kernels compiled for sm_90 in bf16 at 64×64: at most 145 KiB at d=128 and 273
+    KiB at d=256, against 240 and 480 so reckoned), so that an H100 (227 KiB) takes 32×32 tiles
+    at d=128 and 256 rather than a launch it would refuse.
     """
     if shared is None:
         return _INTERPRETED_BLOCK
     half = dtype in (torch.bfloat16, torch.float16)
-    return 64 if half and shared >= SHARED_BUDGET[(64, "half")] else 32
+    scale = max(1, triton.next_power_of_2(max(head_dim, 1)) // 64)
+    return 64 if half and shared >= SHARED_BUDGET[(64, "half")] * scale else 32
 
 
 def warp_count(dtype: torch.dtype) -> int:
@@ -909,14 +915,16 @@ def _ranges(geometry: tuple, batch: int, bm: int, bn: int, *, queries: bool) -> 
     )  # fmt: skip
 
 
-def _blocks(device: torch.device, dtype: torch.dtype) -> tuple[int, int, int]:
-    """``(BM, BN, num_warps)`` for ``dtype`` inputs on ``device`` (or :func:`launch_config`'s)."""
+def _blocks(device: torch.device, dtype: torch.dtype, head_dim: int = 64) -> tuple[int, int, int]:
+    """``(BM, BN, num_warps)`` for ``dtype`` inputs of ``head_dim`` on ``device`` (or
+    :func:`launch_config`'s)."""
     warps = _config["num_warps"] or warp_count(dtype)
     if _config["tile"] is not None:
         tile = _config["tile"]
     elif device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
-        tile = tile_size(dtype, getattr(props, "shared_memory_per_block_optin", 48 * 1024))
+        shared = getattr(props, "shared_memory_per_block_optin", 48 * 1024)
+        tile = tile_size(dtype, shared, head_dim)
     else:
         tile = tile_size(dtype, None)
     return tile, tile, warps
@@ -941,7 +949,7 @@ class _RelativeFlash(torch.autograd.Function):
         r, p_drop, seed, linear, dist, row_base, _, unmasked = geometry[8:]
         b, h, i, d = q.shape
         j = k.shape[2]
-        bm, bn, warps = _blocks(q.device, q.dtype)
+        bm, bn, warps = _blocks(q.device, q.dtype, d)
         one_row = lut.shape[0] == 2  # with its runs (relative_flash_attention)
         dp, rp, _ = _padded(q, r)
         out = q.new_empty(b, h, i, d, dtype=torch.float32)
