@@ -181,6 +181,12 @@ def sdpa_mask_bytes(
     return size
 
 
+def _query_dependent(scheme: Scheme) -> bool:
+    """Whether the scheme's relative logit term depends on the query (Shaw's keys, the Music
+    Transformer, Transformer-XL, DeBERTa's content-to-position term): not T5's shared table."""
+    return isinstance(scheme, RelativeScheme) and not scheme.query_independent
+
+
 def flex_wins_on_cuda(
     scheme: Scheme,
     q: Tensor,
@@ -211,8 +217,7 @@ def flex_wins_on_cuda(
     size = len(q_positions) * len(k_positions)
     if isinstance(scheme, LinearBiasScheme):  # fixed slopes (learned ALiBi is a distance bias)
         return size > SMALL
-    dependent = isinstance(scheme, RelativeScheme) and not scheme.query_independent
-    dependent = dependent or "key_bias" in scheme.hooks
+    dependent = _query_dependent(scheme) or "key_bias" in scheme.hooks
     atomic = dependent or any(p.requires_grad for p in scheme.parameters())
     if atomic and (
         TorchVersion(torch.__version__) < FLEX_LEARNED_TORCH
@@ -271,10 +276,10 @@ def fused_wins_on_cuda(
     ):
         return False
     size = len(q_positions) * len(k_positions)
-    dependent = isinstance(scheme, RelativeScheme) and not scheme.query_independent
-    if isinstance(scheme, LinearBiasScheme) or "key_bias" in scheme.hooks or dependent:
-        if dependent and "key_bias" not in scheme.hooks and size > FUSED_LONG:
-            return True
+    keyed, dependent = "key_bias" in scheme.hooks, _query_dependent(scheme)
+    if dependent and not keyed and size > FUSED_LONG:
+        return True
+    if isinstance(scheme, LinearBiasScheme) or keyed or dependent:
         flex = flex_wins_on_cuda(
             scheme, q, q_positions, k_positions, needs_grad=True, dropout=dropout
         )
@@ -322,8 +327,7 @@ def choose_backend(
         path = chunked_path(
             scheme, q, q_positions, k_positions, dropout_p=dropout_p, training=training
         )
-        query_dependent = isinstance(scheme, RelativeScheme) and not scheme.query_independent
-        if path == "region" and (learned_grad or query_dependent):
+        if path == "region" and (learned_grad or _query_dependent(scheme)):
             return "chunked"  # sdpa: the math kernel, or a (b, h, i, j) bias per call
     if size <= SMALL:
         return "sdpa"  # short: (i, j) tensors are small and the fused kernels' overhead wins

@@ -208,8 +208,8 @@ def tile_options(has_table: bool, mass: bool, dtype: torch.dtype) -> tuple[bool,
     pipeliner fails on that kernel for sm_90 ("PassManager::run failed"; Triton 3.9 compiles
     it, spilling more: ``aot --one-row``)."""
     measured = has_table and dtype != torch.float32
-    one_row = measured if _config["one_row"] is None else bool(_config["one_row"])
-    unmasked = measured if _config["unmasked"] is None else bool(_config["unmasked"])
+    one_row = measured if _config["one_row"] is None else _config["one_row"]
+    unmasked = measured if _config["unmasked"] is None else _config["unmasked"]
     return one_row and not mass, unmasked
 
 
