@@ -3,18 +3,23 @@ forward+backward time against flash SDPA with no positions, measured in the same
 (docs/performance.md, "fused").
 
     PYTHONPATH=src python benchmarks/fused_tiles.py --out DIR [--lengths 4096] [--tokens 16384]
-        [--schemes alibi,t5,shaw,music] [--configs 64x4,64x4+one,64x4+unmasked,64x4+lut,64x8,32x4]
+        [--schemes alibi,t5,shaw,music] [--configs 64x4+auto,128x64w8/32x64w4/64x32w4+one]
         [--device cuda]
 
-For each scheme, length and candidate (``TILExWARPS``, ``+one`` for ``one_row``, ``+unmasked``
-for ``unmasked``, ``+lut`` for ``lut_only``: ``relative_attention.launch_config``; an option
-not named is off, whatever ``relative_attention.tile_options`` would take by default), causal,
-``B·L = tokens``, bf16 on CUDA: the first call (it compiles), then ``--repeats`` passes
-alternated run by run with SDPA (``relpos bench``'s paired timing; the ratio is the median of
-the run-by-run ratios) and, on CUDA, the peak memory of one pass beside SDPA's. A candidate that
-fails (Triton's "out of resources") is reported, not fatal. Writes ``tiles.md`` and
-``tiles.json`` into ``--out``. On a CPU with ``TRITON_INTERPRET=1`` it runs in the interpreter,
-in float32: a check of the script, not a timing.
+A candidate is ``TILExWARPS`` (square tiles and the warps of all three kernels) or
+``FORWARD/KEYS/QUERIES``, each kernel's own ``BMxBNwWARPS[sSTAGES]``
+(``relative_attention.parse_launches``), then its options: ``+one`` for ``one_row``,
+``+unmasked`` for ``unmasked``, ``+lut`` for ``lut_only`` (``relative_attention.launch_config``;
+an option not named is off), or ``+auto`` for ``one_row`` and ``unmasked`` as
+``relative_attention.tile_options`` takes them by default for each scheme.
+For each scheme, length and candidate, causal, ``B·L = tokens``, bf16 on CUDA: the first call (it
+compiles), then ``--repeats`` forward+backward passes alternated run by run with SDPA's
+(``relpos bench``'s paired timing; the ratio is the median of the run-by-run ratios), as many
+forward passes alone against SDPA's forward (so that the forward's launch and the backward's can
+be chosen apart), and, on CUDA, the peak memory of one pass beside SDPA's. A candidate that fails
+(Triton's "out of resources") is reported, not fatal. Writes ``tiles.md`` and ``tiles.json`` into
+``--out``. On a CPU with ``TRITON_INTERPRET=1`` it runs in the interpreter, in float32: a check of
+the script, not a timing.
 """
 
 from __future__ import annotations
@@ -32,26 +37,45 @@ import relpos
 from relpos.atomic import atomic_path
 from relpos.attention.fused import fused_supports
 from relpos.cli import bench
-from relpos.kernels.relative_attention import launch_config
+from relpos.kernels.relative_attention import LAUNCH_CANDIDATES, launch_config, parse_launches
 
-DEFAULT_CONFIGS = "64x4,64x4+one,64x4+unmasked,64x4+lut,64x8,32x4"
+#: The square default beside the per-kernel candidates, each with the measured options.
+DEFAULT_CONFIGS = ",".join(f"{c}+auto" for c in ("64x4", *LAUNCH_CANDIDATES))
 #: A candidate's options after ``+``, as ``launch_config``'s keywords.
 OPTIONS = {"one": "one_row", "lut": "lut_only", "unmasked": "unmasked"}
+#: The option that leaves ``one_row`` and ``unmasked`` to ``tile_options``' defaults.
+AUTO = "auto"
 
 
-def _config(text: str) -> tuple[int, int, dict[str, bool]]:
+def _config(text: str) -> tuple[str, dict]:
+    """``(launch, launch_config's keywords)`` of one candidate."""
     shape, *options = text.split("+")
     tile, _, warps = shape.partition("x")
-    if not (tile.isdigit() and warps.isdigit()) or not set(options) <= OPTIONS.keys():
+    square = tile.isdigit() and warps.isdigit()
+    auto = AUTO in options
+    named = set(options) - {AUTO}
+    if (
+        not (square or "/" in shape)
+        or not named <= OPTIONS.keys()
+        or (auto and named & {"one", "unmasked"})
+    ):
         raise argparse.ArgumentTypeError(
-            f"a candidate is TILExWARPS[+one][+lut][+unmasked] (e.g. 64x8, 64x4+one), got {text!r}"
+            "a candidate is TILExWARPS or FORWARD/KEYS/QUERIES (each BMxBNwWARPS[sSTAGES]), then "
+            f"[+one][+lut][+unmasked] or [+auto][+lut] (e.g. 64x8, 64x4+one, "
+            f"128x64w8/32x128w4/128x32w4+auto), got {text!r}"
         )
     try:
-        with launch_config(int(tile), int(warps)):  # its checks of both
+        launch = dict(tile=int(tile), num_warps=int(warps)) if square else {}
+        if not square:
+            launch = parse_launches(shape)._asdict()
+        with launch_config(**launch):  # its checks
             pass
     except ValueError as e:
         raise argparse.ArgumentTypeError(f"{text}: {e}") from None
-    return int(tile), int(warps), {key: name in options for name, key in OPTIONS.items()}
+    flags = {key: name in options for name, key in OPTIONS.items()}
+    if auto:
+        flags |= {"one_row": None, "unmasked": None}
+    return shape, launch | flags
 
 
 def _peak_mib(fn, setup: bench.Setup) -> float | None:
@@ -61,26 +85,27 @@ def _peak_mib(fn, setup: bench.Setup) -> float | None:
     return bench.cuda_peak_bytes(fn, setup) / 2**20
 
 
-def measure(
-    args: argparse.Namespace, scheme: str, n: int, tile: int, warps: int, options: dict[str, bool]
-) -> dict:
+def measure(args: argparse.Namespace, scheme: str, n: int, launch: str, config: dict) -> dict:
     dtype = torch.bfloat16 if args.device == "cuda" else torch.float32
     shape = dict(causal=True, heads=args.heads, head_dim=args.head_dim, device=args.device)
     batch = max(args.tokens // n, 1)
     setup = bench.make_setup(scheme, n, batch, dtype=dtype, grad=True, **shape)
     base = bench.make_setup("none", n, batch, dtype=dtype, grad=True, **shape)
     run = bench.backend_call("fused")
-    row = {"scheme": scheme, "length": n, "batch": batch, "tile": tile, "warps": warps}
-    row |= options
+    row = {"scheme": scheme, "length": n, "batch": batch, "launch": launch}
+    row |= {key: config[key] for key in OPTIONS.values()}
+    paired = dict(repeats=args.repeats, warmup=args.warmup, device=args.device)
     try:
-        with launch_config(tile=tile, num_warps=warps, **options):
+        with launch_config(**config):
             start = time.perf_counter()
             bench.measure_time(run, setup, backward=True, repeats=1, warmup=0, device=args.device)
             row["first_s"] = time.perf_counter() - start
             times, base_times = bench.measure_paired(
-                run, setup, bench.sdpa_plain, base, backward=True, repeats=args.repeats,
-                warmup=args.warmup, device=args.device,
-            )  # fmt: skip
+                run, setup, bench.sdpa_plain, base, backward=True, **paired
+            )
+            fwd, base_fwd = bench.measure_paired(
+                run, setup, bench.sdpa_plain, base, backward=False, **paired
+            )
             row["peak_mib"] = _peak_mib(run, setup)
     except Exception as e:  # a candidate the GPU cannot launch: reported, the others go on
         row["error"] = f"{type(e).__name__}: {' '.join(str(e).split())[:300]}"
@@ -88,25 +113,31 @@ def measure(
     row["ms"] = statistics.median(times) * 1e3
     row["sdpa_ms"] = statistics.median(base_times) * 1e3
     row["ratio"] = bench.paired_ratio(times, base_times)
+    row["forward_ms"] = statistics.median(fwd) * 1e3
+    row["forward_ratio"] = bench.paired_ratio(fwd, base_fwd)
     row["sdpa_peak_mib"] = _peak_mib(bench.sdpa_plain, base)
     return row
 
 
 def render(rows: list[dict], header: str) -> str:
-    lines = [header, "", "| scheme | L | B | tile × warps | first call s | fwd+bwd ms | × SDPA "
-             "| peak MiB (SDPA) |", "|---|---:|---:|---|---:|---:|---:|---:|"]  # fmt: skip
+    lines = [header, "", "| scheme | L | B | launch | first call s | fwd+bwd ms | × SDPA "
+             "| fwd ms | × SDPA fwd | peak MiB (SDPA) |",
+             "|---|---:|---:|---|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
     for r in rows:
-        config = f"{r['tile']}×{r['warps']}" + "".join(
-            f" {key.replace('_', '-')}" for key in OPTIONS.values() if r.get(key)
+        config = (
+            r["launch"]
+            + "".join(f" {key.replace('_', '-')}" for key in OPTIONS.values() if r.get(key))
+            + (" auto" if r.get("one_row") is None else "")
         )
         if "error" in r:
             lines.append(f"| {r['scheme']} | {r['length']} | {r['batch']} | {config} | "
-                         f"{r['error']} | | | |")  # fmt: skip
+                         f"{r['error']} | | | | | |")  # fmt: skip
             continue
         peak = "" if r["peak_mib"] is None else f"{r['peak_mib']:.0f} ({r['sdpa_peak_mib']:.0f})"
         lines.append(
             f"| {r['scheme']} | {r['length']} | {r['batch']} | {config} | {r['first_s']:.1f} | "
-            f"{r['ms']:.2f} | {r['ratio']:.2f} | {peak} |"
+            f"{r['ms']:.2f} | {r['ratio']:.2f} | {r['forward_ms']:.2f} | "
+            f"{r['forward_ratio']:.2f} | {peak} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -122,7 +153,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lengths", type=bench.positive_ints, default=[4096])
     parser.add_argument("--tokens", type=int, default=16384, help="B·L of every configuration")
     parser.add_argument("--schemes", default="alibi,t5,shaw,music")
-    parser.add_argument("--configs", default=DEFAULT_CONFIGS, help="TILExWARPS candidates")
+    parser.add_argument(
+        "--configs", default=DEFAULT_CONFIGS,
+        help="candidates, TILExWARPS or FORWARD/KEYS/QUERIES, each BMxBNwWARPS[sSTAGES]",
+    )  # fmt: skip
     parser.add_argument("--heads", type=int, default=8)
     parser.add_argument("--head-dim", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=10)
@@ -150,13 +184,15 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for scheme in schemes:
         for n in args.lengths:
-            for tile, warps, options in configs:
-                rows.append(measure(args, scheme, n, tile, warps, options))
+            for launch, config in configs:
+                rows.append(measure(args, scheme, n, launch, config))
                 r = rows[-1]
-                shown = r.get("error") or f"{r['ms']:.2f} ms, {r['ratio']:.2f}× SDPA"
-                name = f"{tile}x{warps}" + "".join(
-                    f"+{flag}" for flag, key in OPTIONS.items() if options[key]
+                shown = r.get("error") or (
+                    f"{r['ms']:.2f} ms, {r['ratio']:.2f}× SDPA; forward "
+                    f"{r['forward_ratio']:.2f}× SDPA's"
                 )
+                name = launch + "".join(f"+{flag}" for flag, key in OPTIONS.items() if config[key])
+                name += "+auto" if config["one_row"] is None else ""
                 print(f"{scheme} L={n} {name}: {shown}", flush=True)
                 # after every row: a run stopped by a time limit keeps what it measured
                 _write(args.out / "tiles.json", json.dumps(rows, indent=1))

@@ -16,7 +16,7 @@
 # with nothing else on the GPU: benchmarks/fused_tiles.py (the fused kernel's TILE_CONFIGS against
 # flash SDPA at L=4096), then `relpos bench --device cuda` of BENCH_IMPLS.
 # Budgets (seconds): TEST_S (0: no tests, no cold compiles), TRAIN_S, TILES_S (0: no tiles),
-# BENCH_S. LAYOUT: the bench's positions (plain, padded, packed); MASK: causal, bidirectional or both. DATA: the JSB JSON where the config's
+# BENCH_S (0: no bench). LAYOUT: the bench's positions (plain, padded, packed); MASK: causal, bidirectional or both. DATA: the JSB JSON where the config's
 # ../shared path does not exist (a GPU machine gets only the checkout: carry a copy in it).
 set -u
 OUT=${1:?usage: benchmarks/gpu_check.sh OUT}
@@ -26,7 +26,7 @@ PY=${PYTHON:-python3}
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 # Within the device tool's 600 s a command: phase 1 takes max(TEST_S, TRAIN_S + eval).
 TEST_S=${TEST_S:-240} TRAIN_S=${TRAIN_S:-210} TILES_S=${TILES_S:-90} BENCH_S=${BENCH_S:-230}
-TILE_CONFIGS=${TILE_CONFIGS:-64x4,64x4+one,64x4+unmasked,64x4+lut,64x8,32x4}  # benchmarks/fused_tiles.py candidates
+TILE_CONFIGS=${TILE_CONFIGS:-}  # benchmarks/fused_tiles.py --configs (empty: its default candidates)
 WORKERS=${WORKERS:-8}  # 0: no pytest-xdist
 LENGTHS=${LENGTHS:-1024,4096,16384}  # ascending: each L estimates the next one's time
 TOKENS=${TOKENS:-16384}
@@ -68,7 +68,7 @@ cold() {  # cold IMPL SCHEMES: one bench process per scheme and mask
 cold flex "$FLEX_SCHEMES"
 cold fused "$FUSED_SCHEMES"
 timeout "$TEST_S" $PY benchmarks/fused_tiles.py --out "$WORK/tiles-cold" --lengths 4096 \
-  --tokens "$TOKENS" --configs "$TILE_CONFIGS" --repeats 1 --warmup 0 > "$WORK/cold-tiles.log" 2>&1 &
+  --tokens "$TOKENS" ${TILE_CONFIGS:+--configs "$TILE_CONFIGS"} --repeats 1 --warmup 0 > "$WORK/cold-tiles.log" 2>&1 &
 
 XDIST=(); [ "$WORKERS" -gt 0 ] && XDIST=(-n "$WORKERS")
 # The fused kernel's own suite (compiled on the GPU: no TRITON_INTERPRET, every case: -m slow
@@ -94,12 +94,14 @@ cat "$WORK"/cold-*.log > "$OUT/cold.log" 2>/dev/null
 # ---- phase 2: the fused kernel's tiles and warps, then the bench, alone on the GPU
 unset OMP_NUM_THREADS TORCHINDUCTOR_COMPILE_THREADS
 [ "$TILES_S" -gt 0 ] && timeout "$TILES_S" $PY benchmarks/fused_tiles.py --out "$WORK/tiles" \
-  --lengths 4096 --tokens "$TOKENS" --configs "$TILE_CONFIGS" 2>&1 | tee "$OUT/tiles.log"
+  --lengths 4096 --tokens "$TOKENS" ${TILE_CONFIGS:+--configs "$TILE_CONFIGS"} 2>&1 | tee "$OUT/tiles.log"
+if [ "$BENCH_S" -gt 0 ]; then
 timeout "$BENCH_S" $PY -m relpos.cli.bench --device "$DEVICE" --dtype bfloat16 \
   --lengths "$LENGTHS" --tokens "$TOKENS" --mask "$MASK" --layout "$LAYOUT" --schemes "$BENCH_SCHEMES" \
   --impls "$BENCH_IMPLS" --repeats 10 --warmup 3 --max-config-seconds 10 \
   --out "$WORK/bench" 2>&1 | tee "$OUT/bench.log"
 echo "bench: exit ${PIPESTATUS[0]}"
+fi
 
 # ---- everything but checkpoints in one archive, beside the logs
 tar --exclude='*.pt' -czf "$OUT/results.tgz" -C "$WORK" . 2>/dev/null

@@ -26,9 +26,15 @@ import triton
 from relpos.kernels import interpreted
 from relpos.kernels.aot import VARIANTS, KernelReport, main, over_budget, variant_launches
 from relpos.kernels.relative_attention import (
+    LAUNCH_CANDIDATES,
     SHARED_BUDGET,
+    KernelTiles,
+    Tiles,
     launch_config,
+    parse_launches,
     recorded_launches,
+    relative_flash_attention,
+    shared_budget,
     tile_size,
     warp_count,
 )
@@ -65,6 +71,10 @@ HEAVIEST = "shaw-values-dropout,music"
         pytest.param("90", "64", "bfloat16", UNTIMED, None, marks=pytest.mark.slow),
         pytest.param("80,90", "32", "float32", (), None, marks=pytest.mark.slow),
         pytest.param("80", "64,32", "float16", (), None, marks=pytest.mark.slow),
+        # Past head dim 64 an H100 takes 32×32 tiles (tile_size), within a budget grown with it.
+        ("90", "32", "bfloat16", ("--head-dim", "256"), HEAVIEST.split(",")[1]),
+        pytest.param("90", "32", "bfloat16", ("--head-dim", "128"), None, marks=pytest.mark.slow),
+        pytest.param("90", "32", "bfloat16", ("--head-dim", "256"), None, marks=pytest.mark.slow),
     ],
 )
 def test_every_launch_compiles_within_its_budget(tmp_path, arches, tiles, dtypes, extra, variants):
@@ -79,16 +89,41 @@ def test_every_launch_compiles_within_its_budget(tmp_path, arches, tiles, dtypes
     assert {r["kernel"] for r in rows} == set(KERNELS)
     for r in rows:
         kind = "float32" if r["dtype"] == "float32" else "half"
-        assert 0 < r["shared"] <= SHARED_BUDGET[(r["tile"], kind)], r
+        assert 0 < r["shared"] <= shared_budget(r["tile"], kind, r["head_dim"]), r
         assert r["warps"] == warp_count(getattr(torch, r["dtype"])), r
         if r["dtype"] == "float32" and r["spilled"] is not None:
             # At 4 warps the keys' backward kernel spilled 4.8-5.9 KB per thread (warp_count).
             assert r["spilled"] < 4096, r
 
 
+#: The most shared memory an H100 grants a block (``shared_memory_per_block_optin``).
+H100_SHARED = 227 * 1024
+
+
+@pytest.mark.skipif(not PTXAS.exists(), reason="Triton without its NVIDIA backend")
+@pytest.mark.parametrize(
+    "variants",
+    ["shaw-values", pytest.param(",".join(VARIANTS), id="every-variant", marks=pytest.mark.slow)],
+)
+def test_the_launch_candidates_compile_for_an_h100(tmp_path, variants):
+    """Every per-kernel launch a GPU session is to time (:data:`LAUNCH_CANDIDATES`) compiles
+    for sm_90 and fits an H100's shared memory, so none of its minutes goes to a launch that
+    cannot run (by default Shaw's keys and values: the most shared memory of the variants)."""
+    launches = ",".join(LAUNCH_CANDIDATES)
+    rows = _compile(tmp_path, "--arch", "90", "--launches", launches, "--variants", variants)
+    assert len(rows) == len(variants.split(",")) * len(LAUNCH_CANDIDATES) * len(KERNELS)
+    sides = {(r["kernel"], r["bm"], r["bn"], r["warps"], r["stages"]) for r in rows}
+    for text in LAUNCH_CANDIDATES:
+        for kernel, tiles in zip(KERNELS, parse_launches(text), strict=True):
+            assert (kernel, *tiles) in sides
+    assert all(0 < r["shared"] <= H100_SHARED for r in rows), rows
+
+
 @pytest.mark.parametrize(
     ("flags", "message"),
     [
+        (["--launches", "64x64w4"], "--launches: launches are FORWARD/KEYS/QUERIES"),
+        (["--head-dim", "0"], "--head-dim must be positive, got 0"),
         (["--arch", "sm_90"], "--arch: 'sm_90' is not a whole number"),
         (["--tile", "48"], "--tile: 48 has no shared-memory budget"),
         (["--dtype", "float64"], "--dtype: 'float64' is none of"),
@@ -147,6 +182,59 @@ def test_launch_config_and_recording_refuse_bad_use():
     with pytest.raises(ValueError, match="num_warps must be 1, 2, 4, 8 or 16, got 3"):
         with launch_config(num_warps=3):
             pass
+    with pytest.raises(ValueError, match="keys: tiles must be 16, 32, 64 or 128 a side, got 64x8"):
+        with launch_config(keys=(64, 8, 4)):
+            pass
+    with pytest.raises(ValueError, match="queries: stages must be 1 to 8 or None, got 0"):
+        with launch_config(queries=Tiles(64, 64, 4, 0)):
+            pass
+
+
+def test_each_kernel_launches_as_configured():
+    """``launch_config``'s per-kernel launches reach each kernel whole (tiles, warps, stages);
+    a kernel not named keeps the square ``tile`` and ``num_warps``."""
+    launches = parse_launches("128x64w8s3/32x128w4/64x64w4")
+    assert launches == KernelTiles(Tiles(128, 64, 8, 3), Tiles(32, 128, 4), Tiles(64, 64, 4))
+    got = variant_launches("music-positions", torch.bfloat16, 64, launches=launches)
+    assert [(g.constexprs["BM"], g.constexprs["BN"], g.options) for g in got] == [
+        (128, 64, {"num_warps": 8, "enable_fp_fusion": True, "num_stages": 3}),
+        (32, 128, {"num_warps": 4, "enable_fp_fusion": True}),
+        (64, 64, {"num_warps": 4, "enable_fp_fusion": True}),
+    ]
+    # General positions: each kernel's block ranges are cut for its own tiles.
+    ranges = [launch.args[-2] for launch in got]
+    assert [tuple(r.shape) for r in ranges] == [(2, 2, 2), (2, 2, 2), (2, 4, 2)]
+    with launch_config(tile=32, num_warps=2, keys=(16, 64, 8)), recorded_launches() as runs:
+        _attend_once()
+    assert [(r.constexprs["BM"], r.constexprs["BN"], r.options["num_warps"]) for r in runs] == [
+        (32, 32, 2), (16, 64, 8), (32, 32, 2)
+    ]  # fmt: skip
+
+
+def _attend_once() -> None:
+    """One forward and backward pass of ALiBi through the kernels on ``meta`` tensors (to be
+    recorded: nothing runs)."""
+    q, k, v = (torch.empty(1, 2, 64, 16, device="meta", requires_grad=True) for _ in range(3))
+    pos = torch.empty(1, 64, dtype=torch.int32, device="meta")
+    lut = torch.empty(1, dtype=torch.int32, device="meta")
+    slopes = torch.empty(2, device="meta")
+    out, _ = relative_flash_attention(
+        q, k, v, None, lut, 0, pos, pos, pos, pos, rows=1, causal=True, plain=True, slopes=slopes
+    )
+    out.sum().backward()
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("64x4", "launches are FORWARD/KEYS/QUERIES"),
+        ("64x64w4/64x64w4", "launches are FORWARD/KEYS/QUERIES"),
+        ("64x64w4/64x48w4/64x64w4", "keys: tiles must be 16, 32, 64 or 128 a side, got 64x48"),
+    ],
+)
+def test_launches_are_parsed_or_refused(text, message):
+    with pytest.raises(ValueError, match=message):
+        parse_launches(text)
 
 
 def test_tile_size_fits_the_device():
@@ -158,6 +246,11 @@ def test_tile_size_fits_the_device():
     assert SHARED_BUDGET[(64, "half")] <= 160 * 1024  # an A100 (164 KiB) takes the large tiles
     # Past head dim 64 the need grows (273 KiB at d=256 on sm_90): an H100 takes 32×32 tiles.
     assert tile_size(torch.bfloat16, big, 48) == tile_size(torch.bfloat16, big, 64) == 64
+    assert shared_budget(32, "half", 128) == 2 * shared_budget(32, "half") == 2 * 48 * 1024
+    # Where even 32×32 would not fit (about 100 KiB at d=256: up to 101 KiB there), 16×16.
+    assert tile_size(torch.bfloat16, small, 128) == 32
+    assert tile_size(torch.bfloat16, small, 256) == tile_size(torch.float32, big, 256) == 16
+    assert shared_budget(16, "half") is None
     assert tile_size(torch.bfloat16, big, 128) == tile_size(torch.bfloat16, big, 256) == 32
     assert tile_size(torch.bfloat16, 512 * 1024, 256) == 64
     assert max(SHARED_BUDGET[(32, kind)] for kind in ("half", "float32")) <= 99 * 1024

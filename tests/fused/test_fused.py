@@ -330,15 +330,33 @@ def test_positions_past_int32(spec):
     [({"name": "music", "max_distance": 129}, 0.0), ({"name": "shaw", "max_distance": 5}, 0.3)],
     ids=["music-wide", "shaw-values-dropout"],
 )
-@pytest.mark.parametrize("tile", [pytest.param(16, marks=pytest.mark.slow), 64])
+@pytest.mark.parametrize(
+    "config",
+    [
+        pytest.param(dict(tile=16, num_warps=8), id="16", marks=pytest.mark.slow),
+        pytest.param(dict(tile=64, num_warps=8), id="64"),
+        # Tiles of every shape, each kernel its own, and the unchecked loop's whole tiles over
+        # them (causal: the key tiles before a query block's first query, cut to whole key
+        # tiles where the two sides differ).
+        pytest.param(
+            dict(forward=(64, 16, 4, 2), keys=(16, 64, 4), queries=(32, 64, 8, 1), unmasked=True),
+            id="long-queries",
+        ),
+        pytest.param(
+            dict(forward=(16, 64, 4), keys=(64, 32, 4, 2), queries=(64, 16, 4), unmasked=True),
+            id="long-keys",
+        ),
+    ],
+)
 @pytest.mark.parametrize("layout", ["plain", "packed"])
 @pytest.mark.matrix
-def test_every_tile_size_gives_the_same_numbers(tile, layout, spec, p_drop):
+def test_every_tile_size_gives_the_same_numbers(config, layout, spec, p_drop):
     """The tiles (``launch_config``) change only how the work is cut: the block ranges, the
     causal skip and the row sums (the Music Transformer's stored or atomic ones; Shaw's registers
-    with its value term) agree with the default tiles to float32 rounding, outputs and gradients.
-    The backward pass runs with the forward's tiles, wherever it is called. Dropout's mask is
-    drawn per pair, not per tile: the same under any tiles."""
+    with its value term) agree with the default tiles to float32 rounding, outputs and gradients,
+    square or not, each kernel with its own. The backward pass runs with the launches the forward
+    took, wherever it is called. Dropout's mask is drawn per pair, not per tile: the same under
+    any tiles."""
     scheme, q, k, v, qp, kp = _case(spec, layout, True, 4, n=150)
     grad_out = torch.randn(*q.shape, device=DEVICE)
 
@@ -351,7 +369,7 @@ def test_every_tile_size_gives_the_same_numbers(tile, layout, spec, p_drop):
 
     out = attend()
     want = (out, *_grads(out, scheme, q, k, v, grad_out))
-    with launch_config(tile=tile, num_warps=8):
+    with launch_config(**config):
         out = attend()
     got = (out, *_grads(out, scheme, q, k, v, grad_out))  # the backward keeps its tiles
     for t, (g, w) in enumerate(zip(got, want, strict=True)):

@@ -29,32 +29,43 @@ def _script():
 
 def test_every_candidate_is_timed_against_sdpa(tmp_path):
     argv = ["--out", str(tmp_path), "--lengths", "40", "--tokens", "80", "--schemes", "t5,shaw"]
-    argv += ["--configs", "32x4,16x2+one+lut", "--heads", "2", "--head-dim", "16"]
+    argv += ["--configs", "32x4,16x2+one+lut,32x16w2/16x32w4s2/16x16w4+unmasked,16x4+auto"]
+    argv += ["--heads", "2", "--head-dim", "16"]
     argv += ["--repeats", "1"]
     argv += ["--warmup", "0"]
     assert _script().main(argv) == 0
     rows = json.loads((tmp_path / "tiles.json").read_text())
-    got = [(r["scheme"], r["tile"], r["warps"], r["one_row"], r["lut_only"]) for r in rows]
-    assert not any(r["unmasked"] for r in rows)
+    got = [(r["scheme"], r["launch"], r["one_row"], r["lut_only"], r["unmasked"]) for r in rows]
+    per_kernel = "32x16w2/16x32w4s2/16x16w4"
     assert got == [
-        ("t5", 32, 4, False, False),
-        ("t5", 16, 2, True, True),
-        ("shaw", 32, 4, False, False),
-        ("shaw", 16, 2, True, True),
+        ("t5", "32x4", False, False, False),
+        ("t5", "16x2", True, True, False),
+        ("t5", per_kernel, False, False, True),
+        ("t5", "16x4", None, False, None),
+        ("shaw", "32x4", False, False, False),
+        ("shaw", "16x2", True, True, False),
+        ("shaw", per_kernel, False, False, True),
+        ("shaw", "16x4", None, False, None),
     ]
     assert {r["batch"] for r in rows} == {2}
-    assert all("error" not in r and r["ratio"] > 0 and r["ms"] > 0 for r in rows)
+    assert all("error" not in r for r in rows), rows
+    assert all(r[key] > 0 for r in rows for key in ("ratio", "ms", "forward_ratio", "forward_ms"))
     table = (tmp_path / "tiles.md").read_text()
     assert "benchmarks/fused_tiles.py --out" in table
-    assert "| shaw | 40 | 2 | 16×2 one-row lut-only |" in table
+    assert "| shaw | 40 | 2 | 16x2 one-row lut-only |" in table
+    assert f"| t5 | 40 | 2 | {per_kernel} unmasked |" in table
+    assert "| t5 | 40 | 2 | 16x4 auto |" in table
 
 
 @pytest.mark.parametrize(
     ("flags", "message"),
     [
         (["--configs", "48x4"], "tile must be 16, 32, 64 or 128"),
-        (["--configs", "64"], "TILExWARPS"),
-        (["--configs", "64x4+two"], "TILExWARPS[+one][+lut][+unmasked]"),
+        (["--configs", "64"], "TILExWARPS or FORWARD/KEYS/QUERIES"),
+        (["--configs", "64x4+two"], "[+one][+lut][+unmasked]"),
+        (["--configs", "64x4+auto+one"], "or [+auto][+lut]"),
+        (["--configs", "64x64w4/64x64w4"], "launches are FORWARD/KEYS/QUERIES"),
+        (["--configs", "64x64w4/64x64w3/64x64w4"], "keys: warps must be 1, 2, 4, 8 or 16"),
         (["--schemes", "kerple"], "does not run kerple"),
         (["--schemes", "bogus"], "unknown scheme"),
     ],

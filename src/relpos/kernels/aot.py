@@ -9,7 +9,11 @@ on ``meta`` tensors by :func:`~.relative_attention.recorded_launches`.
 .. code-block:: text
 
     python -m relpos.kernels.aot --arch 80,90 --tile 64 --dtype bfloat16 [--warps 4,8]
-        [--[no-]one-row] [--lut-only] [--[no-]unmasked] [--check] [--json F]
+        [--launches FORWARD/KEYS/QUERIES,...] [--head-dim 64] [--[no-]one-row] [--lut-only]
+        [--[no-]unmasked] [--check] [--json F]
+
+``--launches`` replaces ``--tile`` and ``--warps`` with each kernel's own tiles, warps and
+pipeline stages (:func:`~.relative_attention.parse_launches`: ``128x64w8s3/32x128w4/128x32w8``).
 
 ``--check`` exits 1 when a kernel needs more shared memory than
 :data:`~.relative_attention.SHARED_BUDGET` allows its tile and dtype
@@ -38,10 +42,13 @@ from ..atomic import atomic_path
 from . import interpreted
 from .relative_attention import (
     SHARED_BUDGET,
+    KernelTiles,
     Launch,
     launch_config,
+    parse_launches,
     recorded_launches,
     relative_flash_attention,
+    shared_budget,
 )
 
 __all__ = [
@@ -82,18 +89,25 @@ class KernelReport(NamedTuple):
 
     variant: str
     dtype: str
-    tile: int
+    tile: int  # the longer side of the tile
     warps: int
     arch: int
     kernel: str
     shared: int  # bytes of shared memory per block
     registers: int | None  # per thread (None: Triton ships no cuobjdump)
     spilled: int | None  # bytes of local memory per thread
+    bm: int = 0  # the tile's queries and keys (0: square, ``tile``)
+    bn: int = 0
+    stages: int | None = None  # Triton's num_stages (None: its default)
+    head_dim: int = 64
 
     @property
     def budget(self) -> int | None:
-        """The shared memory its tile and dtype may use (None: a pair the kernels never run)."""
-        return SHARED_BUDGET.get((self.tile, "float32" if self.dtype == "float32" else "half"))
+        """The shared memory its tile, dtype and head dim may use (:func:`.shared_budget`: a
+        square tile's, or its longer side's as an upper bound; None: a size the kernels never
+        take by default)."""
+        kind = "float32" if self.dtype == "float32" else "half"
+        return shared_budget(self.tile, kind, self.head_dim)
 
 
 def variant_launches(
@@ -107,12 +121,14 @@ def variant_launches(
     one_row: bool | None = None,
     lut_only: bool = False,
     unmasked: bool | None = None,
+    launches: KernelTiles | None = None,
 ) -> list[Launch]:
     """The launches of one forward and backward pass of ``variant`` (a key of :data:`VARIANTS`)
     with ``dtype`` inputs of head dim ``d`` and ``n`` tokens, ``tile``-square tiles and ``warps``
-    warps (None: the kernels' default for ``dtype``, :func:`~.relative_attention.warp_count`), and
-    ``one_row``, ``lut_only`` and ``unmasked`` (:func:`~.relative_attention.launch_config`; None:
-    the measured defaults, :func:`~.relative_attention.tile_options`)."""
+    warps (None: the kernels' default for ``dtype``, :func:`~.relative_attention.warp_count`) or
+    each kernel's ``launches``, and ``one_row``, ``lut_only`` and ``unmasked``
+    (:func:`~.relative_attention.launch_config`; None: the measured defaults,
+    :func:`~.relative_attention.tile_options`)."""
     spec = dict(VARIANTS[variant])
     rows, rel = spec.pop("rows"), spec.pop("rel", None)
     b, h = 2, 4
@@ -130,14 +146,15 @@ def variant_launches(
     spec.setdefault("causal", True)
     spec.setdefault("plain", True)
     spec["dropout_p"] = spec.pop("dropout", 0.0)
-    config = launch_config(tile, warps, one_row=one_row, lut_only=lut_only, unmasked=unmasked)
-    with config, recorded_launches() as launches:
+    kernels = launches._asdict() if launches else {}
+    options = dict(one_row=one_row, lut_only=lut_only, unmasked=unmasked, **kernels)
+    with launch_config(tile, warps, **options), recorded_launches() as recorded:
         out, mass = relative_flash_attention(
             q, k, v, table, lut, rows // 2, pos, pos, pos, pos, rows=rows, seed=1,
             slopes=slopes, relk=relk, **spec,
         )  # fmt: skip
         (out.sum() + mass.sum()).backward()
-    return list(launches)
+    return list(recorded)
 
 
 def _signature(launch: Launch) -> tuple[dict, dict, dict]:
@@ -198,18 +215,27 @@ def report(
     one_row: bool | None = None,
     lut_only: bool = False,
     unmasked: bool | None = None,
+    launches: list[KernelTiles] | None = None,
+    head_dim: int = 64,
 ) -> list[KernelReport]:
-    """Every kernel of every variant × dtype × tile × warps × architecture, compiled."""
+    """Every kernel of every variant × dtype × tile × warps (or each of ``launches``) ×
+    architecture, compiled at ``head_dim``."""
     rows = []
-    options = dict(one_row=one_row, lut_only=lut_only, unmasked=unmasked)
-    for variant, dtype, tile, w in itertools.product(variants, dtypes, tiles, warps):
+    options = dict(one_row=one_row, lut_only=lut_only, unmasked=unmasked, d=head_dim)
+    shapes = [(t, w, None) for t, w in itertools.product(tiles, warps)]
+    if launches:
+        shapes = [(64, None, kernels) for kernels in launches]
+    for variant, dtype, (tile, w, kernels) in itertools.product(variants, dtypes, shapes):
         name = str(dtype).removeprefix("torch.")
-        launches = variant_launches(variant, dtype, tile, w, **options)
-        for arch, launch in itertools.product(arches, launches):
+        recorded = variant_launches(variant, dtype, tile, w, launches=kernels, **options)
+        for arch, launch in itertools.product(arches, recorded):
             found = compile_launch(launch, arch)
-            kernel = launch.kernel.__name__
-            count = launch.options["num_warps"]
-            rows.append(KernelReport(variant, name, tile, count, arch, kernel, *found))
+            bm, bn = launch.constexprs["BM"], launch.constexprs["BN"]
+            rows.append(KernelReport(
+                variant, name, max(bm, bn), launch.options["num_warps"], arch,
+                launch.kernel.__name__, *found, bm, bn, launch.options.get("num_stages"),
+                head_dim,
+            ))  # fmt: skip
     return rows
 
 
@@ -230,6 +256,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--warps", default="", help="warps per program, e.g. 4,8 (default: each dtype's own)"
     )
+    parser.add_argument(
+        "--launches", default="",
+        help="each kernel's launch, FORWARD/KEYS/QUERIES with each BMxBNwWARPS[sSTAGES], "
+        "comma-separated (e.g. 128x64w8s3/32x128w4/128x32w8); replaces --tile and --warps",
+    )  # fmt: skip
+    parser.add_argument("--head-dim", type=int, default=64, help="the heads' dimension")
     parser.add_argument("--variants", default=",".join(VARIANTS), help="keys of VARIANTS")
     for flag in ("one-row", "unmasked"):  # neither: the measured defaults (tile_options)
         parser.add_argument(
@@ -256,22 +288,31 @@ def main(argv: list[str] | None = None) -> int:
     for tile in tiles:
         if not any(key[0] == tile for key in SHARED_BUDGET):
             parser.error(f"--tile: {tile} has no shared-memory budget (tiles: 64, 32)")
+    try:
+        launches = [parse_launches(text) for text in _list(args.launches)]
+    except ValueError as e:
+        parser.error(f"--launches: {e}")
+    if args.head_dim < 1:
+        parser.error(f"--head-dim must be positive, got {args.head_dim}")
     if interpreted():
         parser.error("TRITON_INTERPRET is set: the kernels are Python functions, not compilable")
     warps = tuple(int(w) for w in _list(args.warps)) or (None,)
     arches = [int(a) for a in _list(args.arch)]
     rows = report(
         _list(args.variants), dtypes, tiles, arches, warps, one_row=args.one_row,
-        lut_only=args.lut_only, unmasked=args.unmasked,
+        lut_only=args.lut_only, unmasked=args.unmasked, launches=launches,
+        head_dim=args.head_dim,
     )  # fmt: skip
     over = over_budget(rows)
-    print("variant               dtype     tile warps  sm  kernel               shared  regs spill")
+    print("variant               dtype     tile    warps stages  sm  kernel               shared "
+          " regs spill")  # fmt: skip
     for r in rows:
         mark = f"  over the budget of {r.budget} B" if r in over else ""
         regs, spilled = ("-" if x is None else x for x in (r.registers, r.spilled))
+        stages = "-" if r.stages is None else r.stages
         print(
-            f"{r.variant:21s} {r.dtype:9s} {r.tile:4d} {r.warps:5d} {r.arch:3d}  {r.kernel:20s} "
-            f"{r.shared:7d} {regs:>5} {spilled:>5}{mark}"
+            f"{r.variant:21s} {r.dtype:9s} {f'{r.bm}x{r.bn}':7s} {r.warps:5d} {stages:>6} "
+            f"{r.arch:3d}  {r.kernel:20s} {r.shared:7d} {regs:>5} {spilled:>5}{mark}"
         )
     if args.json:
         with atomic_path(args.json) as tmp:

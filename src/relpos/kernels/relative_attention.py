@@ -70,6 +70,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import re
 from collections.abc import Iterator
 from typing import NamedTuple
 
@@ -83,15 +84,20 @@ from . import interpreted
 
 __all__ = [
     "INTERPRETED",
+    "LAUNCH_CANDIDATES",
     "MAX_LOOP_ROWS",
     "SHARED_BUDGET",
+    "KernelTiles",
     "Launch",
+    "Tiles",
     "block_ranges",
     "dropout_keep",
     "launch_config",
     "lut_with_runs",
+    "parse_launches",
     "recorded_launches",
     "relative_flash_attention",
+    "shared_budget",
     "tile_options",
     "tile_size",
     "warp_count",
@@ -127,13 +133,25 @@ def tile_size(dtype: torch.dtype, shared: int | None, head_dim: int = 64) -> int
     to grow in proportion to the padded head dim, an upper bound (T5's, the Music Transformer's
     and ALiBi's kernels compiled for sm_90 in bf16 at 64×64: at most 145 KiB at d=128 and 273
     KiB at d=256, against 240 and 480 so reckoned), so that an H100 (227 KiB) takes 32×32 tiles
-    at d=128 and 256 rather than a launch it would refuse.
+    at d=128 and 256 rather than a launch it would refuse; and 16×16 where even 32×32 would not
+    fit so reckoned (a GPU of about 100 KiB at d=256, whose 32×32 kernels ask for up to 101 KiB
+    in bf16: ``aot --tile 32 --head-dim 256``).
     """
     if shared is None:
         return _INTERPRETED_BLOCK
-    half = dtype in (torch.bfloat16, torch.float16)
+    kind = "half" if dtype in (torch.bfloat16, torch.float16) else "float32"
+    if kind == "half" and shared >= shared_budget(64, kind, head_dim):
+        return 64
+    return 32 if shared >= shared_budget(32, kind, head_dim) else 16
+
+
+def shared_budget(tile: int, kind: str, head_dim: int = 64) -> int | None:
+    """:data:`SHARED_BUDGET` of a ``tile``-square tile in ``kind`` (``"half"``, ``"float32"``)
+    at ``head_dim``: taken to grow in proportion to the padded head dim past 64
+    (:func:`tile_size`); None for a pair the kernels never take by default."""
+    budget = SHARED_BUDGET.get((tile, kind))
     scale = max(1, triton.next_power_of_2(max(head_dim, 1)) // 64)
-    return 64 if half and shared >= SHARED_BUDGET[(64, "half")] * scale else 32
+    return None if budget is None else budget * scale
 
 
 def warp_count(dtype: torch.dtype) -> int:
@@ -148,6 +166,79 @@ def warp_count(dtype: torch.dtype) -> int:
     return 8 if dtype == torch.float32 else 4
 
 
+class Tiles(NamedTuple):
+    """One kernel's launch: tiles of ``bm`` queries by ``bn`` keys, ``warps`` warps per program
+    and ``stages`` stages of Triton's software pipeline (``num_stages``; None: Triton's default,
+    3 on an H100)."""
+
+    bm: int
+    bn: int
+    warps: int
+    stages: int | None = None
+
+    def checked(self, name: str) -> Tiles:
+        """This launch, or a ``ValueError`` naming ``name`` and what it allows."""
+        if self.bm not in _TILE_SIDES or self.bn not in _TILE_SIDES:
+            sides = f"{self.bm}x{self.bn}"
+            raise ValueError(f"{name}: tiles must be 16, 32, 64 or 128 a side, got {sides}")
+        if self.warps not in _WARPS:
+            raise ValueError(f"{name}: warps must be 1, 2, 4, 8 or 16, got {self.warps}")
+        if self.stages is not None and not 1 <= self.stages <= 8:
+            raise ValueError(f"{name}: stages must be 1 to 8 or None, got {self.stages}")
+        return self
+
+
+class KernelTiles(NamedTuple):
+    """The launches of one call's three kernels: the forward pass (a program per ``bm`` queries),
+    the keys' backward (``d k``, ``d v``, ``d relk``: a program per ``bn`` keys, stepping over
+    ``bm`` queries) and the queries' backward (``d q``, ``d rel``, the slopes: a program per
+    ``bm`` queries)."""
+
+    forward: Tiles
+    keys: Tiles
+    queries: Tiles
+
+
+_TILE_SIDES = (16, 32, 64, 128)
+_WARPS = (1, 2, 4, 8, 16)
+
+
+#: Per-kernel launches for a GPU session to time against the square default (``FORWARD/KEYS/
+#: QUERIES``, :func:`parse_launches`; ``benchmarks/fused_tiles.py`` takes them by default): the
+#: backward kernels' tiles halved (or quartered) on the side they step over, and the forward's
+#: queries doubled at 8 warps or its keys halved, which compile for sm_90 with no spilled register
+#: where the 64×64 kernels spill (Triton 3.6: ``benchmarks/results/2026-11-28-aot-launches``).
+#: Not yet timed.
+LAUNCH_CANDIDATES = (
+    "64x64w4/32x64w4/64x32w4",
+    "128x64w8/32x64w4/64x32w4",
+    "128x64w8/32x128w8/128x32w8",
+    "64x32w4/16x64w4/64x16w4",
+)
+
+
+def parse_launches(text: str) -> KernelTiles:
+    """The three kernels' launches from ``FORWARD/KEYS/QUERIES``, each ``BMxBNwWARPS[sSTAGES]``
+    (e.g. ``128x64w8s3/32x128w4/128x32w8``: :class:`KernelTiles`, for :func:`launch_config`), as
+    ``benchmarks/fused_tiles.py`` and ``python -m relpos.kernels.aot`` take them.
+
+    Raises:
+        ValueError: text of another form, or a launch the kernels do not take (named).
+    """
+    parts = text.split("/")
+    form = re.compile(r"(\d+)x(\d+)w(\d+)(?:s(\d+))?")
+    found = [form.fullmatch(part) for part in parts]
+    if len(parts) != 3 or not all(found):
+        raise ValueError(
+            "launches are FORWARD/KEYS/QUERIES, each BMxBNwWARPS[sSTAGES] "
+            f"(e.g. 128x64w8s3/32x128w4/128x32w8), got {text!r}"
+        )
+    return KernelTiles(*(
+        Tiles(*(int(g) if g else None for g in m.groups())).checked(name)
+        for name, m in zip(KernelTiles._fields, found, strict=True)
+    ))  # fmt: skip
+
+
 class Launch(NamedTuple):
     """One kernel launch as :func:`recorded_launches` keeps it."""
 
@@ -158,8 +249,9 @@ class Launch(NamedTuple):
 
 
 _recording: list[Launch] | None = None
-_config: dict[str, int | bool | None] = {
-    "tile": None, "num_warps": None, "one_row": None, "lut_only": False, "unmasked": None
+_config: dict = {
+    "tile": None, "num_warps": None, "one_row": None, "lut_only": False, "unmasked": None,
+    "forward": None, "keys": None, "queries": None,
 }  # fmt: skip
 
 
@@ -168,12 +260,17 @@ def launch_config(
     tile: int | None = None,
     num_warps: int | None = None,
     *,
+    forward: Tiles | tuple | None = None,
+    keys: Tiles | tuple | None = None,
+    queries: Tiles | tuple | None = None,
     one_row: bool | None = None,
     lut_only: bool = False,
     unmasked: bool | None = None,
 ) -> Iterator[None]:
     """Within it the kernels use ``tile``-square tiles and ``num_warps`` warps whatever the
-    device (None keeps the default: :func:`tile_size`, :func:`warp_count`); with ``one_row``
+    device (None keeps the default: :func:`tile_size`, :func:`warp_count`), and ``forward``,
+    ``keys``, ``queries`` (:class:`Tiles`, or a tuple of its fields) set one kernel's launch
+    whole, tiles need not be square (:class:`KernelTiles`); with ``one_row``
     they read a tile whose distances share one relative row once (:func:`_one_row`), with
     ``unmasked`` they run the tiles every pair of which may attend (plain positions) in a loop
     of their own that checks nothing per pair (:func:`_pairs`), and with ``lut_only`` they read
@@ -182,14 +279,17 @@ def launch_config(
     benchmarks and :mod:`relpos.kernels.aot` to compare them. ``one_row`` and ``unmasked`` left
     None take the measured defaults (:func:`tile_options`); ``one_row`` never applies to a call
     with a value term. Not thread-safe."""
-    if tile is not None and tile not in (16, 32, 64, 128):
+    if tile is not None and tile not in _TILE_SIDES:
         raise ValueError(f"tile must be 16, 32, 64 or 128, got {tile}")
-    if num_warps is not None and num_warps not in (1, 2, 4, 8, 16):
+    if num_warps is not None and num_warps not in _WARPS:
         raise ValueError(f"num_warps must be 1, 2, 4, 8 or 16, got {num_warps}")
+    kernels = {"forward": forward, "keys": keys, "queries": queries}
+    kernels = {k: None if t is None else Tiles(*t).checked(k) for k, t in kernels.items()}
     before = dict(_config)
     _config.update(
         tile=tile, num_warps=num_warps, one_row=one_row if one_row is None else bool(one_row),
         lut_only=bool(lut_only), unmasked=unmasked if unmasked is None else bool(unmasked),
+        **kernels,
     )  # fmt: skip
     try:
         yield
@@ -228,9 +328,13 @@ def recorded_launches() -> Iterator[list[Launch]]:
         _recording = None
 
 
-def _launch(kernel, grid: tuple, *args, num_warps: int, **constexprs) -> None:
+def _launch(kernel, grid: tuple, *args, tiles: Tiles, **constexprs) -> None:
+    """Launch ``kernel`` (or record it) with ``tiles``' tile shape, warps and stages."""
     # FMA contraction stated, not left to Triton's default (3.9 warns that 3.10 will turn it off).
-    options = {"num_warps": num_warps, "enable_fp_fusion": True}
+    options = {"num_warps": tiles.warps, "enable_fp_fusion": True}
+    if tiles.stages is not None:
+        options["num_stages"] = tiles.stages
+    constexprs.update(BM=tiles.bm, BN=tiles.bn)
     if _recording is not None:
         _recording.append(Launch(kernel, args, constexprs, options))
     else:
@@ -486,11 +590,11 @@ def _load_output_grads(DO, LSE, DLT, row_at, offs_d, m_ok, d_ok, D):
 @triton.jit
 def _whole_keys(start_m, NI, NJ, BM: tl.constexpr, BN: tl.constexpr, CAUSAL: tl.constexpr):
     """Plain positions: the end of the keys ``[0, end)`` every query of block ``start_m`` may
-    attend, in whole tiles (those before the block's first query when causal), or 0 where the
-    block is past the queries' end."""
+    attend, in whole key tiles (those before the block's first query when causal), or 0 where
+    the block is past the queries' end."""
     end = (NJ // BN) * BN
     if CAUSAL:
-        end = start_m * BM
+        end = (start_m * BM // BN) * BN  # a key tile ends where the queries start, or before
     return tl.where((start_m + 1) * BM <= NI, end, 0)
 
 
@@ -900,13 +1004,14 @@ def block_ranges(
     return torch.stack([start, end], -1).to(torch.int32).contiguous()
 
 
-def _ranges(geometry: tuple, batch: int, bm: int, bn: int, *, queries: bool) -> Tensor:
+def _ranges(geometry: tuple, batch: int, tiles: Tiles, *, queries: bool) -> Tensor:
     """Each query block's key range (``queries``; the forward and the queries' backward kernel)
-    or each key block's query range (the keys' backward kernel): :func:`block_ranges`, empty for
-    plain positions, whose kernels bound their loops by index."""
+    or each key block's query range (the keys' backward kernel) for ``tiles``:
+    :func:`block_ranges`, empty for plain positions, whose kernels bound their loops by index."""
     qpos, qseg, kpos, kseg, *_, causal, plain = geometry[:8]
     if plain:
         return qpos.new_zeros(batch, 0, 2)
+    bm, bn = tiles.bm, tiles.bn
     sides = ((qpos, qseg, kpos, kseg, bm, bn), (kpos, kseg, qpos, qseg, bn, bm))[not queries]
     pos, seg, other_pos, other_seg, block, step = sides
     return block_ranges(
@@ -915,9 +1020,9 @@ def _ranges(geometry: tuple, batch: int, bm: int, bn: int, *, queries: bool) -> 
     )  # fmt: skip
 
 
-def _blocks(device: torch.device, dtype: torch.dtype, head_dim: int = 64) -> tuple[int, int, int]:
-    """``(BM, BN, num_warps)`` for ``dtype`` inputs of ``head_dim`` on ``device`` (or
-    :func:`launch_config`'s)."""
+def _blocks(device: torch.device, dtype: torch.dtype, head_dim: int = 64) -> KernelTiles:
+    """The three kernels' launches for ``dtype`` inputs of ``head_dim`` on ``device``: square
+    :func:`tile_size` tiles and :func:`warp_count` warps, or :func:`launch_config`'s."""
     warps = _config["num_warps"] or warp_count(dtype)
     if _config["tile"] is not None:
         tile = _config["tile"]
@@ -927,7 +1032,8 @@ def _blocks(device: torch.device, dtype: torch.dtype, head_dim: int = 64) -> tup
         tile = tile_size(dtype, shared, head_dim)
     else:
         tile = tile_size(dtype, None)
-    return tile, tile, warps
+    square = Tiles(tile, tile, warps)
+    return KernelTiles(*(_config[k] or square for k in KernelTiles._fields))
 
 
 def _padded(q: Tensor, rows: int) -> tuple[int, int, bool]:
@@ -949,7 +1055,7 @@ class _RelativeFlash(torch.autograd.Function):
         r, p_drop, seed, linear, dist, row_base, _, unmasked = geometry[8:]
         b, h, i, d = q.shape
         j = k.shape[2]
-        bm, bn, warps = _blocks(q.device, q.dtype, d)
+        tiles = _blocks(q.device, q.dtype, d)
         one_row = lut.shape[0] == 2  # with its runs (relative_flash_attention)
         dp, rp, _ = _padded(q, r)
         out = q.new_empty(b, h, i, d, dtype=torch.float32)
@@ -957,21 +1063,22 @@ class _RelativeFlash(torch.autograd.Function):
         mass = q.new_zeros(b, h, i, r if want_mass else 0, dtype=torch.float32)
         tables = [t if t is not None else out for t in (rel, relk, slopes)]  # None: never read
         rows_from = _rows_from(lut, dist, row_base, out)
-        q_ranges = _ranges(geometry, b, bm, bn, queries=True)
+        q_ranges = _ranges(geometry, b, tiles.forward, queries=True)
         _launch(
-            _forward_kernel, (triton.cdiv(i, bm), b * h),
+            _forward_kernel, (triton.cdiv(i, tiles.forward.bm), b * h),
             q, k, v, qpos, qseg, kpos, kseg, *tables, *rows_from, out, lse, mass,
             *_strides(q, k, qpos, kpos, rel),
             h, i, j, d, r, lut.shape[1], offset, 1.0 / math.sqrt(d), seed, p_drop, q_ranges,
             q_ranges.shape[1],
-            BM=bm, BN=bn, DP=dp, RP=rp, PLAIN=plain, CAUSAL=causal, HAS_REL=rel is not None,
+            tiles=tiles.forward, DP=dp, RP=rp, PLAIN=plain, CAUSAL=causal, HAS_REL=rel is not None,
             HAS_MASS=want_mass, HAS_KREL=relk is not None, DROPOUT=p_drop > 0, LINEAR=linear,
             PRECISION=_precision(q), ONE_ROW=one_row, SHIFTED=row_base is not None,
-            BY_DISTANCE=dist is not None, UNMASKED=unmasked, num_warps=warps,
+            BY_DISTANCE=dist is not None, UNMASKED=unmasked,
         )  # fmt: skip
         ctx.save_for_backward(q, k, v, rel, relk, slopes, out, lse, mass, q_ranges)
-        # q_ranges are cut for these tiles: the backward pass keeps them (launch_config or not).
-        ctx.geometry, ctx.want_mass, ctx.tiles = geometry, want_mass, (bm, bn, warps, unmasked)
+        # The backward pass keeps these launches, launch_config or not, and q_ranges, cut for
+        # the forward's tiles, where the queries' backward has the same.
+        ctx.geometry, ctx.want_mass, ctx.tiles = geometry, want_mass, (tiles, unmasked)
         if not want_mass:
             ctx.mark_non_differentiable(mass)
         return out, mass
@@ -984,7 +1091,7 @@ class _RelativeFlash(torch.autograd.Function):
         b, h, i, d = q.shape
         j = k.shape[2]
         dp, rp, loop_rows = _padded(q, r)
-        bm, bn, warps, unmasked = ctx.tiles
+        tiles, unmasked = ctx.tiles
         one_row = lut.shape[0] == 2
         dout = dout.float().contiguous()
         dlt = (dout * out).sum(-1)
@@ -1009,24 +1116,28 @@ class _RelativeFlash(torch.autograd.Function):
         tables += _rows_from(lut, dist, row_base, out)
         strides = _strides(q, k, qpos, kpos, rel)
         common = (h, i, j, d, r, lut.shape[1], offset, 1.0 / math.sqrt(d), seed, p_drop)
-        k_ranges = _ranges(ctx.geometry, b, bm, bn, queries=False)
+        k_ranges = _ranges(ctx.geometry, b, tiles.keys, queries=False)
+        if tiles.queries[:2] != tiles.forward[:2]:
+            q_ranges = _ranges(ctx.geometry, b, tiles.queries, queries=True)
         flags = dict(
-            BM=bm, BN=bn, DP=dp, RP=rp if loop_rows else 2, PLAIN=plain, CAUSAL=causal,
+            DP=dp, RP=rp if loop_rows else 2, PLAIN=plain, CAUSAL=causal,
             HAS_REL=rel is not None, HAS_MASS=has_mass, HAS_KREL=relk is not None,
             DROPOUT=p_drop > 0, LINEAR=linear, LOOP_ROWS=loop_rows, PRECISION=_precision(q),
             ONE_ROW=one_row, SHIFTED=row_base is not None, BY_DISTANCE=dist is not None,
-            UNMASKED=unmasked, num_warps=warps,
+            UNMASKED=unmasked,
         )  # fmt: skip
         _launch(
-            _backward_kv_kernel, (triton.cdiv(j, bn), b * h),
+            _backward_kv_kernel, (triton.cdiv(j, tiles.keys.bn), b * h),
             q, k, v, do, lse, dlt, qpos, qseg, kpos, kseg, *tables, dmass, dk, dv, drelk,
-            *strides, *common, k_ranges, k_ranges.shape[1], KREL_GRAD=relk_grad, **flags,
+            *strides, *common, k_ranges, k_ranges.shape[1], KREL_GRAD=relk_grad,
+            tiles=tiles.keys, **flags,
         )  # fmt: skip
         _launch(
-            _backward_q_kernel, (triton.cdiv(i, bm), b * h),
+            _backward_q_kernel, (triton.cdiv(i, tiles.queries.bm), b * h),
             q, k, v, do, lse, dlt, qpos, qseg, kpos, kseg, *tables, dmass, dq, drel,
             dslope, *strides, *common, q_ranges, q_ranges.shape[1], REL_GRAD=rel_grad,
-            SLOPE_GRAD=slope_grad, OWN_ROWS=own_rows and not loop_rows, **flags,
+            SLOPE_GRAD=slope_grad, OWN_ROWS=own_rows and not loop_rows, tiles=tiles.queries,
+            **flags,
         )  # fmt: skip
         if rel_grad:  # back to rel's broadcast shape (b|1, h, i|1, R)
             dims = [n for n in (0, 2) if rel.shape[n] == 1]
@@ -1282,8 +1393,7 @@ def dropout_keep(
     ``(b, h, i, j)`` (for tests and debugging: it is the ``(i, j)`` tensor the kernels avoid)."""
     b, h, i, j = shape
     keep = torch.empty(b, h, i, j, dtype=torch.int8, device=device)
-    bm, bn, warps = _blocks(torch.device(device), torch.float32)
-    grid = (triton.cdiv(i, bm), triton.cdiv(j, bn), b * h)
-    args = (keep, int(seed), float(dropout_p), i, j)
-    _launch(_keep_kernel, grid, *args, BM=bm, BN=bn, num_warps=warps)
+    tiles = _blocks(torch.device(device), torch.float32).forward
+    grid = (triton.cdiv(i, tiles.bm), triton.cdiv(j, tiles.bn), b * h)
+    _launch(_keep_kernel, grid, keep, int(seed), float(dropout_p), i, j, tiles=tiles)
     return keep.bool()
