@@ -119,6 +119,18 @@ def test_the_launch_candidates_compile_for_an_h100(tmp_path, variants):
     assert all(0 < r["shared"] <= H100_SHARED for r in rows), rows
 
 
+@pytest.mark.skipif(not PTXAS.exists(), reason="Triton without its NVIDIA backend")
+def test_the_smallest_tiles_fit_a_small_gpu_at_head_dim_256(tmp_path):
+    """Where even 32×32 tiles would not fit (:func:`tile_size`: bf16 at d=256 on a GPU of about
+    100 KiB a block), the 16×16 launch does: for sm_89 (an RTX 4090: 99 KiB)."""
+    rows = _compile(
+        tmp_path, "--arch", "89", "--launches", "16x16w4/16x16w4/16x16w4", "--head-dim", "256",
+        "--variants", "music",
+    )  # fmt: skip
+    assert len(rows) == len(KERNELS)
+    assert all(r["head_dim"] == 256 and 0 < r["shared"] <= 99 * 1024 for r in rows), rows
+
+
 @pytest.mark.parametrize(
     ("flags", "message"),
     [
