@@ -10,7 +10,8 @@ A candidate is ``TILExWARPS`` (square tiles and the warps of all three kernels) 
 ``FORWARD/KEYS/QUERIES``, each kernel's own ``BMxBNwWARPS[sSTAGES]``
 (``relative_attention.parse_launches``), then its options: ``+one`` for ``one_row``,
 ``+unmasked`` for ``unmasked``, ``+lut`` for ``lut_only`` (``relative_attention.launch_config``;
-an option not named is off), or ``+auto`` for ``one_row`` and ``unmasked`` as
+``+keyed`` for ``keyed`` (a scheme with no keys to hand the kernels skips such a candidate; an
+option not named is off), or ``+auto`` for ``one_row`` and ``unmasked`` as
 ``relative_attention.tile_options`` takes them by default for each scheme.
 For each scheme, length and candidate, causal, ``B·L = tokens``, bf16 on CUDA: the first call (it
 compiles), then ``--repeats`` forward+backward passes alternated run by run with SDPA's
@@ -37,12 +38,21 @@ import relpos
 from relpos.atomic import atomic_path
 from relpos.attention.fused import fused_supports
 from relpos.cli import bench
-from relpos.kernels.relative_attention import LAUNCH_CANDIDATES, launch_config, parse_launches
+from relpos.kernels.relative_attention import (
+    KEYED_CANDIDATES,
+    LAUNCH_CANDIDATES,
+    launch_config,
+    parse_launches,
+)
+from relpos.schemes.base import RelativeScheme
 
 #: The square default beside the per-kernel candidates, each with the measured options.
-DEFAULT_CONFIGS = ",".join(f"{c}+auto" for c in ("64x4", *LAUNCH_CANDIDATES))
+DEFAULT_CONFIGS = ",".join(
+    [f"{c}+auto" for c in ("64x4", *LAUNCH_CANDIDATES)]
+    + [f"{c}+auto+keyed" for c in ("64x4", *KEYED_CANDIDATES)]
+)
 #: A candidate's options after ``+``, as ``launch_config``'s keywords.
-OPTIONS = {"one": "one_row", "lut": "lut_only", "unmasked": "unmasked"}
+OPTIONS = {"one": "one_row", "lut": "lut_only", "unmasked": "unmasked", "keyed": "keyed"}
 #: The option that leaves ``one_row`` and ``unmasked`` to ``tile_options``' defaults.
 AUTO = "auto"
 
@@ -61,7 +71,7 @@ def _config(text: str) -> tuple[str, dict]:
     ):
         raise argparse.ArgumentTypeError(
             "a candidate is TILExWARPS or FORWARD/KEYS/QUERIES (each BMxBNwWARPS[sSTAGES]), then "
-            f"[+one][+lut][+unmasked] or [+auto][+lut] (e.g. 64x8, 64x4+one, "
+            f"[+one][+lut][+unmasked][+keyed] or [+auto][+lut][+keyed] (e.g. 64x8, 64x4+one, "
             f"128x64w8/32x128w4/128x32w4+auto), got {text!r}"
         )
     try:
@@ -76,6 +86,13 @@ def _config(text: str) -> tuple[str, dict]:
     if auto:
         flags |= {"one_row": None, "unmasked": None}
     return shape, launch | flags
+
+
+def _has_keys(name: str) -> bool:
+    """Whether the ``fused`` backend hands the kernels ``name``'s keys under ``keyed``."""
+    scheme = relpos.make_scheme(name, d_model=64, num_heads=1, causal=True)
+    keyed = isinstance(scheme, RelativeScheme) and "score_bias" in scheme.hooks
+    return keyed and scheme.has_relative_keys
 
 
 def _peak_mib(fn, setup: bench.Setup) -> float | None:
@@ -185,6 +202,8 @@ def main(argv: list[str] | None = None) -> int:
     for scheme in schemes:
         for n in args.lengths:
             for launch, config in configs:
+                if config["keyed"] and not _has_keys(scheme):
+                    continue  # the same launch as without +keyed
                 rows.append(measure(args, scheme, n, launch, config))
                 r = rows[-1]
                 shown = r.get("error") or (

@@ -24,8 +24,16 @@ pytest.importorskip("triton")
 import triton
 
 from relpos.kernels import interpreted
-from relpos.kernels.aot import VARIANTS, KernelReport, main, over_budget, variant_launches
+from relpos.kernels.aot import (
+    DEFAULT_VARIANTS,
+    VARIANTS,
+    KernelReport,
+    main,
+    over_budget,
+    variant_launches,
+)
 from relpos.kernels.relative_attention import (
+    KEYED_CANDIDATES,
     LAUNCH_CANDIDATES,
     SHARED_BUDGET,
     KernelTiles,
@@ -43,10 +51,13 @@ KERNELS = ("_forward_kernel", "_backward_kv_kernel", "_backward_q_kernel")
 PTXAS = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
 
 
-def _compile(tmp_path: Path, *flags: str) -> list[dict]:
+def _compile(tmp_path: Path, *flags: str, check: bool = True) -> list[dict]:
+    """``python -m relpos.kernels.aot`` with ``flags`` (and ``--check`` where ``check``): its
+    rows."""
     out = tmp_path / "rows.json"
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    command = [sys.executable, "-m", "relpos.kernels.aot", "--check", "--json", str(out), *flags]
+    command = [sys.executable, "-m", "relpos.kernels.aot", "--json", str(out), *flags]
+    command += ["--check"] if check else []
     done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=1800)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return json.loads(out.read_text())
@@ -84,7 +95,7 @@ def test_every_launch_compiles_within_its_budget(tmp_path, arches, tiles, dtypes
     flags = ["--arch", arches, "--tile", tiles, "--dtype", dtypes, *extra]
     rows = _compile(tmp_path, *flags, *(("--variants", variants) if variants else ()))
     sizes = [len(flag.split(",")) for flag in (arches, tiles, dtypes)]
-    kinds = len(variants.split(",")) if variants else len(VARIANTS)
+    kinds = len(variants.split(",")) if variants else len(DEFAULT_VARIANTS)
     assert len(rows) == kinds * len(KERNELS) * sizes[0] * sizes[1] * sizes[2]
     assert {r["kernel"] for r in rows} == set(KERNELS)
     for r in rows:
@@ -103,7 +114,10 @@ H100_SHARED = 227 * 1024
 @pytest.mark.skipif(not PTXAS.exists(), reason="Triton without its NVIDIA backend")
 @pytest.mark.parametrize(
     "variants",
-    ["shaw-values", pytest.param(",".join(VARIANTS), id="every-variant", marks=pytest.mark.slow)],
+    [
+        "shaw-values",
+        pytest.param(",".join(DEFAULT_VARIANTS), id="every-variant", marks=pytest.mark.slow),
+    ],
 )
 def test_the_launch_candidates_compile_for_an_h100(tmp_path, variants):
     """Every per-kernel launch a GPU session is to time (:data:`LAUNCH_CANDIDATES`) compiles
@@ -116,6 +130,27 @@ def test_the_launch_candidates_compile_for_an_h100(tmp_path, variants):
     for text in LAUNCH_CANDIDATES:
         for kernel, tiles in zip(KERNELS, parse_launches(text), strict=True):
             assert (kernel, *tiles) in sides
+    assert all(0 < r["shared"] <= H100_SHARED for r in rows), rows
+
+
+KEYED = [name for name in VARIANTS if name.endswith("-keyed")]
+
+
+@pytest.mark.skipif(not PTXAS.exists(), reason="Triton without its NVIDIA backend")
+@pytest.mark.parametrize(
+    "variants",
+    ["shaw-values-keyed", pytest.param(",".join(KEYED), id="every-keyed", marks=pytest.mark.slow)],
+)
+def test_the_keyed_kernels_compile_for_an_h100(tmp_path, variants):
+    """The kernels that compute each tile's ``q·Eᵀ`` (``keyed_logits``, off by default, so not
+    held to the default tiles' budget), with the launches a GPU session is to time them with
+    (:data:`KEYED_CANDIDATES`) and the square default, compile for sm_90 and fit an H100's shared
+    memory (by default Shaw's keys and values: the most of them)."""
+    assert KEYED and not set(KEYED) & set(DEFAULT_VARIANTS)
+    launches = ",".join(["64x64w4/64x64w4/64x64w4", *KEYED_CANDIDATES])
+    flags = ("--arch", "90", "--launches", launches, "--variants", variants)
+    rows = _compile(tmp_path, *flags, check=False)
+    assert len(rows) == len(variants.split(",")) * (1 + len(KEYED_CANDIDATES)) * len(KERNELS)
     assert all(0 < r["shared"] <= H100_SHARED for r in rows), rows
 
 

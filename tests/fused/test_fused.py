@@ -20,6 +20,7 @@ import random
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 pytest.importorskip("triton")
 
@@ -33,6 +34,7 @@ from relpos.kernels.relative_attention import (
     MAX_LOOP_ROWS,
     block_ranges,
     dropout_keep,
+    keyed_logits,
     launch_config,
     lut_with_runs,
     recorded_launches,
@@ -649,6 +651,135 @@ def test_raw_kernel_refuses_shapes_it_would_misread(change, message):
     with pytest.raises(ValueError, match=message):
         relative_flash_attention(**_raw_inputs(**change), rows=4, causal=True, plain=False)
     relative_flash_attention(**_raw_inputs(), rows=4, causal=True, plain=False)  # the valid ones
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"keys": torch.randn(3, 4, 8)}, "pass rel or keys, not both"),
+        ({"rel": None, "keys": torch.randn(3, 4, 8)}, r"keys need plain positions \(plain=True\)"),
+        ({"rel": None, "row_bias": torch.randn(3, 4)}, "pass keys with it, got keys=None"),
+    ],
+    ids=["both", "positions", "bias-alone"],
+)
+def test_raw_kernel_refuses_keys_it_cannot_use(change, message):
+    """The keys stand for ``rel``: not beside it, and only over plain positions (elsewhere a
+    tile's distances may span any number of rows)."""
+    with pytest.raises(ValueError, match=message):
+        relative_flash_attention(**_raw_inputs(**change), rows=4, causal=True, plain=False)
+
+
+@pytest.mark.parametrize(
+    ("keys", "row_bias", "message"),
+    [
+        ((3, 4, 4), None, r"keys must have shape \(1\|3, 4, 8\), got \(3, 4, 4\)"),
+        ((2, 4, 8), None, r"keys must have shape \(1\|3, 4, 8\), got \(2, 4, 8\)"),
+        ((1, 4, 8), (3, 5), r"row_bias must have shape \(1\|3, 4\), got \(3, 5\)"),
+    ],
+)
+def test_raw_kernel_refuses_keys_of_the_wrong_shape(keys, row_bias, message):
+    args = _raw_inputs(rel=None, k_pos=torch.zeros(1, 5, dtype=torch.int32))
+    args |= {"k": args["k"][:, :, :5], "v": args["v"][:, :, :5], "q_pos": args["q_pos"][:1]}
+    args |= {"q_seg": args["q_seg"][:1], "k_seg": args["k_seg"][:, :5]}
+    bias = None if row_bias is None else torch.randn(row_bias, device=DEVICE)
+    with pytest.raises(ValueError, match=message):
+        relative_flash_attention(
+            **args, keys=torch.randn(keys, device=DEVICE), row_bias=bias, rows=4, causal=True,
+            plain=True,
+        )  # fmt: skip
+
+
+def _keyed_specs() -> list:
+    """The specs whose logit term is ``q·Eᵀ`` (plus a bias per row): the keys ``fused`` may hand
+    the kernels (:func:`keyed_logits`); the first of each scheme by default."""
+    keyed = []
+    for spec in RELATIVE_SPECS:
+        scheme = relpos.make_scheme(spec, d_model=8, num_heads=2, causal=True)
+        if "score_bias" in scheme.hooks and scheme.has_relative_keys:
+            keyed.append(spec)
+    names = [s["name"] for s in keyed]
+    return [
+        pytest.param(
+            s, id=spec_id(s), marks=() if names.index(s["name"]) == n else pytest.mark.slow
+        )
+        for n, s in enumerate(keyed)
+    ]
+
+
+@pytest.mark.parametrize("spec", _keyed_specs())
+def test_keyed_logits_equal_eager(spec):
+    """With :func:`keyed_logits` on, the kernels take the table's keys and compute each tile's
+    ``q·Eᵀ`` themselves (no ``(b, h, i, R)`` logits): outputs and every gradient (``q``, ``k``,
+    ``v``, the tables, Transformer-XL's biases through its row bias) against float64 ``eager``.
+    Causal with one-row tiles (the far field: one dot product per query), bidirectional with
+    tiles of another shape in each kernel (the window of keys spans ``BM + BN - 1`` rows)."""
+    n = 90
+    launches = {
+        True: dict(tile=32, one_row=True, unmasked=True),
+        False: dict(forward=(32, 16, 4), keys=(16, 32, 4), queries=(32, 16, 4)),
+    }
+    for causal, launch in launches.items():
+        scheme, q, k, v, qp, kp = _case(spec, "plain", causal, 5, n=n)
+        grad_out = torch.randn(*q.shape, device=DEVICE)
+        with launch_config(keyed=True, **launch):
+            with recorded_launches() as runs:
+                fused_attention(q, k, v, scheme, qp, kp, causal=causal).sum().backward()
+            assert [r.constexprs["REL_KEYS"] for r in runs] == [True] * 3
+            out = fused_attention(q, k, v, scheme, qp, kp, causal=causal)
+        got = (out, *_grads(out, scheme, q, k, v, grad_out))
+        wide = scheme.double()
+        q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+        ref = BACKENDS["eager"](q64, k64, v64, wide, qp, kp, causal=causal)
+        want = (ref, *_grads(ref, wide, q64, k64, v64, grad_out.double()))
+        _assert_all_close(got, want, 1e-4, f"{spec_id(spec)} causal={causal}")
+        scheme.float()
+
+
+class _Shapes(TorchDispatchMode):
+    """Records the shape of every tensor an op produces (the host's ops: the interpreted kernels
+    run outside PyTorch's dispatch, on their own arrays)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.shapes: list[tuple[int, ...]] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in out if isinstance(out, tuple | list) else (out,):
+            if isinstance(t, torch.Tensor):
+                self.shapes.append(tuple(t.shape))
+        return out
+
+
+def test_keyed_logits_build_no_logits_per_query_and_row():
+    """With the keys, no ``(b, h, i, R)`` tensor is built for a forward pass, with or without
+    gradients (so none is kept for the backward pass, which builds its one gradient of that
+    shape); without them ``rel`` is one."""
+    spec = {"name": "music", "max_distance": 64}
+    scheme, q, k, v, qp, kp = _case(spec, "plain", True, 4, n=40)
+    logits = (*q.shape[:3], scheme.num_relative)
+    for keyed in (False, True):
+        for grad in (False, True):
+            with launch_config(keyed=keyed), torch.set_grad_enabled(grad), _Shapes() as seen:
+                out = fused_attention(q, k, v, scheme, qp, kp, causal=True)
+            assert (logits in seen.shapes) != keyed, (keyed, grad)
+        with launch_config(keyed=keyed), _Shapes() as seen:
+            out.sum().backward()
+        assert logits in seen.shapes  # d rel, to be multiplied out
+
+
+def test_keyed_logits_stay_off_by_default_and_off_plain_positions():
+    """Untimed on a GPU, so off unless asked for; asked for, only plain positions take it (a
+    packed batch reads ``rel``)."""
+    spec = {"name": "music", "max_distance": 6}
+    assert not keyed_logits()
+    for layout, keyed in (("plain", False), ("packed", True)):
+        scheme, q, k, v, qp, kp = _case(spec, layout, True, 3, n=40)
+        with launch_config(keyed=keyed), torch.no_grad(), recorded_launches() as runs:
+            fused_attention(q, k, v, scheme, qp, kp, causal=True)
+        assert runs[0].constexprs["REL_KEYS"] is False
+    with launch_config(keyed=True):
+        assert keyed_logits()
 
 
 @pytest.mark.parametrize(

@@ -10,7 +10,9 @@ Transformer and Transformer-XL; ``(1, h, 1, R)``: T5's buckets) and the value te
 ``relative_value(mass)`` from the attention mass per row; a key term (DeBERTa's
 position-to-content) is ``relk[b, h, j, row(p_j - p_i)]`` with ``relk = relative_key_logits(k)``.
 The kernel (:mod:`relpos.kernels.relative_attention`) reads ``rel`` per pair (one load: the
-row of a clipped distance is computed, a shared table is read per distance), accumulates
+row of a clipped distance is computed, a shared table is read per distance), or, over plain
+positions with :func:`~relpos.kernels.relative_attention.keyed_logits` on, takes ``E`` itself
+and computes each tile's ``q·Eᵀ`` on the tensor cores (no ``(b, h, i, R)`` logits), accumulates
 ``mass`` per row and returns both gradients, so nothing ``(b, h, i, j)`` is built, Shaw's value
 term included (which ``flex`` cannot express). Padding, packed documents and a KV cache come from
 the positions and segments, read per tile. The products ``q·Eᵀ`` and ``mass·E^V`` stay in
@@ -176,9 +178,9 @@ def fused_attention(
         return empty_attention(q, k, v)
     linear = _is_linear(scheme)
     plain = is_contiguous_self(q_positions, k_positions)
-    row_base = None
+    row_base = rel = keys = row_bias = None
     if linear:  # the slopes, no table: one row
-        lut, offset, rows, rel = torch.zeros(1, dtype=torch.long, device=q.device), 0, 1, None
+        lut, offset, rows = torch.zeros(1, dtype=torch.long, device=q.device), 0, 1
         relk = None
     else:
         lut, offset = relative_rows(scheme, q_positions, k_positions, q.device, clipped=True)
@@ -186,7 +188,12 @@ def fused_attention(
         if clip is not None and clip.shifted:  # lut[x] = x - offset - clip.lo: no table to read
             row_base = -offset - clip.lo
         rows = scheme.num_relative
-        rel = scheme.relative_logits(q) if "score_bias" in scheme.hooks else None
+        keyed = plain and "score_bias" in scheme.hooks and _kernels().keyed_logits()
+        if keyed and scheme.has_relative_keys:  # q·Eᵀ + c, computed by the kernels per tile
+            keys = scheme.relative_keys(q.dtype)
+            row_bias = scheme.relative_row_bias(keys)
+        elif "score_bias" in scheme.hooks:
+            rel = scheme.relative_logits(q)
         relk = scheme.relative_key_logits(k) if "key_bias" in scheme.hooks else None
     value = "value_term" in scheme.hooks
     drop = dropout_p if training else 0.0
@@ -214,6 +221,8 @@ def fused_attention(
         symmetric=linear and not scheme.causal,
         relk=relk,
         row_base=row_base,
+        keys=keys,
+        row_bias=row_bias,
     )
     if value:
         out = out + scheme.relative_value(mass).float()

@@ -52,6 +52,7 @@ from .relative_attention import (
 )
 
 __all__ = [
+    "DEFAULT_VARIANTS",
     "VARIANTS",
     "KernelReport",
     "compile_launch",
@@ -78,7 +79,14 @@ VARIANTS: dict[str, dict] = {
     "alibi": dict(rows=1, slopes=True),
     "alibi-bidirectional": dict(rows=1, slopes=True, symmetric=True, causal=False),
     "alibi-dropout": dict(rows=1, slopes=True, dropout=0.1),
+    # The keys in place of the logits (keyed_logits, off by default: not in DEFAULT_VARIANTS).
+    "music-keyed": dict(keys=True, rows=513, row_base=0),
+    "transformer-xl-keyed": dict(keys=True, row_bias=True, rows=513, row_base=0),
+    "shaw-values-keyed": dict(keys=True, rows=33, mass=True),
 }
+
+#: The variants of the launches made by default (``--variants``' default): all but the keyed.
+DEFAULT_VARIANTS = [name for name in VARIANTS if not name.endswith("-keyed")]
 
 _TYPES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16",
           torch.int32: "i32", torch.int64: "i64", torch.int8: "i8"}  # fmt: skip
@@ -143,6 +151,8 @@ def variant_launches(
     lut = torch.empty(rows, dtype=torch.int32, device="meta")
     slopes = torch.empty(h, **meta) if spec.pop("slopes", False) else None
     relk = torch.empty(b, h, n, rows, **meta) if spec.pop("relk", False) else None
+    keys = torch.empty(h, rows, d, dtype=dtype, **meta) if spec.pop("keys", False) else None
+    row_bias = torch.empty(h, rows, **meta) if spec.pop("row_bias", False) else None
     spec.setdefault("causal", True)
     spec.setdefault("plain", True)
     spec["dropout_p"] = spec.pop("dropout", 0.0)
@@ -151,7 +161,7 @@ def variant_launches(
     with launch_config(tile, warps, **options), recorded_launches() as recorded:
         out, mass = relative_flash_attention(
             q, k, v, table, lut, rows // 2, pos, pos, pos, pos, rows=rows, seed=1,
-            slopes=slopes, relk=relk, **spec,
+            slopes=slopes, relk=relk, keys=keys, row_bias=row_bias, **spec,
         )  # fmt: skip
         (out.sum() + mass.sum()).backward()
     return list(recorded)
@@ -262,7 +272,10 @@ def main(argv: list[str] | None = None) -> int:
         "comma-separated (e.g. 128x64w8s3/32x128w4/128x32w8); replaces --tile and --warps",
     )  # fmt: skip
     parser.add_argument("--head-dim", type=int, default=64, help="the heads' dimension")
-    parser.add_argument("--variants", default=",".join(VARIANTS), help="keys of VARIANTS")
+    parser.add_argument(
+        "--variants", default=",".join(DEFAULT_VARIANTS),
+        help="keys of VARIANTS (default: all but the -keyed ones)",
+    )  # fmt: skip
     for flag in ("one-row", "unmasked"):  # neither: the measured defaults (tile_options)
         parser.add_argument(
             f"--{flag}", action=argparse.BooleanOptionalAction, default=None,

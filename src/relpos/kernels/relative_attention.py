@@ -84,6 +84,7 @@ from . import interpreted
 
 __all__ = [
     "INTERPRETED",
+    "KEYED_CANDIDATES",
     "LAUNCH_CANDIDATES",
     "MAX_LOOP_ROWS",
     "SHARED_BUDGET",
@@ -92,6 +93,7 @@ __all__ = [
     "Tiles",
     "block_ranges",
     "dropout_keep",
+    "keyed_logits",
     "launch_config",
     "lut_with_runs",
     "parse_launches",
@@ -215,6 +217,10 @@ LAUNCH_CANDIDATES = (
     "128x64w8/32x128w8/128x32w8",
     "64x32w4/16x64w4/64x16w4",
 )
+#: The same for :func:`keyed_logits` (its product of the queries with a window of keys holds
+#: another ``(BM, 2·BN)`` float32 accumulator): at 64×64 and 4 warps its kernels spill 430-950
+#: bytes per thread on sm_90, these at most 40.
+KEYED_CANDIDATES = ("64x32w8/32x64w8/64x32w8", "32x32w4/32x32w4/32x32w4")
 
 
 def parse_launches(text: str) -> KernelTiles:
@@ -251,7 +257,7 @@ class Launch(NamedTuple):
 _recording: list[Launch] | None = None
 _config: dict = {
     "tile": None, "num_warps": None, "one_row": None, "lut_only": False, "unmasked": None,
-    "forward": None, "keys": None, "queries": None,
+    "forward": None, "keys": None, "queries": None, "keyed": None,
 }  # fmt: skip
 
 
@@ -266,6 +272,7 @@ def launch_config(
     one_row: bool | None = None,
     lut_only: bool = False,
     unmasked: bool | None = None,
+    keyed: bool | None = None,
 ) -> Iterator[None]:
     """Within it the kernels use ``tile``-square tiles and ``num_warps`` warps whatever the
     device (None keeps the default: :func:`tile_size`, :func:`warp_count`), and ``forward``,
@@ -278,7 +285,9 @@ def launch_config(
     :func:`relative_flash_attention` has a one-load form (``row_base``, a shared table): for
     benchmarks and :mod:`relpos.kernels.aot` to compare them. ``one_row`` and ``unmasked`` left
     None take the measured defaults (:func:`tile_options`); ``one_row`` never applies to a call
-    with a value term. Not thread-safe."""
+    with a value term. With ``keyed`` the ``fused`` backend hands the kernels a table's keys
+    instead of its logits where it may (:func:`keyed_logits`; None: the default, off until a
+    GPU times it). Not thread-safe."""
     if tile is not None and tile not in _TILE_SIDES:
         raise ValueError(f"tile must be 16, 32, 64 or 128, got {tile}")
     if num_warps is not None and num_warps not in _WARPS:
@@ -289,7 +298,7 @@ def launch_config(
     _config.update(
         tile=tile, num_warps=num_warps, one_row=one_row if one_row is None else bool(one_row),
         lut_only=bool(lut_only), unmasked=unmasked if unmasked is None else bool(unmasked),
-        **kernels,
+        keyed=keyed if keyed is None else bool(keyed), **kernels,
     )  # fmt: skip
     try:
         yield
@@ -311,6 +320,15 @@ def tile_options(has_table: bool, mass: bool, dtype: torch.dtype) -> tuple[bool,
     one_row = measured if _config["one_row"] is None else _config["one_row"]
     unmasked = measured if _config["unmasked"] is None else _config["unmasked"]
     return one_row and not mass, unmasked
+
+
+def keyed_logits() -> bool:
+    """Whether a caller with a table of the form ``q·Eᵀ + c`` over plain positions should hand
+    :func:`relative_flash_attention` its keys ``E`` (and row bias ``c``) rather than the logits
+    ``rel``: the kernels then compute each tile's logits on the tensor cores
+    (:func:`_keyed_logits`) and no ``(b, h, i, R)`` logits are built or kept for the backward
+    pass. Off unless :func:`launch_config` turns it on: not yet timed on a GPU."""
+    return bool(_config["keyed"])
 
 
 @contextlib.contextmanager
@@ -430,31 +448,65 @@ def _add_at_rows(acc, base, row, one, allowed, ok):
 
 
 @triton.jit
+def _keyed_logits(
+    q, keys_base, rowb_base, delta, dlo, one, LUT, offset, nlut, row_base, D, offs_d, d_ok,
+    SHIFTED: tl.constexpr, WIN: tl.constexpr, PRECISION: tl.constexpr,
+):  # fmt: skip
+    """Each pair's ``q_i·E[row]ᵀ + c[row]`` (float32, ``(BM, BN)``) from the table's keys ``E``
+    (``(R, d)`` at ``keys_base``, in ``q``'s dtype) and row bias ``c`` (``(R,)`` float32 at
+    ``rowb_base``), instead of ``rel`` read from memory. A one-row tile takes one dot product
+    per query. Otherwise the tile's distances span at most ``BM + BN - 1`` consecutive entries
+    from the lowest, ``a0``: one product of the queries with those ``WIN`` rows' keys
+    ``(BM, d)·(d, WIN)`` on the tensor cores, then each pair's logit gathered from its query's
+    row at ``entry - a0`` (the relative-logit skew of Huang et al. 2018, tile by tile)."""
+    if one >= 0:
+        key = tl.load(keys_base + one * D + offs_d, mask=d_ok, other=0.0).to(tl.float32)
+        dots = tl.sum(q.to(tl.float32) * key[None, :], axis=1) + tl.load(rowb_base + one)
+        term = tl.zeros(delta.shape, tl.float32) + dots[:, None]
+    else:
+        a0 = _entries(dlo, offset, nlut)
+        rows = _rows(tl.minimum(a0 + tl.arange(0, WIN), nlut - 1), LUT, row_base, SHIFTED)
+        window = tl.load(keys_base + rows[:, None] * D + offs_d[None, :], mask=d_ok[None, :])
+        qe = tl.dot(q, tl.trans(window), input_precision=PRECISION)
+        qe += tl.load(rowb_base + rows)[None, :]
+        term = tl.gather(qe, _entries(delta, offset, nlut) - a0, axis=1)
+    return term
+
+
+@triton.jit
 def _relative_logits(
     s, delta, one, allowed, m_ok, n_ok, rel_base, relk_base, dist_base, LUT, offset, nlut,
-    row_base, HAS_REL: tl.constexpr, HAS_KREL: tl.constexpr, SHIFTED: tl.constexpr,
-    BY_DISTANCE: tl.constexpr, NEED_ROW: tl.constexpr,
+    row_base, q, keys_base, rowb_base, dlo, D, offs_d, d_ok,
+    HAS_REL: tl.constexpr, HAS_KREL: tl.constexpr, SHIFTED: tl.constexpr,
+    BY_DISTANCE: tl.constexpr, NEED_ROW: tl.constexpr, REL_KEYS: tl.constexpr,
+    WIN: tl.constexpr, PRECISION: tl.constexpr,
 ):  # fmt: skip
     """``(s, row)``: the logits (base 2) with the tile's relative terms added (``rel`` per
     query, ``relk`` per key, at each pair's row, times ``log2(e)``) and the pairs' rows: ``one``
     everywhere for a one-row tile, else :func:`_rows`. ``BY_DISTANCE`` (a table shared by every
     query) reads the logit from ``dist_base``, already indexed by entry: one load per pair, not
     a row then its logit; the rows are then read only where ``NEED_ROW`` (a reduction by row
-    follows)."""
+    follows). ``REL_KEYS`` (plain positions): ``rel``'s term computed here from the queries and
+    the table's keys (:func:`_keyed_logits`), not read."""
+    if REL_KEYS:
+        s += _keyed_logits(
+            q, keys_base, rowb_base, delta, dlo, one, LUT, offset, nlut, row_base, D, offs_d,
+            d_ok, SHIFTED, WIN, PRECISION,
+        ) * LOG2E  # fmt: skip
     if one >= 0:
         row = tl.zeros_like(delta) + one
-        if HAS_REL:
+        if HAS_REL and not REL_KEYS:
             s += tl.load(rel_base + one, mask=m_ok[:, None], other=0.0) * LOG2E
         if HAS_KREL:
             s += tl.load(relk_base + one, mask=n_ok[None, :], other=0.0) * LOG2E
     else:
         at = _entries(delta, offset, nlut)
         row = at  # unread where BY_DISTANCE and not NEED_ROW
-        if NEED_ROW or not BY_DISTANCE:
+        if NEED_ROW or not (BY_DISTANCE or REL_KEYS):
             row = _rows(at, LUT, row_base, SHIFTED)
         if BY_DISTANCE:
             s += tl.load(dist_base + at, mask=allowed, other=0.0) * LOG2E
-        elif HAS_REL:
+        elif HAS_REL and not REL_KEYS:
             s += tl.load(rel_base + row, mask=allowed, other=0.0) * LOG2E
         if HAS_KREL:
             s += tl.load(relk_base + row, mask=allowed, other=0.0) * LOG2E
@@ -614,11 +666,12 @@ def _whole_queries(start_n, NI, NJ, BM: tl.constexpr, BN: tl.constexpr, CAUSAL: 
 def _forward_tiles(
     acc, l_i, m_i, macc, lo, hi, q, qp, qs, offs_m, m_ok, offs_d, d_ok, rel_base, dist_base,
     row_at, K, V, KPOS, KSEG, RELK, LUT, row_base, b, h, bh, skb, skh, skj, spk,
-    NJ, R, nlut, offset, scale2, slope2, seed, p_drop,
+    NJ, R, nlut, offset, scale2, slope2, seed, p_drop, keys_base, rowb_base, D,
     BN: tl.constexpr, RP: tl.constexpr, PLAIN: tl.constexpr, CAUSAL: tl.constexpr,
     HAS_REL: tl.constexpr, HAS_MASS: tl.constexpr, HAS_KREL: tl.constexpr,
     DROPOUT: tl.constexpr, LINEAR: tl.constexpr, PRECISION: tl.constexpr, ONE_ROW: tl.constexpr,
     SHIFTED: tl.constexpr, BY_DISTANCE: tl.constexpr, MASKED: tl.constexpr,
+    REL_KEYS: tl.constexpr, WIN: tl.constexpr,
 ):  # fmt: skip
     """The online softmax over the key tiles ``lo..hi`` of one query block: the running output,
     normaliser, maximum (base 2) and mass, updated. ``MASKED``: see :func:`_pairs`."""
@@ -638,7 +691,8 @@ def _forward_tiles(
             relk_base = RELK + (bh * NJ + offs_n[None, :]) * R
             s, row = _relative_logits(
                 s, delta, one, allowed, m_ok, n_ok, rel_base, relk_base, dist_base, LUT, offset,
-                nlut, row_base, HAS_REL, HAS_KREL, SHIFTED, BY_DISTANCE, HAS_MASS or HAS_KREL,
+                nlut, row_base, q, keys_base, rowb_base, dlo, D, offs_d, d_ok, HAS_REL,
+                HAS_KREL, SHIFTED, BY_DISTANCE, HAS_MASS or HAS_KREL, REL_KEYS, WIN, PRECISION,
             )  # fmt: skip
         if LINEAR:
             s += slope2 * _linear_distance(delta, LINEAR)
@@ -659,16 +713,18 @@ def _forward_tiles(
 
 @triton.jit
 def _forward_kernel(
-    Q, K, V, QPOS, QSEG, KPOS, KSEG, REL, RELK, SLOPES, LUT, DIST, row_base, OUT, LSE, MASS,
-    sqb, sqh, sqi, skb, skh, skj, spq, spk, srb, srh, sri,
+    Q, K, V, QPOS, QSEG, KPOS, KSEG, REL, RELK, SLOPES, KEYS, ROWB, LUT, DIST, row_base, OUT,
+    LSE, MASS, sqb, sqh, sqi, skb, skh, skj, spq, spk, srb, srh, sri, seh, sch,
     H, NI, NJ, D, R, nlut, offset, scale, seed, p_drop, RANGES, n_ranges,
     BM: tl.constexpr, BN: tl.constexpr, DP: tl.constexpr, RP: tl.constexpr,
     PLAIN: tl.constexpr, CAUSAL: tl.constexpr, HAS_REL: tl.constexpr, HAS_MASS: tl.constexpr,
     HAS_KREL: tl.constexpr, DROPOUT: tl.constexpr, LINEAR: tl.constexpr, PRECISION: tl.constexpr,
     ONE_ROW: tl.constexpr, SHIFTED: tl.constexpr, BY_DISTANCE: tl.constexpr,
-    UNMASKED: tl.constexpr,
+    UNMASKED: tl.constexpr, REL_KEYS: tl.constexpr, WIN: tl.constexpr,
 ):  # fmt: skip
     start_m, bh, b, h, offs_m, offs_d, m_ok, d_ok = _program(H, NI, D, BM, DP)
+    keys_base = KEYS + h * seh
+    rowb_base = ROWB + h * sch
     q, qp, qs = _load_queries(Q, QPOS, QSEG, b, h, offs_m, offs_d, m_ok, d_ok, sqb, sqh, sqi, spq)
     rel_base = REL + b * srb + h * srh + offs_m[:, None] * sri
     dist_base = DIST + h * nlut
@@ -684,17 +740,17 @@ def _forward_kernel(
         acc, l_i, m_i, macc = _forward_tiles(
             acc, l_i, m_i, macc, begin, split, q, qp, qs, offs_m, m_ok, offs_d, d_ok, rel_base,
             dist_base, row_at, K, V, KPOS, KSEG, RELK, LUT, row_base, b, h, bh, skb, skh, skj,
-            spk, NJ, R, nlut, offset, scale2, slope2, seed, p_drop,
+            spk, NJ, R, nlut, offset, scale2, slope2, seed, p_drop, keys_base, rowb_base, D,
             BN, RP, PLAIN, CAUSAL, HAS_REL, HAS_MASS, HAS_KREL, DROPOUT, LINEAR, PRECISION,
-            ONE_ROW, SHIFTED, BY_DISTANCE, False,
+            ONE_ROW, SHIFTED, BY_DISTANCE, False, REL_KEYS, WIN,
         )  # fmt: skip
         begin = split
     acc, l_i, m_i, macc = _forward_tiles(
         acc, l_i, m_i, macc, begin, end, q, qp, qs, offs_m, m_ok, offs_d, d_ok, rel_base,
         dist_base, row_at, K, V, KPOS, KSEG, RELK, LUT, row_base, b, h, bh, skb, skh, skj,
-        spk, NJ, R, nlut, offset, scale2, slope2, seed, p_drop,
+        spk, NJ, R, nlut, offset, scale2, slope2, seed, p_drop, keys_base, rowb_base, D,
         BN, RP, PLAIN, CAUSAL, HAS_REL, HAS_MASS, HAS_KREL, DROPOUT, LINEAR, PRECISION,
-        ONE_ROW, SHIFTED, BY_DISTANCE, True,
+        ONE_ROW, SHIFTED, BY_DISTANCE, True, REL_KEYS, WIN,
     )  # fmt: skip
     has_keys = l_i > 0
     l_use = tl.where(has_keys, l_i, 1.0)
@@ -715,10 +771,11 @@ def _forward_kernel(
 def _probs_and_dp(
     qk, dp, lse2, dlt, offs_m, offs_n, m_ok, n_ok, qp, qs, KPOS, KSEG, rel_base, dmass_base,
     LUT, offset, nlut, scale2, seed, p_drop, row_at, NJ, slope2, relk_base, dist_base, row_base,
+    q, keys_base, rowb_base, D, offs_d, d_ok,
     PLAIN: tl.constexpr, CAUSAL: tl.constexpr, HAS_REL: tl.constexpr, HAS_MASS: tl.constexpr,
     HAS_KREL: tl.constexpr, DROPOUT: tl.constexpr, LINEAR: tl.constexpr, PRECISION: tl.constexpr,
     ONE_ROW: tl.constexpr, SHIFTED: tl.constexpr, BY_DISTANCE: tl.constexpr,
-    NEED_ROW: tl.constexpr, MASKED: tl.constexpr,
+    NEED_ROW: tl.constexpr, MASKED: tl.constexpr, REL_KEYS: tl.constexpr, WIN: tl.constexpr,
 ):  # fmt: skip
     """A tile's probabilities as the output used them (rebuilt from ``lse``, dropout applied),
     ``dS = p·(dP - dlt)``, the pairs' rows (where ``NEED_ROW`` or the logits read them), which
@@ -734,7 +791,8 @@ def _probs_and_dp(
             one = _one_row(dlo, dhi, LUT, offset, nlut)
         s, row = _relative_logits(
             s, delta, one, allowed, m_ok, n_ok, rel_base, relk_base, dist_base, LUT, offset,
-            nlut, row_base, HAS_REL, HAS_KREL, SHIFTED, BY_DISTANCE, NEED_ROW or HAS_MASS,
+            nlut, row_base, q, keys_base, rowb_base, dlo, D, offs_d, d_ok, HAS_REL, HAS_KREL,
+            SHIFTED, BY_DISTANCE, NEED_ROW or HAS_MASS, REL_KEYS, WIN, PRECISION,
         )  # fmt: skip
         if HAS_MASS:
             dp = _add_at_rows(dp, dmass_base, row, one, allowed, m_ok[:, None])
@@ -754,12 +812,13 @@ def _kv_tiles(
     dk, dv, dkacc, lo, hi, lo2, hi2, k, v, offs_n, n_ok, offs_d, d_ok, drelk_base,
     Q, DO, LSE, DLT, QPOS, QSEG, KPOS, KSEG, REL, RELK, DIST, LUT, row_base, DMASS,
     b, h, bh, sqb, sqh, sqi, spq, spk, srb, srh, sri, NI, NJ, D, R, nlut, offset, scale2,
-    slope2, seed, p_drop,
+    slope2, seed, p_drop, keys_base, rowb_base,
     BM: tl.constexpr, RP: tl.constexpr, PLAIN: tl.constexpr, CAUSAL: tl.constexpr,
     HAS_REL: tl.constexpr, HAS_MASS: tl.constexpr, HAS_KREL: tl.constexpr,
     DROPOUT: tl.constexpr, LINEAR: tl.constexpr, KREL_GRAD: tl.constexpr,
     LOOP_ROWS: tl.constexpr, PRECISION: tl.constexpr, ONE_ROW: tl.constexpr,
     SHIFTED: tl.constexpr, BY_DISTANCE: tl.constexpr, MASKED: tl.constexpr,
+    REL_KEYS: tl.constexpr, WIN: tl.constexpr,
 ):  # fmt: skip
     """One key block's gradients, summed over the query tiles ``lo..hi`` and then ``lo2..hi2``
     (``hi - lo`` a multiple of ``BM`` where the second range is not empty). ``MASKED``: see
@@ -783,8 +842,9 @@ def _kv_tiles(
             KSEG + b * spk, REL + b * srb + h * srh + offs_m[:, None] * sri,
             DMASS + row_at[:, None] * R, LUT, offset, nlut, scale2, seed, p_drop, row_at, NJ,
             slope2, RELK + (bh * NJ + offs_n[None, :]) * R, DIST + h * nlut, row_base,
+            q, keys_base, rowb_base, D, offs_d, d_ok,
             PLAIN, CAUSAL, HAS_REL, HAS_MASS, HAS_KREL, DROPOUT, LINEAR, PRECISION, ONE_ROW,
-            SHIFTED, BY_DISTANCE, KREL_GRAD, MASKED,
+            SHIFTED, BY_DISTANCE, KREL_GRAD, MASKED, REL_KEYS, WIN,
         )  # fmt: skip
         dv += tl.dot(tl.trans(p.to(q.dtype)), do, input_precision=PRECISION)
         dk += tl.dot(tl.trans(ds.to(q.dtype)), q, input_precision=PRECISION)
@@ -802,18 +862,20 @@ def _kv_tiles(
 
 @triton.jit
 def _backward_kv_kernel(
-    Q, K, V, DO, LSE, DLT, QPOS, QSEG, KPOS, KSEG, REL, RELK, SLOPES, LUT, DIST, row_base, DMASS,
-    DK, DV, DRELK,
-    sqb, sqh, sqi, skb, skh, skj, spq, spk, srb, srh, sri,
+    Q, K, V, DO, LSE, DLT, QPOS, QSEG, KPOS, KSEG, REL, RELK, SLOPES, KEYS, ROWB, LUT, DIST,
+    row_base, DMASS, DK, DV, DRELK,
+    sqb, sqh, sqi, skb, skh, skj, spq, spk, srb, srh, sri, seh, sch,
     H, NI, NJ, D, R, nlut, offset, scale, seed, p_drop, RANGES, n_ranges,
     BM: tl.constexpr, BN: tl.constexpr, DP: tl.constexpr, RP: tl.constexpr,
     PLAIN: tl.constexpr, CAUSAL: tl.constexpr, HAS_REL: tl.constexpr, HAS_MASS: tl.constexpr,
     HAS_KREL: tl.constexpr, DROPOUT: tl.constexpr, LINEAR: tl.constexpr,
     KREL_GRAD: tl.constexpr, LOOP_ROWS: tl.constexpr, PRECISION: tl.constexpr,
     ONE_ROW: tl.constexpr, SHIFTED: tl.constexpr, BY_DISTANCE: tl.constexpr,
-    UNMASKED: tl.constexpr,
+    UNMASKED: tl.constexpr, REL_KEYS: tl.constexpr, WIN: tl.constexpr,
 ):  # fmt: skip
     start_n, bh, b, h, offs_n, offs_d, n_ok, d_ok = _program(H, NJ, D, BN, DP)
+    keys_base = KEYS + h * seh
+    rowb_base = ROWB + h * sch
     k, v = _load_keys(K, V, b, h, offs_n, offs_d, n_ok, d_ok, skb, skh, skj)
     scale2, slope2 = _base2_scales(scale, SLOPES, h, LINEAR)
     dk = tl.zeros([BN, DP], tl.float32)
@@ -837,17 +899,17 @@ def _backward_kv_kernel(
             dk, dv, dkacc, lo, hi, hi, hi, k, v, offs_n, n_ok, offs_d, d_ok, drelk_base,
             Q, DO, LSE, DLT, QPOS, QSEG, KPOS, KSEG, REL, RELK, DIST, LUT, row_base, DMASS,
             b, h, bh, sqb, sqh, sqi, spq, spk, srb, srh, sri, NI, NJ, D, R, nlut, offset,
-            scale2, slope2, seed, p_drop,
+            scale2, slope2, seed, p_drop, keys_base, rowb_base,
             BM, RP, PLAIN, CAUSAL, HAS_REL, HAS_MASS, HAS_KREL, DROPOUT, LINEAR, KREL_GRAD,
-            LOOP_ROWS, PRECISION, ONE_ROW, SHIFTED, BY_DISTANCE, False,
+            LOOP_ROWS, PRECISION, ONE_ROW, SHIFTED, BY_DISTANCE, False, REL_KEYS, WIN,
         )  # fmt: skip
     dk, dv, dkacc = _kv_tiles(  # the rest: [begin, lo) and [hi, end)
         dk, dv, dkacc, begin, lo, hi, end, k, v, offs_n, n_ok, offs_d, d_ok, drelk_base,
         Q, DO, LSE, DLT, QPOS, QSEG, KPOS, KSEG, REL, RELK, DIST, LUT, row_base, DMASS,
         b, h, bh, sqb, sqh, sqi, spq, spk, srb, srh, sri, NI, NJ, D, R, nlut, offset,
-        scale2, slope2, seed, p_drop,
+        scale2, slope2, seed, p_drop, keys_base, rowb_base,
         BM, RP, PLAIN, CAUSAL, HAS_REL, HAS_MASS, HAS_KREL, DROPOUT, LINEAR, KREL_GRAD,
-        LOOP_ROWS, PRECISION, ONE_ROW, SHIFTED, BY_DISTANCE, True,
+        LOOP_ROWS, PRECISION, ONE_ROW, SHIFTED, BY_DISTANCE, True, REL_KEYS, WIN,
     )  # fmt: skip
     out_at = (bh * NJ + offs_n[:, None]) * D + offs_d[None, :]
     kv_ok = n_ok[:, None] & d_ok[None, :]
@@ -864,13 +926,13 @@ def _q_tiles(
     dq, dracc, dslope, lo, hi, q, qp, qs, do, lse2, dlt, offs_m, m_ok, offs_d, d_ok, row_at,
     drel_base, K, V, KPOS, KSEG, REL, RELK, DIST, LUT, row_base, DMASS,
     b, h, bh, skb, skh, skj, spk, srb, srh, sri, NJ, R, nlut, offset, scale2, slope2, seed,
-    p_drop, first, last,
+    p_drop, first, last, keys_base, rowb_base, D,
     BN: tl.constexpr, RP: tl.constexpr, PLAIN: tl.constexpr, CAUSAL: tl.constexpr,
     HAS_REL: tl.constexpr, HAS_MASS: tl.constexpr, HAS_KREL: tl.constexpr,
     DROPOUT: tl.constexpr, LINEAR: tl.constexpr, REL_GRAD: tl.constexpr,
     LOOP_ROWS: tl.constexpr, SLOPE_GRAD: tl.constexpr, PRECISION: tl.constexpr,
     ONE_ROW: tl.constexpr, SHIFTED: tl.constexpr, BY_DISTANCE: tl.constexpr,
-    MASKED: tl.constexpr, OWN_ROWS: tl.constexpr,
+    MASKED: tl.constexpr, OWN_ROWS: tl.constexpr, REL_KEYS: tl.constexpr, WIN: tl.constexpr,
 ):  # fmt: skip
     """One query block's gradients, summed over the key tiles ``lo..hi``. ``MASKED``: see
     :func:`_pairs`; ``OWN_ROWS``, ``first``, ``last``: :func:`_own_rows`."""
@@ -885,8 +947,9 @@ def _q_tiles(
             KSEG + b * spk, REL + b * srb + h * srh + offs_m[:, None] * sri,
             DMASS + row_at[:, None] * R, LUT, offset, nlut, scale2, seed, p_drop, row_at, NJ,
             slope2, RELK + (bh * NJ + offs_n[None, :]) * R, DIST + h * nlut, row_base,
+            q, keys_base, rowb_base, D, offs_d, d_ok,
             PLAIN, CAUSAL, HAS_REL, HAS_MASS, HAS_KREL, DROPOUT, LINEAR, PRECISION, ONE_ROW,
-            SHIFTED, BY_DISTANCE, REL_GRAD, MASKED,
+            SHIFTED, BY_DISTANCE, REL_GRAD, MASKED, REL_KEYS, WIN,
         )  # fmt: skip
         dq += tl.dot(ds.to(q.dtype), k, input_precision=PRECISION)
         if SLOPE_GRAD:
@@ -907,18 +970,20 @@ def _q_tiles(
 
 @triton.jit
 def _backward_q_kernel(
-    Q, K, V, DO, LSE, DLT, QPOS, QSEG, KPOS, KSEG, REL, RELK, SLOPES, LUT, DIST, row_base, DMASS,
-    DQ, DREL, DSLOPE,
-    sqb, sqh, sqi, skb, skh, skj, spq, spk, srb, srh, sri,
+    Q, K, V, DO, LSE, DLT, QPOS, QSEG, KPOS, KSEG, REL, RELK, SLOPES, KEYS, ROWB, LUT, DIST,
+    row_base, DMASS, DQ, DREL, DSLOPE,
+    sqb, sqh, sqi, skb, skh, skj, spq, spk, srb, srh, sri, seh, sch,
     H, NI, NJ, D, R, nlut, offset, scale, seed, p_drop, RANGES, n_ranges,
     BM: tl.constexpr, BN: tl.constexpr, DP: tl.constexpr, RP: tl.constexpr,
     PLAIN: tl.constexpr, CAUSAL: tl.constexpr, HAS_REL: tl.constexpr, HAS_MASS: tl.constexpr,
     HAS_KREL: tl.constexpr, DROPOUT: tl.constexpr, LINEAR: tl.constexpr, REL_GRAD: tl.constexpr,
     LOOP_ROWS: tl.constexpr, SLOPE_GRAD: tl.constexpr, PRECISION: tl.constexpr,
     ONE_ROW: tl.constexpr, SHIFTED: tl.constexpr, BY_DISTANCE: tl.constexpr,
-    UNMASKED: tl.constexpr, OWN_ROWS: tl.constexpr,
+    UNMASKED: tl.constexpr, OWN_ROWS: tl.constexpr, REL_KEYS: tl.constexpr, WIN: tl.constexpr,
 ):  # fmt: skip
     start_m, bh, b, h, offs_m, offs_d, m_ok, d_ok = _program(H, NI, D, BM, DP)
+    keys_base = KEYS + h * seh
+    rowb_base = ROWB + h * sch
     q, qp, qs = _load_queries(Q, QPOS, QSEG, b, h, offs_m, offs_d, m_ok, d_ok, sqb, sqh, sqi, spq)
     row_at = bh * NI + offs_m
     do, lse2, dlt = _load_output_grads(DO, LSE, DLT, row_at, offs_d, m_ok, d_ok, D)
@@ -939,18 +1004,20 @@ def _backward_q_kernel(
             dq, dracc, dslope, begin, split, q, qp, qs, do, lse2, dlt, offs_m, m_ok, offs_d,
             d_ok, row_at, drel_base, K, V, KPOS, KSEG, REL, RELK, DIST, LUT, row_base, DMASS,
             b, h, bh, skb, skh, skj, spk, srb, srh, sri, NJ, R, nlut, offset, scale2,
-            slope2, seed, p_drop, first, last,
+            slope2, seed, p_drop, first, last, keys_base, rowb_base, D,
             BN, RP, PLAIN, CAUSAL, HAS_REL, HAS_MASS, HAS_KREL, DROPOUT, LINEAR, REL_GRAD,
             LOOP_ROWS, SLOPE_GRAD, PRECISION, ONE_ROW, SHIFTED, BY_DISTANCE, False, OWN_ROWS,
+            REL_KEYS, WIN,
         )  # fmt: skip
         begin = split
     dq, dracc, dslope = _q_tiles(
         dq, dracc, dslope, begin, end, q, qp, qs, do, lse2, dlt, offs_m, m_ok, offs_d,
         d_ok, row_at, drel_base, K, V, KPOS, KSEG, REL, RELK, DIST, LUT, row_base, DMASS,
         b, h, bh, skb, skh, skj, spk, srb, srh, sri, NJ, R, nlut, offset, scale2,
-        slope2, seed, p_drop, first, last,
+        slope2, seed, p_drop, first, last, keys_base, rowb_base, D,
         BN, RP, PLAIN, CAUSAL, HAS_REL, HAS_MASS, HAS_KREL, DROPOUT, LINEAR, REL_GRAD,
         LOOP_ROWS, SLOPE_GRAD, PRECISION, ONE_ROW, SHIFTED, BY_DISTANCE, True, OWN_ROWS,
+        REL_KEYS, WIN,
     )  # fmt: skip
     q_ok = m_ok[:, None] & d_ok[None, :]
     tl.store(DQ + row_at[:, None] * D + offs_d[None, :], dq * scale, mask=q_ok)
@@ -1050,32 +1117,35 @@ class _RelativeFlash(torch.autograd.Function):
     docstring."""
 
     @staticmethod
-    def forward(ctx, q, k, v, rel, relk, slopes, geometry, want_mass):
+    def forward(ctx, q, k, v, rel, relk, slopes, keys, row_bias, geometry, want_mass):
         qpos, qseg, kpos, kseg, lut, offset, causal, plain = geometry[:8]
         r, p_drop, seed, linear, dist, row_base, _, unmasked = geometry[8:]
         b, h, i, d = q.shape
         j = k.shape[2]
         tiles = _blocks(q.device, q.dtype, d)
+        has_rel = rel is not None or keys is not None
         one_row = lut.shape[0] == 2  # with its runs (relative_flash_attention)
         dp, rp, _ = _padded(q, r)
         out = q.new_empty(b, h, i, d, dtype=torch.float32)
         lse = q.new_empty(b, h, i, dtype=torch.float32)
         mass = q.new_zeros(b, h, i, r if want_mass else 0, dtype=torch.float32)
         tables = [t if t is not None else out for t in (rel, relk, slopes)]  # None: never read
+        tables += _keyed_tables(keys, row_bias, r, out)
         rows_from = _rows_from(lut, dist, row_base, out)
         q_ranges = _ranges(geometry, b, tiles.forward, queries=True)
         _launch(
             _forward_kernel, (triton.cdiv(i, tiles.forward.bm), b * h),
             q, k, v, qpos, qseg, kpos, kseg, *tables, *rows_from, out, lse, mass,
-            *_strides(q, k, qpos, kpos, rel),
+            *_strides(q, k, qpos, kpos, rel), *_keyed_strides(keys, row_bias),
             h, i, j, d, r, lut.shape[1], offset, 1.0 / math.sqrt(d), seed, p_drop, q_ranges,
             q_ranges.shape[1],
-            tiles=tiles.forward, DP=dp, RP=rp, PLAIN=plain, CAUSAL=causal, HAS_REL=rel is not None,
+            tiles=tiles.forward, DP=dp, RP=rp, PLAIN=plain, CAUSAL=causal, HAS_REL=has_rel,
             HAS_MASS=want_mass, HAS_KREL=relk is not None, DROPOUT=p_drop > 0, LINEAR=linear,
             PRECISION=_precision(q), ONE_ROW=one_row, SHIFTED=row_base is not None,
-            BY_DISTANCE=dist is not None, UNMASKED=unmasked,
+            BY_DISTANCE=dist is not None, UNMASKED=unmasked, REL_KEYS=keys is not None,
+            WIN=_window(tiles.forward),
         )  # fmt: skip
-        ctx.save_for_backward(q, k, v, rel, relk, slopes, out, lse, mass, q_ranges)
+        ctx.save_for_backward(q, k, v, rel, relk, slopes, keys, row_bias, out, lse, mass, q_ranges)
         # The backward pass keeps these launches, launch_config or not, and q_ranges, cut for
         # the forward's tiles, where the queries' backward has the same.
         ctx.geometry, ctx.want_mass, ctx.tiles = geometry, want_mass, (tiles, unmasked)
@@ -1085,7 +1155,7 @@ class _RelativeFlash(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dout, dmass):
-        q, k, v, rel, relk, slopes, out, lse, mass, q_ranges = ctx.saved_tensors
+        q, k, v, rel, relk, slopes, keys, row_bias, out, lse, mass, q_ranges = ctx.saved_tensors
         qpos, qseg, kpos, kseg, lut, offset, causal, plain = ctx.geometry[:8]
         r, p_drop, seed, linear, dist, row_base, own_rows, _ = ctx.geometry[8:]
         b, h, i, d = q.shape
@@ -1103,7 +1173,10 @@ class _RelativeFlash(torch.autograd.Function):
             dlt = dlt + (dmass * mass).sum(-1)
         else:
             dmass = dout  # any pointer: never read
-        rel_grad = rel is not None and ctx.needs_input_grad[3]
+        # With the keys, d rel (computed, then multiplied out below) serves q's gradient too.
+        needs = ctx.needs_input_grad
+        keyed = keys is not None
+        rel_grad = (rel is not None and needs[3]) or (keyed and (needs[0] or any(needs[6:8])))
         relk_grad = relk is not None and ctx.needs_input_grad[4]
         slope_grad = slopes is not None and ctx.needs_input_grad[5]
         drel = q.new_zeros(b, h, i, r if rel_grad else 0, dtype=torch.float32)
@@ -1113,33 +1186,40 @@ class _RelativeFlash(torch.autograd.Function):
         dk = q.new_empty(b, h, j, d, dtype=torch.float32)
         dv = torch.empty_like(dk)
         tables = [t if t is not None else out for t in (rel, relk, slopes)]  # None: never read
+        tables += _keyed_tables(keys, row_bias, r, out)
         tables += _rows_from(lut, dist, row_base, out)
-        strides = _strides(q, k, qpos, kpos, rel)
+        strides = (*_strides(q, k, qpos, kpos, rel), *_keyed_strides(keys, row_bias))
         common = (h, i, j, d, r, lut.shape[1], offset, 1.0 / math.sqrt(d), seed, p_drop)
         k_ranges = _ranges(ctx.geometry, b, tiles.keys, queries=False)
         if tiles.queries[:2] != tiles.forward[:2]:
             q_ranges = _ranges(ctx.geometry, b, tiles.queries, queries=True)
         flags = dict(
             DP=dp, RP=rp if loop_rows else 2, PLAIN=plain, CAUSAL=causal,
-            HAS_REL=rel is not None, HAS_MASS=has_mass, HAS_KREL=relk is not None,
+            HAS_REL=rel is not None or keyed, HAS_MASS=has_mass, HAS_KREL=relk is not None,
             DROPOUT=p_drop > 0, LINEAR=linear, LOOP_ROWS=loop_rows, PRECISION=_precision(q),
             ONE_ROW=one_row, SHIFTED=row_base is not None, BY_DISTANCE=dist is not None,
-            UNMASKED=unmasked,
+            UNMASKED=unmasked, REL_KEYS=keyed,
         )  # fmt: skip
         _launch(
             _backward_kv_kernel, (triton.cdiv(j, tiles.keys.bn), b * h),
             q, k, v, do, lse, dlt, qpos, qseg, kpos, kseg, *tables, dmass, dk, dv, drelk,
             *strides, *common, k_ranges, k_ranges.shape[1], KREL_GRAD=relk_grad,
-            tiles=tiles.keys, **flags,
+            tiles=tiles.keys, WIN=_window(tiles.keys), **flags,
         )  # fmt: skip
         _launch(
             _backward_q_kernel, (triton.cdiv(i, tiles.queries.bm), b * h),
             q, k, v, do, lse, dlt, qpos, qseg, kpos, kseg, *tables, dmass, dq, drel,
             dslope, *strides, *common, q_ranges, q_ranges.shape[1], REL_GRAD=rel_grad,
             SLOPE_GRAD=slope_grad, OWN_ROWS=own_rows and not loop_rows, tiles=tiles.queries,
-            **flags,
+            WIN=_window(tiles.queries), **flags,
         )  # fmt: skip
-        if rel_grad:  # back to rel's broadcast shape (b|1, h, i|1, R)
+        dkeys = drow_bias = None
+        if rel_grad and keyed:  # rel = q·Eᵀ + c, differentiated here
+            dq = dq + torch.matmul(drel, keys.float())
+            dkeys = _head_sum(torch.einsum("bhir,bhid->hrd", drel, q.float()), keys)
+            drow_bias = _head_sum(drel.sum((0, 2)), row_bias)
+            drel = None
+        elif rel_grad:  # back to rel's broadcast shape (b|1, h, i|1, R)
             dims = [n for n in (0, 2) if rel.shape[n] == 1]
             drel = drel.sum(dims, keepdim=True) if dims else drel
         return (
@@ -1149,9 +1229,38 @@ class _RelativeFlash(torch.autograd.Function):
             drel if rel_grad else None,
             drelk if relk_grad else None,
             dslope.sum((0, 2)) if slope_grad else None,
+            None if dkeys is None else dkeys.to(keys.dtype),
+            drow_bias,
             None,
             None,
         )
+
+
+def _window(tiles: Tiles) -> int:
+    """The rows a tile's distances span (:func:`_keyed_logits`), padded to a power of two."""
+    return triton.next_power_of_2(tiles.bm + tiles.bn - 1)
+
+
+def _keyed_tables(keys: Tensor | None, row_bias: Tensor | None, rows: int, unread: Tensor) -> list:
+    """The kernels' ``KEYS, ROWB`` arguments: ``unread`` without keys, zeros without a bias."""
+    if keys is None:
+        return [unread, unread]
+    bias = row_bias if row_bias is not None else keys.new_zeros(1, rows, dtype=torch.float32)
+    return [keys, bias]
+
+
+def _keyed_strides(keys: Tensor | None, row_bias: Tensor | None) -> tuple[int, int]:
+    """The head strides of ``keys`` and ``row_bias`` (0 where shared by the heads or absent)."""
+    seh = keys.stride(0) if keys is not None and keys.shape[0] > 1 else 0
+    sch = row_bias.stride(0) if row_bias is not None and row_bias.shape[0] > 1 else 0
+    return seh, sch
+
+
+def _head_sum(grad: Tensor, like: Tensor | None) -> Tensor | None:
+    """``grad`` (heads first) summed over the heads where ``like`` shares one among them."""
+    if like is None:
+        return None
+    return grad.sum(0, keepdim=True) if like.shape[0] == 1 else grad
 
 
 def _rows_from(lut: Tensor, dist: Tensor | None, row_base: int | None, unread: Tensor) -> tuple:
@@ -1202,6 +1311,8 @@ def relative_flash_attention(
     symmetric: bool = False,
     relk: Tensor | None = None,
     row_base: int | None = None,
+    keys: Tensor | None = None,
+    row_bias: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Attention with a relative logit table, fused (see the module docstring).
 
@@ -1230,6 +1341,10 @@ def relative_flash_attention(
             by every query (``(1, h, 1, R)``) without ``relk`` is read per distance instead
             (``rel[..., lut]``, built here): one load per pair either way. Neither with ``mass``
             nor in float32.
+        keys: ``E``, ``(1|h, R, d)``, in place of ``rel``: the logit term is ``q·Eᵀ`` (plus
+            ``row_bias``), computed tile by tile on the tensor cores (:func:`keyed_logits`);
+            differentiable. Plain positions only.
+        row_bias: float32 ``(1|h, R)``, ``c`` of ``q·Eᵀ + c`` (Transformer-XL's), or None.
 
     Returns:
         ``(out, mass)``: float32 ``(b, h, i, d)`` and float32 ``(b, h, i, R)`` (``(b, h, i, 0)``
@@ -1246,6 +1361,7 @@ def relative_flash_attention(
     """
     want_mass = bool(mass)
     _check_shapes(q, k, v, rel, relk, slopes, (q_pos, q_seg, k_pos, k_seg), rows)
+    _check_keys(q, rel, keys, row_bias, rows, plain)
     if lut.numel() == 0:
         raise ValueError("lut must have at least one entry, got shape (0,)")
     if not 0.0 <= dropout_p < 1.0:
@@ -1257,11 +1373,12 @@ def relative_flash_attention(
         )
     # Plain positions and a shifted clip: every row inside the clip is one pair's per query.
     own_rows = bool(plain) and row_base is not None
-    atomic = [relk] if own_rows else [rel, relk]
+    atomic = [relk] if own_rows else [rel, relk, *([q, keys, row_bias] if keys is not None else [])]
     if rows > MAX_LOOP_ROWS and torch.is_grad_enabled():
         if any(t is not None and t.requires_grad for t in atomic):
             _alert_atomic_row_sums(rows)
-    one_row, unmasked = tile_options(rel is not None or relk is not None, want_mass, q.dtype)
+    has_table = any(t is not None for t in (rel, relk, keys))
+    one_row, unmasked = tile_options(has_table, want_mass, q.dtype)
     geometry = (
         q_pos.contiguous(),
         q_seg.contiguous(),
@@ -1285,7 +1402,9 @@ def relative_flash_attention(
     rel = None if rel is None else rel.contiguous()  # the kernels read its rows with stride 1
     slopes = None if slopes is None else slopes.float().contiguous()
     relk = None if relk is None else relk.float().contiguous()
-    return _RelativeFlash.apply(q, k, v, rel, relk, slopes, geometry, want_mass)
+    keys = None if keys is None else keys.to(q.dtype).contiguous()
+    row_bias = None if row_bias is None else row_bias.float().contiguous()
+    return _RelativeFlash.apply(q, k, v, rel, relk, slopes, keys, row_bias, geometry, want_mass)
 
 
 def _one_load_form(
@@ -1364,6 +1483,26 @@ def _check_shapes(q, k, v, rel, relk, slopes, positions: tuple, rows: int) -> No
         refuse("relk", str((b, h, j, rows)), relk)
     if slopes is not None and tuple(slopes.shape) != (h,):
         refuse("slopes", f"({h},)", slopes)
+
+
+def _check_keys(q, rel, keys, row_bias, rows: int, plain: bool) -> None:
+    """``keys`` and ``row_bias`` against ``q``'s heads and dim and the rows; refused beside
+    ``rel`` and off plain positions (a tile's distances then span any number of rows)."""
+    if keys is None:
+        if row_bias is not None:
+            raise ValueError("row_bias is the bias of keys: pass keys with it, got keys=None")
+        return
+    if rel is not None:
+        raise ValueError("pass rel or keys, not both: keys stand for rel = q·keysᵀ + row_bias")
+    if not plain:
+        raise ValueError("keys need plain positions (plain=True): pass rel otherwise")
+    _, h, _, d = q.shape
+    if keys.dim() != 3 or keys.shape[0] not in (1, h) or tuple(keys.shape[1:]) != (rows, d):
+        raise ValueError(f"keys must have shape (1|{h}, {rows}, {d}), got {tuple(keys.shape)}")
+    if row_bias is not None and (
+        row_bias.dim() != 2 or row_bias.shape[0] not in (1, h) or row_bias.shape[1] != rows
+    ):
+        raise ValueError(f"row_bias must have shape (1|{h}, {rows}), got {tuple(row_bias.shape)}")
 
 
 def _alert_atomic_row_sums(rows: int) -> None:
