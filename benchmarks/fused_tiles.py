@@ -3,7 +3,7 @@ forward+backward time against flash SDPA with no positions, measured in the same
 (docs/performance.md, "fused").
 
     PYTHONPATH=src python benchmarks/fused_tiles.py --out DIR [--lengths 4096] [--tokens 16384]
-        [--schemes alibi,t5,shaw,music] [--configs 64x4+auto,128x64w8/32x64w4/64x32w4+one]
+        [--schemes alibi,t5,shaw,music,kerple] [--configs 64x4+auto,128x64w8/32x64w4/64x32w4+one]
         [--device cuda]
 
 A candidate is ``TILExWARPS`` (square tiles and the warps of all three kernels) or
@@ -169,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--lengths", type=bench.positive_ints, default=[4096])
     parser.add_argument("--tokens", type=int, default=16384, help="B·L of every configuration")
-    parser.add_argument("--schemes", default="alibi,t5,shaw,music")
+    parser.add_argument("--schemes", default="alibi,t5,shaw,music,kerple")
     parser.add_argument(
         "--configs", default=DEFAULT_CONFIGS,
         help="candidates, TILExWARPS or FORWARD/KEYS/QUERIES, each BMxBNwWARPS[sSTAGES]",

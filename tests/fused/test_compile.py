@@ -112,13 +112,8 @@ H100_SHARED = 227 * 1024
 
 
 @pytest.mark.skipif(not PTXAS.exists(), reason="Triton without its NVIDIA backend")
-@pytest.mark.parametrize(
-    "variants",
-    [
-        "shaw-values",
-        pytest.param(",".join(DEFAULT_VARIANTS), id="every-variant", marks=pytest.mark.slow),
-    ],
-)
+@pytest.mark.slow  # candidates for a GPU session, which reports one that fails and goes on
+@pytest.mark.parametrize("variants", ["shaw-values", ",".join(DEFAULT_VARIANTS)])
 def test_the_launch_candidates_compile_for_an_h100(tmp_path, variants):
     """Every per-kernel launch a GPU session is to time (:data:`LAUNCH_CANDIDATES`) compiles
     for sm_90 and fits an H100's shared memory, so none of its minutes goes to a launch that
@@ -137,10 +132,8 @@ KEYED = [name for name in VARIANTS if name.endswith("-keyed")]
 
 
 @pytest.mark.skipif(not PTXAS.exists(), reason="Triton without its NVIDIA backend")
-@pytest.mark.parametrize(
-    "variants",
-    ["shaw-values-keyed", pytest.param(",".join(KEYED), id="every-keyed", marks=pytest.mark.slow)],
-)
+@pytest.mark.slow  # off by default: a launch option for a GPU session to time
+@pytest.mark.parametrize("variants", ["shaw-values-keyed", ",".join(KEYED)])
 def test_the_keyed_kernels_compile_for_an_h100(tmp_path, variants):
     """The kernels that compute each tile's ``q·Eᵀ`` (``keyed_logits``, off by default, so not
     held to the default tiles' budget), with the launches a GPU session is to time them with

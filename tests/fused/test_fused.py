@@ -41,6 +41,7 @@ from relpos.kernels.relative_attention import (
     relative_flash_attention,
     tile_options,
 )
+from relpos.schemes.base import RelativeScheme
 from tests import oracles
 from tests.helpers import BACKEND_SPECS, make_layout, randomize_parameters, spec_id
 
@@ -51,15 +52,19 @@ elif torch.cuda.is_available():
 else:
     pytest.skip("needs a CUDA device or TRITON_INTERPRET=1", allow_module_level=True)
 
-#: Every spec the fused backend runs (the relative schemes, ALiBi).
+#: Every spec the fused backend runs (the relative schemes, ALiBi, the distance biases).
 FUSED_SPECS = [
     s
     for s in [*BACKEND_SPECS, {"name": "learned_alibi"}]  # its slopes' gradient: a path of its own
     if fused_supports(relpos.make_scheme(s, d_model=8, num_heads=2, causal=True), device=DEVICE)
 ]
 LAYOUTS = ["plain", "left-pad", "packed", "cached"]
-#: The specs with a relative table (not ALiBi's slopes).
-RELATIVE_SPECS = [s for s in FUSED_SPECS if s["name"] not in ("alibi", "learned_alibi")]
+#: The specs with a relative table (not ALiBi's slopes nor a distance bias's function).
+RELATIVE_SPECS = [
+    s
+    for s in FUSED_SPECS
+    if isinstance(relpos.make_scheme(s, d_model=8, num_heads=2, causal=True), RelativeScheme)
+]
 
 
 def _rows(p: relpos.Positions, b: int) -> tuple[list, list]:
@@ -487,6 +492,74 @@ def test_fused_sums_atomically_says_what_the_kernel_does(spec, layout, determini
             fused_attention(q, k, v, scheme, qp, kp, causal=True)
 
 
+@pytest.mark.parametrize(
+    ("spec", "n", "summed"),
+    [
+        ({"name": "kerple"}, 40, False),  # 79 distances: a register sum per query
+        ({"name": "kerple"}, 80, True),  # 159: by entry, atomic
+        ({"name": "sandwich"}, 80, False),  # nothing learned: no gradient to sum
+    ],
+    ids=["kerple-short", "kerple-long", "sandwich-long"],
+)
+def test_a_distance_bias_sums_atomically_where_the_kernel_does(spec, n, summed, deterministic):
+    """A distance bias's table holds every distance the call sees: past
+    :data:`MAX_LOOP_ROWS` of them, a learned one's gradient is summed by atomic adds, and
+    ``fused_sums_atomically`` says so as the kernel's own refusal does."""
+    scheme, q, k, v, qp, kp = _case(spec, "plain", True, 3, n=n)
+    deterministic(True)
+    assert fused_sums_atomically(scheme, qp, kp) == summed
+    with recorded_launches():
+        if summed:
+            with pytest.raises(RuntimeError, match="not deterministic"):
+                fused_attention(q, k, v, scheme, qp, kp, causal=True)
+        else:
+            fused_attention(q, k, v, scheme, qp, kp, causal=True)
+
+
+def _wide_tables() -> list:
+    """Tables shared by every query past :data:`MAX_LOOP_ROWS` rows, whose gradient is summed
+    by entry (``BY_ENTRY``): a distance bias's over a long sequence, T5 with many buckets; in
+    each layout, and ``gaps`` (every other position: no tile's pairs lie on its diagonals)."""
+    specs = {"kerple": {"name": "kerple"}, "dpb": {"name": "dpb"}}
+    specs["t5-wide"] = {"name": "t5", "num_buckets": 160, "max_distance": 300}
+    fast = {("kerple", "plain"), ("kerple", "gaps")}
+    return [
+        pytest.param(spec, layout, id=f"{name}-{layout}", marks=() if fast_case else slow)
+        for name, spec in specs.items()
+        for layout in [*LAYOUTS, "gaps"]
+        for fast_case in [(name, layout) in fast]
+        for slow in [pytest.mark.slow]
+    ]
+
+
+@pytest.mark.parametrize(("spec", "layout"), _wide_tables())
+def test_a_wide_shared_table_sums_its_gradient_by_entry(spec, layout):
+    """Past the register rows a table shared by every query sums its gradient per entry: one
+    atomic add per diagonal of a tile where its pairs lie on diagonals (the layouts), one per
+    pair otherwise (gaps between positions). Outputs and every gradient against float64
+    ``eager``, causal and bidirectional, on 150 tokens (299 distances or more; T5's 160
+    buckets), tiles of two shapes."""
+    for causal, launch in ((True, dict(tile=32)), (False, dict(tile=16, forward=(32, 16, 4)))):
+        scheme, q, k, v, qp, kp = _case(
+            spec, "plain" if layout == "gaps" else layout, causal, 6, n=150
+        )
+        if layout == "gaps":
+            qp = kp = relpos.Positions(qp.pos * 2, qp.seg)
+        grad_out = torch.randn(*q.shape, device=DEVICE)
+        with launch_config(**launch):
+            with recorded_launches() as runs:
+                fused_attention(q, k, v, scheme, qp, kp, causal=causal).sum().backward()
+            assert runs[-1].constexprs["BY_ENTRY"]
+            out = fused_attention(q, k, v, scheme, qp, kp, causal=causal)
+        got = (out, *_grads(out, scheme, q, k, v, grad_out))
+        wide = scheme.double()
+        q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+        ref = BACKENDS["eager"](q64, k64, v64, wide, qp, kp, causal=causal)
+        want = (ref, *_grads(ref, wide, q64, k64, v64, grad_out.double()))
+        _assert_all_close(got, want, 1e-4, f"{spec_id(spec)} {layout} causal={causal}")
+        scheme.float()
+
+
 @pytest.mark.parametrize("spec", RELATIVE_SPECS, ids=spec_id)
 def test_one_load_forms_match_the_table_path(spec):
     """A pair's logit in one load: clipped distances' rows computed (``SHIFTED``: Shaw's keys, the
@@ -691,7 +764,8 @@ def test_raw_kernel_refuses_keys_of_the_wrong_shape(keys, row_bias, message):
 
 def _keyed_specs() -> list:
     """The specs whose logit term is ``q·Eᵀ`` (plus a bias per row): the keys ``fused`` may hand
-    the kernels (:func:`keyed_logits`); the first of each scheme by default."""
+    the kernels (:func:`keyed_logits`); the first Music Transformer's and Transformer-XL's (its
+    row bias) by default."""
     keyed = []
     for spec in RELATIVE_SPECS:
         scheme = relpos.make_scheme(spec, d_model=8, num_heads=2, causal=True)
@@ -699,10 +773,9 @@ def _keyed_specs() -> list:
             keyed.append(spec)
     names = [s["name"] for s in keyed]
     return [
-        pytest.param(
-            s, id=spec_id(s), marks=() if names.index(s["name"]) == n else pytest.mark.slow
-        )
+        pytest.param(s, id=spec_id(s), marks=() if fast else pytest.mark.slow)
         for n, s in enumerate(keyed)
+        for fast in [names.index(s["name"]) == n and s["name"] in ("music", "transformer_xl")]
     ]
 
 
@@ -785,11 +858,11 @@ def test_keyed_logits_stay_off_by_default_and_off_plain_positions():
 @pytest.mark.parametrize(
     ("spec", "why"),
     [
-        ({"name": "kerple"}, "does not support scheme"),
+        ({"name": "fire"}, "does not support scheme"),  # its bias reads the query's position
         ({"name": "cope", "npos_max": 6}, "scheme"),  # its gates read σ(q·k) per pair
         ({"name": "shaw", "max_distance": 100}, "scheme"),  # a value term over 201 rows
     ],
-    ids=["kerple", "cope", "shaw-wide-values"],
+    ids=["fire", "cope", "shaw-wide-values"],
 )
 def test_refusals_name_what_is_unsupported(spec, why):
     scheme = relpos.make_scheme(spec, d_model=16, num_heads=2, causal=True).to(DEVICE)

@@ -70,7 +70,7 @@ def test_every_candidate_is_timed_against_sdpa(tmp_path):
         (["--configs", "64x4+auto+one"], "or [+auto][+lut]"),
         (["--configs", "64x64w4/64x64w4"], "launches are FORWARD/KEYS/QUERIES"),
         (["--configs", "64x64w4/64x64w3/64x64w4"], "keys: warps must be 1, 2, 4, 8 or 16"),
-        (["--schemes", "kerple"], "does not run kerple"),
+        (["--schemes", "fire"], "does not run fire"),
         (["--schemes", "bogus"], "unknown scheme"),
     ],
 )

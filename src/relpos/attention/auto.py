@@ -257,7 +257,8 @@ def fused_wins_on_cuda(
       (ALiBi's forward at L=4096: 3.9× against 20× ``sdpa``, 107× ``chunked``); the kernel
       compiles once per kind of call, not per shape, so decoding pays no compile.
 
-    Float32 and head dims past :data:`FUSED_HEAD_DIM` (not timed) keep the other backends."""
+    Float32, head dims past :data:`FUSED_HEAD_DIM` and the distance biases other than learned
+    ALiBi (not timed) keep the other backends."""
     if q.device.type != "cuda" or q.dtype not in FUSED_DTYPES:
         return False
     if not fused_supports(scheme, device=q.device):
@@ -266,6 +267,8 @@ def fused_wins_on_cuda(
         return True
     if q.dtype == torch.float32 or q.shape[-1] > FUSED_HEAD_DIM:
         return False
+    if isinstance(scheme, DistanceBiasScheme) and not scheme.linear:
+        return False  # KERPLE, Sandwich, DPB: not yet timed on the kernel (flex: 6-8x)
     mask_passes = sdpa_mask_bytes(scheme, q, q_positions, k_positions, causal=causal) > (
         SDPA_MASK_BUDGET
     )

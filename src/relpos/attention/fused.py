@@ -19,9 +19,11 @@ the positions and segments, read per tile. The products ``q·Eᵀ`` and ``mass·
 PyTorch. ALiBi (fixed slopes, or learned ALiBi's trained ones) runs as ``slope_h·δ`` computed per
 pair, its slopes' gradient summed per query.
 
-What it runs: every relative scheme (a logit term, a key term, a value term or any of them),
-ALiBi and learned ALiBi; a value term, or a table shared by every query (T5), with at most
-:data:`~relpos.kernels.relative_attention.MAX_LOOP_ROWS` rows; float32, bfloat16 or float16;
+What it runs: every relative scheme (a logit term, a key term, a value term or any of them; a
+value term with at most :data:`~relpos.kernels.relative_attention.MAX_LOOP_ROWS` rows), ALiBi and
+learned ALiBi, and the distance biases (KERPLE, Sandwich, DPB: ``f_h(δ)`` as one table of every
+distance the call sees, ``distance_table``, read per pair; its gradient summed by entry, one
+atomic add per diagonal of a tile); float32, bfloat16 or float16;
 attention dropout in training (the kernel redraws its mask in the backward pass from a seed taken
 from PyTorch's CPU generator, so ``torch.manual_seed`` makes it reproducible). Where ``auto``
 picks it on CUDA: :func:`.auto.fused_wins_on_cuda` (measured: ``docs/performance.md``, "On a
@@ -38,7 +40,7 @@ from torch import Tensor
 
 from ..functional.dtypes import outside_autocast
 from ..kernels import triton_available
-from ..positions import PAD_SEGMENT, Positions, dense_segment_ids
+from ..positions import PAD_SEGMENT, Positions, dense_segment_ids, distance_range
 from ..schemes.base import DistanceBiasScheme, LinearBiasScheme, RelativeScheme, Scheme
 from .contract import (
     empty_attention,
@@ -90,14 +92,13 @@ def fused_supports(scheme: Scheme, *, device: torch.device | str | None = None) 
         return False
     if _is_linear(scheme):
         return "value_term" not in scheme.hooks
+    if isinstance(scheme, DistanceBiasScheme):
+        return True
     if not isinstance(scheme, RelativeScheme):
         return False
     if not scheme.hooks & {"score_bias", "key_bias", "value_term"}:
         return False
-    small = scheme.num_relative <= kernels.MAX_LOOP_ROWS
-    if "value_term" in scheme.hooks and not small:
-        return False
-    return small or not (scheme.query_independent and "score_bias" in scheme.hooks)
+    return "value_term" not in scheme.hooks or scheme.num_relative <= kernels.MAX_LOOP_ROWS
 
 
 def fused_sums_atomically(scheme: Scheme, q_positions: Positions, k_positions: Positions) -> bool:
@@ -105,9 +106,16 @@ def fused_sums_atomically(scheme: Scheme, q_positions: Positions, k_positions: P
     adds for this call (in an order that varies between runs, so deterministic mode refuses it):
     past :data:`~relpos.kernels.relative_attention.MAX_LOOP_ROWS` rows, a key term (DeBERTa)
     always, a logit term unless over plain positions with a shifted clip (each query's rows are
-    then its own: the Music Transformer, Transformer-XL). The kernel decides it from the same
-    facts; ``tests/fused`` checks that the two agree."""
-    if _is_linear(scheme) or not isinstance(scheme, RelativeScheme):
+    then its own: the Music Transformer, Transformer-XL), a distance bias's learned table of
+    every distance. The kernel decides it from the same facts; ``tests/fused`` checks that the
+    two agree."""
+    if _is_linear(scheme):
+        return False
+    if isinstance(scheme, DistanceBiasScheme):  # a table of every distance the call sees
+        lo, hi = distance_range(q_positions, k_positions)
+        wide = hi - lo + 1 > _kernels().MAX_LOOP_ROWS
+        return wide and any(p.requires_grad for p in scheme.parameters())
+    if not isinstance(scheme, RelativeScheme):
         return False
     if scheme.num_relative <= _kernels().MAX_LOOP_ROWS:
         return False
@@ -178,10 +186,14 @@ def fused_attention(
         return empty_attention(q, k, v)
     linear = _is_linear(scheme)
     plain = is_contiguous_self(q_positions, k_positions)
-    row_base = rel = keys = row_bias = None
+    row_base = rel = relk = keys = row_bias = None
     if linear:  # the slopes, no table: one row
         lut, offset, rows = torch.zeros(1, dtype=torch.long, device=q.device), 0, 1
-        relk = None
+    elif isinstance(scheme, DistanceBiasScheme):  # one table of every distance, for every query
+        lo, table = scheme.distance_table(q_positions, k_positions)
+        rows, offset = table.shape[-1], -lo
+        lut = torch.arange(rows, device=q.device)
+        rel = table.float()[None, :, None]
     else:
         lut, offset = relative_rows(scheme, q_positions, k_positions, q.device, clipped=True)
         clip = scheme.distance_clip

@@ -63,7 +63,8 @@ __all__ = [
 ]
 
 #: One call of :func:`~.relative_attention.relative_flash_attention` per kind of launch the
-#: ``fused`` backend makes: the table shared by every query (T5: read per distance), per query with
+#: ``fused`` backend makes: the table shared by every query (T5: read per distance; a distance
+#: bias's, past the register rows), per query with
 #: the mass (Shaw's keys and values) or past the register rows (the Music Transformer: its rows
 #: computed from clipped distances, its row sums stored per query, or atomic over general
 #: positions), a key term (DeBERTa), ALiBi's slopes (learned: their gradient), dropout, and general
@@ -79,6 +80,10 @@ VARIANTS: dict[str, dict] = {
     "alibi": dict(rows=1, slopes=True),
     "alibi-bidirectional": dict(rows=1, slopes=True, symmetric=True, causal=False),
     "alibi-dropout": dict(rows=1, slopes=True, dropout=0.1),
+    # A distance bias (KERPLE, Sandwich, DPB): a shared table of every distance, its gradient
+    # summed by entry (BY_ENTRY); general positions sum per pair where not on diagonals.
+    "distance-bias": dict(rel="shared", rows=511),
+    "distance-bias-positions": dict(rel="shared", rows=511, plain=False),
     # The keys in place of the logits (keyed_logits, off by default: not in DEFAULT_VARIANTS).
     "music-keyed": dict(keys=True, rows=513, row_base=0),
     "transformer-xl-keyed": dict(keys=True, row_bias=True, rows=513, row_base=0),

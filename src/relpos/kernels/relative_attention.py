@@ -20,7 +20,8 @@ and the gradients of ``q``, ``k``, ``v``, ``rel``, ``relk`` and the slopes from 
 pair's index (Philox, ``tl.rand``), so the backward pass redraws the same mask instead of storing
 it.
 
-This is the form of every :class:`~relpos.schemes.RelativeScheme`: ``rel`` is the scheme's
+This is the form of every :class:`~relpos.schemes.RelativeScheme` and distance bias (KERPLE,
+Sandwich, DPB: ``rel`` its table of every distance, shared by every query): ``rel`` is the scheme's
 ``relative_logits(q)`` (``q·Eᵀ`` for Shaw's keys and the Music Transformer, a bucket table for
 T5), ``relk`` its ``relative_key_logits(k)`` (DeBERTa) and ``mass`` what Shaw's value term reads
 (``relative_value(mass)``); and of ALiBi (fixed or learned slopes: the slopes' gradient is a
@@ -36,6 +37,10 @@ backward):
 * More rows, over plain positions, with a shifted clip (the Music Transformer's, Transformer-XL's
   ``d rel``): no atomics. For one query each key is at another distance, so each row inside the
   clip is one pair's: stored; the clip's two end rows sum per query in registers.
+* More rows of a table shared by every query (a distance bias's table of every distance, T5
+  past 128 buckets): its gradient by entry, ``(h, n)``, by atomic adds: one per diagonal of a
+  tile where its pairs lie on diagonals (``p_j - p_i = j - i + c``: plain, padded, packed or
+  cached positions), one per pair otherwise (:func:`_add_by_entry`).
 * More rows otherwise (packed, padded or cached positions; DeBERTa's buckets; ``rel`` per query
   only): atomic adds at each pair's ``(i, row)`` (``(j, row)``) from the program that owns query
   block ``i`` (key block ``j``), so no two programs contend; one add per query (key) where the
@@ -575,6 +580,34 @@ def _own_rows(acc, drel_base, ds, row, allowed, one, first, last):
 
 
 @triton.jit
+def _add_by_entry(
+    dtab_base, ds, delta, allowed, offs_m, offs_n, offset, nlut, BM: tl.constexpr,
+    BN: tl.constexpr, WIN: tl.constexpr,
+):  # fmt: skip
+    """``d table[e] += Σ dS`` over the tile's pairs at entry ``e`` of a table shared by every
+    query (a distance bias, T5's buckets past :data:`MAX_LOOP_ROWS`), by atomic adds into the
+    ``(nlut,)`` gradient at ``dtab_base``. Where every allowed pair lies at ``j - i`` plus one
+    constant (plain positions, padding, packing, a cache), each of the tile's ``BM + BN - 1``
+    diagonals is one entry: its sum is gathered (``dS`` skewed so that each diagonal is a
+    column) and added once, so a head's entries take one add per diagonal and tile, not one per
+    pair; otherwise one add per pair. ``ds`` is 0 on the pairs that may not attend."""
+    shift = delta - (offs_n[None, :] - offs_m[:, None])
+    lo = tl.min(tl.min(tl.where(allowed, shift, 1 << 30), axis=1), axis=0)
+    hi = tl.max(tl.max(tl.where(allowed, shift, -(1 << 30)), axis=1), axis=0)
+    if lo == hi:
+        diag = tl.arange(0, WIN)
+        col = diag[None, :] + tl.arange(0, BM)[:, None] - (BM - 1)  # query's key on a diagonal
+        on = (col >= 0) & (col < BN)
+        skewed = tl.gather(ds, tl.minimum(tl.maximum(col, 0), BN - 1), axis=1)
+        sums = tl.sum(tl.where(on, skewed, 0.0), axis=0)
+        first = tl.min(offs_n, axis=0) - tl.max(offs_m, axis=0) + lo  # the first diagonal's δ
+        at = _entries(first + diag, offset, nlut)
+        tl.atomic_add(dtab_base + at, sums, mask=diag < BM + BN - 1)
+    elif lo < hi:
+        tl.atomic_add(dtab_base + _entries(delta, offset, nlut), ds, mask=allowed)
+
+
+@triton.jit
 def _dropped(p, seed, row_at, offs_n, NJ, p_drop):
     """``p`` with attention dropout: each pair kept with probability ``1 - p_drop`` (scaled by
     its inverse), drawn by Philox from ``seed`` and the pair's index, so the backward pass and
@@ -933,9 +966,11 @@ def _q_tiles(
     LOOP_ROWS: tl.constexpr, SLOPE_GRAD: tl.constexpr, PRECISION: tl.constexpr,
     ONE_ROW: tl.constexpr, SHIFTED: tl.constexpr, BY_DISTANCE: tl.constexpr,
     MASKED: tl.constexpr, OWN_ROWS: tl.constexpr, REL_KEYS: tl.constexpr, WIN: tl.constexpr,
+    BY_ENTRY: tl.constexpr, BM: tl.constexpr,
 ):  # fmt: skip
     """One query block's gradients, summed over the key tiles ``lo..hi``. ``MASKED``: see
-    :func:`_pairs`; ``OWN_ROWS``, ``first``, ``last``: :func:`_own_rows`."""
+    :func:`_pairs`; ``OWN_ROWS``, ``first``, ``last``: :func:`_own_rows`; ``BY_ENTRY``:
+    :func:`_add_by_entry` (``drel_base`` is then the table's gradient for this head)."""
     for start_n in range(lo, hi, BN):
         offs_n = start_n + tl.arange(0, BN)
         n_ok = offs_n < NJ
@@ -957,6 +992,10 @@ def _q_tiles(
         if REL_GRAD:
             if LOOP_ROWS:
                 dracc = _sum_by_row(dracc, ds, row, allowed, one, RP)
+            elif BY_ENTRY:
+                _add_by_entry(
+                    drel_base, ds, delta, allowed, offs_m, offs_n, offset, nlut, BM, BN, WIN
+                )
             elif OWN_ROWS:
                 dracc = _own_rows(dracc, drel_base, ds, row, allowed, one, first, last)
             else:
@@ -980,6 +1019,7 @@ def _backward_q_kernel(
     LOOP_ROWS: tl.constexpr, SLOPE_GRAD: tl.constexpr, PRECISION: tl.constexpr,
     ONE_ROW: tl.constexpr, SHIFTED: tl.constexpr, BY_DISTANCE: tl.constexpr,
     UNMASKED: tl.constexpr, OWN_ROWS: tl.constexpr, REL_KEYS: tl.constexpr, WIN: tl.constexpr,
+    BY_ENTRY: tl.constexpr,
 ):  # fmt: skip
     start_m, bh, b, h, offs_m, offs_d, m_ok, d_ok = _program(H, NI, D, BM, DP)
     keys_base = KEYS + h * seh
@@ -991,7 +1031,10 @@ def _backward_q_kernel(
     dq = tl.zeros([BM, DP], tl.float32)
     dracc = tl.zeros([BM, RP], tl.float32)
     dslope = tl.zeros([BM], tl.float32)
-    drel_base = DREL + row_at[:, None] * R
+    if BY_ENTRY:  # the shared table's gradient by lut entry, (h, nlut)
+        drel_base = DREL + h * nlut
+    else:
+        drel_base = DREL + row_at[:, None] * R
     first = 0  # the clip's end rows (OWN_ROWS)
     last = 0
     if OWN_ROWS:
@@ -1007,7 +1050,7 @@ def _backward_q_kernel(
             slope2, seed, p_drop, first, last, keys_base, rowb_base, D,
             BN, RP, PLAIN, CAUSAL, HAS_REL, HAS_MASS, HAS_KREL, DROPOUT, LINEAR, REL_GRAD,
             LOOP_ROWS, SLOPE_GRAD, PRECISION, ONE_ROW, SHIFTED, BY_DISTANCE, False, OWN_ROWS,
-            REL_KEYS, WIN,
+            REL_KEYS, WIN, BY_ENTRY, BM,
         )  # fmt: skip
         begin = split
     dq, dracc, dslope = _q_tiles(
@@ -1017,7 +1060,7 @@ def _backward_q_kernel(
         slope2, seed, p_drop, first, last, keys_base, rowb_base, D,
         BN, RP, PLAIN, CAUSAL, HAS_REL, HAS_MASS, HAS_KREL, DROPOUT, LINEAR, REL_GRAD,
         LOOP_ROWS, SLOPE_GRAD, PRECISION, ONE_ROW, SHIFTED, BY_DISTANCE, True, OWN_ROWS,
-        REL_KEYS, WIN,
+        REL_KEYS, WIN, BY_ENTRY, BM,
     )  # fmt: skip
     q_ok = m_ok[:, None] & d_ok[None, :]
     tl.store(DQ + row_at[:, None] * D + offs_d[None, :], dq * scale, mask=q_ok)
@@ -1179,7 +1222,11 @@ class _RelativeFlash(torch.autograd.Function):
         rel_grad = (rel is not None and needs[3]) or (keyed and (needs[0] or any(needs[6:8])))
         relk_grad = relk is not None and ctx.needs_input_grad[4]
         slope_grad = slopes is not None and ctx.needs_input_grad[5]
-        drel = q.new_zeros(b, h, i, r if rel_grad else 0, dtype=torch.float32)
+        # A table shared by every query past the register rows: its gradient by lut entry.
+        by_entry = rel_grad and not loop_rows and rel is not None and _shared(rel)
+        drel = q.new_zeros(b, h, i, r if rel_grad and not by_entry else 0, dtype=torch.float32)
+        if by_entry:
+            drel = q.new_zeros(h, lut.shape[1], dtype=torch.float32)
         drelk = q.new_zeros(b, h, j, r if relk_grad else 0, dtype=torch.float32)
         dslope = q.new_zeros(b, h, i if slope_grad else 0, dtype=torch.float32)
         dq = torch.empty_like(out)
@@ -1211,7 +1258,7 @@ class _RelativeFlash(torch.autograd.Function):
             q, k, v, do, lse, dlt, qpos, qseg, kpos, kseg, *tables, dmass, dq, drel,
             dslope, *strides, *common, q_ranges, q_ranges.shape[1], REL_GRAD=rel_grad,
             SLOPE_GRAD=slope_grad, OWN_ROWS=own_rows and not loop_rows, tiles=tiles.queries,
-            WIN=_window(tiles.queries), **flags,
+            WIN=_window(tiles.queries), BY_ENTRY=by_entry, **flags,
         )  # fmt: skip
         dkeys = drow_bias = None
         if rel_grad and keyed:  # rel = q·Eᵀ + c, differentiated here
@@ -1219,6 +1266,9 @@ class _RelativeFlash(torch.autograd.Function):
             dkeys = _head_sum(torch.einsum("bhir,bhid->hrd", drel, q.float()), keys)
             drow_bias = _head_sum(drel.sum((0, 2)), row_bias)
             drel = None
+        elif by_entry:  # entries to rows: lut[e] is entry e's row
+            rows = drel.new_zeros(h, r).index_add_(1, lut[0].long(), drel)
+            drel = rows.view(1, h, 1, r)
         elif rel_grad:  # back to rel's broadcast shape (b|1, h, i|1, R)
             dims = [n for n in (0, 2) if rel.shape[n] == 1]
             drel = drel.sum(dims, keepdim=True) if dims else drel
@@ -1234,6 +1284,11 @@ class _RelativeFlash(torch.autograd.Function):
             None,
             None,
         )
+
+
+def _shared(rel: Tensor) -> bool:
+    """Whether ``rel`` (``(b|1, h, i|1, R)``) is one table for every batch row and query."""
+    return rel.shape[0] == 1 and rel.shape[2] == 1
 
 
 def _window(tiles: Tiles) -> int:
@@ -1355,9 +1410,10 @@ def relative_flash_attention(
         ValueError: an input whose shape or dtype does not fit ``q``'s and ``k``'s (named, with
             the shape expected).
         RuntimeError: under ``torch.use_deterministic_algorithms(True)`` (a warning with
-            ``warn_only``), when ``rel`` or ``relk`` needs a gradient over more than
-            :data:`MAX_LOOP_ROWS` rows: those gradients are summed by atomic adds (not ``rel``'s
-            over plain positions with ``row_base``: each query's rows are its own).
+            ``warn_only``), when ``rel`` (or ``keys``, ``row_bias``, ``q`` with them) or
+            ``relk`` needs a gradient over more than :data:`MAX_LOOP_ROWS` rows: those gradients
+            are summed by atomic adds (not ``rel``'s over plain positions with ``row_base``:
+            each query's rows are its own).
     """
     want_mass = bool(mass)
     _check_shapes(q, k, v, rel, relk, slopes, (q_pos, q_seg, k_pos, k_seg), rows)
@@ -1429,8 +1485,7 @@ def _one_load_form(
         return None, None
     if row_base is not None:
         return None, int(row_base)
-    shared = rel is not None and rel.shape[0] == 1 and rel.shape[2] == 1
-    if not shared or relk is not None:
+    if rel is None or not _shared(rel) or relk is not None:
         return None, None
     return rel.detach()[0, :, 0].float().index_select(-1, lut.long()).contiguous(), None
 
