@@ -563,31 +563,35 @@ def test_a_wide_shared_table_sums_its_gradient_by_entry(spec, layout):
 @pytest.mark.parametrize("spec", RELATIVE_SPECS, ids=spec_id)
 def test_one_load_forms_match_the_table_path(spec):
     """A pair's logit in one load: clipped distances' rows computed (``SHIFTED``: Shaw's keys, the
-    Music Transformer, Transformer-XL; not with a value term), a table shared by every query read
-    per distance (``BY_DISTANCE``: T5). The kernels are launched so (recorded), and give the
-    numbers of the path that reads the row from ``lut`` and then the logit
-    (``launch_config(lut_only=True)``), outputs and every gradient, on sequences past the clip,
-    plain, packed and cached. In half precision: float32 keeps the table path (its shared
+    Music Transformer, Transformer-XL; with a value term only at tiles under 64×64), a table
+    shared by every query read per distance (``BY_DISTANCE``: T5). The kernels are launched so
+    (recorded), and give the numbers of the path that reads the row from ``lut`` and then the
+    logit (``launch_config(lut_only=True)``), outputs and every gradient, on sequences past the
+    clip, plain, packed and cached. In half precision: float32 keeps the table path (its shared
     memory)."""
     for layout, causal in (("plain", True), ("packed", False), ("cached", True)):
         scheme, q, k, v, qp, kp = _case(spec, layout, causal, 6, n=50, dtype=torch.float16)
-        clip, mass = scheme.distance_clip, "value_term" in scheme.hooks  # mass: the lut path
-        shifted = clip is not None and clip.shifted and not mass
+        clip, mass = scheme.distance_clip, "value_term" in scheme.hooks
+        shifted = clip is not None and clip.shifted
         by_distance = scheme.query_independent and not {"value_term", "key_bias"} & scheme.hooks
         assert clip is None or clip.hi - clip.lo < 49, "the case must reach past the clip"
         for lut_only in (False, True):
-            with torch.no_grad(), launch_config(lut_only=lut_only), recorded_launches() as runs:
-                fused_attention(q, k, v, scheme, qp, kp, causal=causal)
+            with torch.no_grad(), launch_config(tile=32, lut_only=lut_only):
+                with recorded_launches() as runs:
+                    fused_attention(q, k, v, scheme, qp, kp, causal=causal)
             flags = runs[0].constexprs
             assert flags["SHIFTED"] == (shifted and not lut_only)
             assert flags["BY_DISTANCE"] == (by_distance and not lut_only)
             with torch.no_grad(), recorded_launches() as runs:  # float32: the table path
                 fused_attention(q.float(), k.float(), v.float(), scheme, qp, kp, causal=causal)
             assert not runs[0].constexprs["SHIFTED"] and not runs[0].constexprs["BY_DISTANCE"]
+        with torch.no_grad(), launch_config(tile=64), recorded_launches() as runs:
+            fused_attention(q, k, v, scheme, qp, kp, causal=causal)  # a value term: the lut path
+        assert runs[0].constexprs["SHIFTED"] == (shifted and not mass)
         grad_out = torch.randn(*q.shape, device=DEVICE)
         results = []
         for lut_only in (False, True):
-            with launch_config(lut_only=lut_only):
+            with launch_config(tile=32, lut_only=lut_only):
                 out = fused_attention(q, k, v, scheme, qp, kp, causal=causal)
                 results.append((out, *_grads(out, scheme, q, k, v, grad_out)))
         _assert_all_close(*results, 1e-3, f"{spec_id(spec)} {layout}")

@@ -1435,6 +1435,7 @@ def relative_flash_attention(
             _alert_atomic_row_sums(rows)
     has_table = any(t is not None for t in (rel, relk, keys))
     one_row, unmasked = tile_options(has_table, want_mass, q.dtype)
+    tiles = _blocks(q.device, q.dtype, q.shape[-1])  # as the kernels will take them
     geometry = (
         q_pos.contiguous(),
         q_seg.contiguous(),
@@ -1450,7 +1451,7 @@ def relative_flash_attention(
         float(dropout_p),
         int(seed),
         0 if slopes is None else (2 if symmetric else 1),
-        *_one_load_form(rel, relk, mass, lut, row_base, q.dtype),
+        *_one_load_form(rel, relk, want_mass, lut, row_base, q.dtype, tiles),
         own_rows,
         unmasked,
     )
@@ -1470,18 +1471,22 @@ def _one_load_form(
     lut: Tensor,
     row_base: int | None,
     dtype: torch.dtype,
+    tiles: KernelTiles,
 ) -> tuple[Tensor | None, int | None]:
     """``(dist, row_base)``: how the kernels read a pair's logit in one load (see
     :func:`relative_flash_attention`'s ``row_base``): a shared ``rel`` per distance (``dist``,
     float32 ``(h, n)``, read for the logits only: the gradient still sums by row), or the rows
     computed from ``row_base``; ``(None, None)`` under :func:`launch_config`'s ``lut_only``.
 
-    Not with ``mass``: the value term's row sums then spill more registers than the table's
-    loads save, for Shaw's keys and values on sm_90 (``python -m relpos.kernels.aot --variants
-    shaw-values``, with and without ``--lut-only``). Nor in float32, whose 32×32 tiles then ask
+    Not with ``mass`` where a kernel's tile is 64×64: the value term's row sums then spill more
+    registers than the table's loads save, for Shaw's keys and values on sm_90 (``python -m
+    relpos.kernels.aot --variants shaw-values``, with and without ``--lut-only``); at the
+    smaller launches of :data:`LAUNCH_CANDIDATES` nothing spills either way
+    (``benchmarks/results/2026-11-28-aot-launches``). Nor in float32, whose 32×32 tiles then ask
     for about 16 KiB more shared memory, past what the smallest GPUs grant a block (``--dtype
     float32``); float32 is not the fast path."""
-    if _config["lut_only"] or mass or dtype == torch.float32:
+    large = max(t.bm * t.bn for t in tiles) >= 64 * 64
+    if _config["lut_only"] or (mass and large) or dtype == torch.float32:
         return None, None
     if row_base is not None:
         return None, int(row_base)
