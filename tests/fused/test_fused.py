@@ -27,7 +27,12 @@ pytest.importorskip("triton")
 import relpos
 from relpos.attention.backends import BACKENDS
 from relpos.attention.contract import is_contiguous_self
-from relpos.attention.fused import fused_attention, fused_sums_atomically, fused_supports
+from relpos.attention.fused import (
+    fused_attention,
+    fused_sums_atomically,
+    fused_sums_by_entry,
+    fused_supports,
+)
 from relpos.kernels import interpreted
 from relpos.kernels.aot import variant_launches
 from relpos.kernels.relative_attention import (
@@ -514,6 +519,19 @@ def test_a_distance_bias_sums_atomically_where_the_kernel_does(spec, n, summed, 
                 fused_attention(q, k, v, scheme, qp, kp, causal=True)
         else:
             fused_attention(q, k, v, scheme, qp, kp, causal=True)
+
+
+def test_fused_names_the_tables_it_sums_by_entry():
+    """``fused_sums_by_entry`` (which ``auto`` keeps off ``fused`` until timed): the distance
+    biases but ALiBi's line, T5 past :data:`MAX_LOOP_ROWS` buckets; no other table."""
+    wide = [{"name": "kerple"}, {"name": "sandwich"}, {"name": "dpb"}]
+    wide += [{"name": "t5", "num_buckets": 160, "max_distance": 300}]
+    narrow = [{"name": "t5"}, {"name": "learned_alibi"}, {"name": "alibi"}]
+    narrow += [{"name": "music", "max_distance": 200}, {"name": "deberta"}]
+    for specs, expected in ((wide, True), (narrow, False)):
+        for spec in specs:
+            scheme = relpos.make_scheme(spec, d_model=16, num_heads=2, causal=True)
+            assert fused_sums_by_entry(scheme) is expected, spec
 
 
 def _wide_tables() -> list:

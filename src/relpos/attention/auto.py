@@ -88,7 +88,13 @@ from .chunked import chunked_attention, chunked_path, chunked_supports
 from .contract import AttentionBackend, needs_grad, validate_attention_inputs
 from .eager import eager_attention
 from .flex import flex_attention_backend, flex_available, flex_supports
-from .fused import FUSED_DTYPES, fused_attention, fused_sums_atomically, fused_supports
+from .fused import (
+    FUSED_DTYPES,
+    fused_attention,
+    fused_sums_atomically,
+    fused_sums_by_entry,
+    fused_supports,
+)
 from .sdpa import is_plain, sdpa_attention, sdpa_supports
 
 __all__ = [
@@ -257,8 +263,9 @@ def fused_wins_on_cuda(
       (ALiBi's forward at L=4096: 3.9× against 20× ``sdpa``, 107× ``chunked``); the kernel
       compiles once per kind of call, not per shape, so decoding pays no compile.
 
-    Float32, head dims past :data:`FUSED_HEAD_DIM` and the distance biases other than learned
-    ALiBi (not timed) keep the other backends."""
+    Float32, head dims past :data:`FUSED_HEAD_DIM` and the wide shared tables
+    (:func:`~.fused.fused_sums_by_entry`: the distance biases other than learned ALiBi, T5 past
+    128 buckets), none of them timed, keep the other backends."""
     if q.device.type != "cuda" or q.dtype not in FUSED_DTYPES:
         return False
     if not fused_supports(scheme, device=q.device):
@@ -267,8 +274,8 @@ def fused_wins_on_cuda(
         return True
     if q.dtype == torch.float32 or q.shape[-1] > FUSED_HEAD_DIM:
         return False
-    if isinstance(scheme, DistanceBiasScheme) and not scheme.linear:
-        return False  # KERPLE, Sandwich, DPB: not yet timed on the kernel (flex: 6-8x)
+    if fused_sums_by_entry(scheme):
+        return False  # KERPLE, Sandwich, DPB, T5 past 128 buckets: not yet timed on the kernel
     mask_passes = sdpa_mask_bytes(scheme, q, q_positions, k_positions, causal=causal) > (
         SDPA_MASK_BUDGET
     )

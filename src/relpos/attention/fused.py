@@ -57,6 +57,7 @@ __all__ = [
     "fused_attention",
     "fused_available",
     "fused_sums_atomically",
+    "fused_sums_by_entry",
     "fused_supports",
 ]
 
@@ -99,6 +100,17 @@ def fused_supports(scheme: Scheme, *, device: torch.device | str | None = None) 
     if not scheme.hooks & {"score_bias", "key_bias", "value_term"}:
         return False
     return "value_term" not in scheme.hooks or scheme.num_relative <= kernels.MAX_LOOP_ROWS
+
+
+def fused_sums_by_entry(scheme: Scheme) -> bool:
+    """Whether the kernel reads ``scheme``'s logit term from one table shared by every query
+    that may pass :data:`~relpos.kernels.relative_attention.MAX_LOOP_ROWS` rows, its gradient
+    then summed per entry (a distance bias other than ALiBi's line: a row per distance; T5 past
+    that many buckets)."""
+    if isinstance(scheme, DistanceBiasScheme):
+        return not scheme.linear
+    wide = isinstance(scheme, RelativeScheme) and scheme.num_relative > _kernels().MAX_LOOP_ROWS
+    return wide and scheme.query_independent and "score_bias" in scheme.hooks
 
 
 def fused_sums_atomically(scheme: Scheme, q_positions: Positions, k_positions: Positions) -> bool:
