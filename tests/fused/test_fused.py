@@ -113,6 +113,18 @@ def _assert_all_close(got, want, tol, what):
         _assert_close(g, w, tol, f"{what}: tensor {t}")
 
 
+def _assert_equals_eager64(out, scheme, q, k, v, qp, kp, causal, grad_out, what) -> None:
+    """``out`` and its gradients (``q``, ``k``, ``v``, the scheme's parameters) within 1e-4 of
+    float64 ``eager``'s; the scheme is left in float32."""
+    got = (out, *_grads(out, scheme, q, k, v, grad_out))
+    wide = scheme.double()
+    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+    ref = BACKENDS["eager"](q64, k64, v64, wide, qp, kp, causal=causal)
+    want = (ref, *_grads(ref, wide, q64, k64, v64, grad_out.double()))
+    _assert_all_close(got, want, 1e-4, what)
+    scheme.float()
+
+
 def _eager_cases() -> list:
     """Every spec × layout × direction; the default run keeps two per spec, rotating through the
     layouts so that every layout and direction is covered (``-m slow``: the rest; the
@@ -489,6 +501,12 @@ def test_fused_sums_atomically_says_what_the_kernel_does(spec, layout, determini
     deterministic(True)
     summed = fused_sums_atomically(scheme, qp, kp)
     assert summed == (spec["name"] == "deberta" or (spec["name"] == "music" and layout != "plain"))
+    _assert_refused_where_summed(scheme, q, k, v, qp, kp, summed)
+
+
+def _assert_refused_where_summed(scheme, q, k, v, qp, kp, summed: bool) -> None:
+    """In deterministic mode the kernel refuses the call where it would sum atomically, and only
+    there (recorded: nothing runs)."""
     with recorded_launches():
         if summed:
             with pytest.raises(RuntimeError, match="not deterministic"):
@@ -513,12 +531,7 @@ def test_a_distance_bias_sums_atomically_where_the_kernel_does(spec, n, summed, 
     scheme, q, k, v, qp, kp = _case(spec, "plain", True, 3, n=n)
     deterministic(True)
     assert fused_sums_atomically(scheme, qp, kp) == summed
-    with recorded_launches():
-        if summed:
-            with pytest.raises(RuntimeError, match="not deterministic"):
-                fused_attention(q, k, v, scheme, qp, kp, causal=True)
-        else:
-            fused_attention(q, k, v, scheme, qp, kp, causal=True)
+    _assert_refused_where_summed(scheme, q, k, v, qp, kp, summed)
 
 
 def test_fused_names_the_tables_it_sums_by_entry():
@@ -570,13 +583,8 @@ def test_a_wide_shared_table_sums_its_gradient_by_entry(spec, layout):
                 fused_attention(q, k, v, scheme, qp, kp, causal=causal).sum().backward()
             assert runs[-1].constexprs["BY_ENTRY"]
             out = fused_attention(q, k, v, scheme, qp, kp, causal=causal)
-        got = (out, *_grads(out, scheme, q, k, v, grad_out))
-        wide = scheme.double()
-        q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
-        ref = BACKENDS["eager"](q64, k64, v64, wide, qp, kp, causal=causal)
-        want = (ref, *_grads(ref, wide, q64, k64, v64, grad_out.double()))
-        _assert_all_close(got, want, 1e-4, f"{spec_id(spec)} {layout} causal={causal}")
-        scheme.float()
+        what = f"{spec_id(spec)} {layout} causal={causal}"
+        _assert_equals_eager64(out, scheme, q, k, v, qp, kp, causal, grad_out, what)
 
 
 @pytest.mark.parametrize("spec", RELATIVE_SPECS, ids=spec_id)
@@ -822,13 +830,8 @@ def test_keyed_logits_equal_eager(spec):
                 fused_attention(q, k, v, scheme, qp, kp, causal=causal).sum().backward()
             assert [r.constexprs["REL_KEYS"] for r in runs] == [True] * 3
             out = fused_attention(q, k, v, scheme, qp, kp, causal=causal)
-        got = (out, *_grads(out, scheme, q, k, v, grad_out))
-        wide = scheme.double()
-        q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
-        ref = BACKENDS["eager"](q64, k64, v64, wide, qp, kp, causal=causal)
-        want = (ref, *_grads(ref, wide, q64, k64, v64, grad_out.double()))
-        _assert_all_close(got, want, 1e-4, f"{spec_id(spec)} causal={causal}")
-        scheme.float()
+        what = f"{spec_id(spec)} causal={causal}"
+        _assert_equals_eager64(out, scheme, q, k, v, qp, kp, causal, grad_out, what)
 
 
 class _Shapes(TorchDispatchMode):
