@@ -365,6 +365,7 @@ def test_positions_past_int32(spec):
         pytest.param(
             dict(forward=(64, 16, 4, 2), keys=(16, 64, 4), queries=(32, 64, 8, 1), unmasked=True),
             id="long-queries",
+            marks=pytest.mark.slow,
         ),
         pytest.param(
             dict(forward=(16, 64, 4), keys=(64, 32, 4, 2), queries=(64, 16, 4), unmasked=True),
