@@ -36,7 +36,7 @@ import torch
 
 import relpos
 from relpos.atomic import atomic_path
-from relpos.attention.fused import fused_supports
+from relpos.attention.fused import fused_supports, fused_takes_keys
 from relpos.cli import bench
 from relpos.kernels.relative_attention import (
     KEYED_CANDIDATES,
@@ -44,7 +44,6 @@ from relpos.kernels.relative_attention import (
     launch_config,
     parse_launches,
 )
-from relpos.schemes.base import RelativeScheme
 
 #: The square default beside the per-kernel candidates, each with the measured options.
 DEFAULT_CONFIGS = ",".join(
@@ -75,8 +74,9 @@ def _config(text: str) -> tuple[str, dict]:
             f"128x64w8/32x128w4/128x32w4+auto), got {text!r}"
         )
     try:
-        launch = dict(tile=int(tile), num_warps=int(warps)) if square else {}
-        if not square:
+        if square:
+            launch = dict(tile=int(tile), num_warps=int(warps))
+        else:
             launch = parse_launches(shape)._asdict()
         with launch_config(**launch):  # its checks
             pass
@@ -90,9 +90,7 @@ def _config(text: str) -> tuple[str, dict]:
 
 def _has_keys(name: str) -> bool:
     """Whether the ``fused`` backend hands the kernels ``name``'s keys under ``keyed``."""
-    scheme = relpos.make_scheme(name, d_model=64, num_heads=1, causal=True)
-    keyed = isinstance(scheme, RelativeScheme) and "score_bias" in scheme.hooks
-    return keyed and scheme.has_relative_keys
+    return fused_takes_keys(relpos.make_scheme(name, d_model=64, num_heads=1, causal=True))
 
 
 def _peak_mib(fn, setup: bench.Setup) -> float | None:

@@ -32,6 +32,7 @@ from relpos.attention.fused import (
     fused_sums_atomically,
     fused_sums_by_entry,
     fused_supports,
+    fused_takes_keys,
 )
 from relpos.kernels import interpreted
 from relpos.kernels.aot import variant_launches
@@ -798,11 +799,11 @@ def _keyed_specs() -> list:
     """The specs whose logit term is ``q·Eᵀ`` (plus a bias per row): the keys ``fused`` may hand
     the kernels (:func:`keyed_logits`); the first Music Transformer's and Transformer-XL's (its
     row bias) by default."""
-    keyed = []
-    for spec in RELATIVE_SPECS:
-        scheme = relpos.make_scheme(spec, d_model=8, num_heads=2, causal=True)
-        if "score_bias" in scheme.hooks and scheme.has_relative_keys:
-            keyed.append(spec)
+    keyed = [
+        spec
+        for spec in RELATIVE_SPECS
+        if fused_takes_keys(relpos.make_scheme(spec, d_model=8, num_heads=2, causal=True))
+    ]
     names = [s["name"] for s in keyed]
     return [
         pytest.param(s, id=spec_id(s), marks=() if fast else pytest.mark.slow)

@@ -59,6 +59,7 @@ __all__ = [
     "fused_sums_atomically",
     "fused_sums_by_entry",
     "fused_supports",
+    "fused_takes_keys",
 ]
 
 #: The input dtypes the kernel takes.
@@ -100,6 +101,15 @@ def fused_supports(scheme: Scheme, *, device: torch.device | str | None = None) 
     if not scheme.hooks & {"score_bias", "key_bias", "value_term"}:
         return False
     return "value_term" not in scheme.hooks or scheme.num_relative <= kernels.MAX_LOOP_ROWS
+
+
+def fused_takes_keys(scheme: Scheme) -> bool:
+    """Whether ``scheme``'s logit term is ``q·Eᵀ`` (plus a bias per row), so that over plain
+    positions with :func:`~relpos.kernels.relative_attention.keyed_logits` on
+    :func:`fused_attention` hands the kernels ``E`` instead of the logits (the Music
+    Transformer, Transformer-XL, Shaw's keys, DeBERTa's content-to-position term)."""
+    logits = isinstance(scheme, RelativeScheme) and "score_bias" in scheme.hooks
+    return logits and scheme.has_relative_keys
 
 
 def fused_sums_by_entry(scheme: Scheme) -> bool:
@@ -212,8 +222,7 @@ def fused_attention(
         if clip is not None and clip.shifted:  # lut[x] = x - offset - clip.lo: no table to read
             row_base = -offset - clip.lo
         rows = scheme.num_relative
-        keyed = plain and "score_bias" in scheme.hooks and _kernels().keyed_logits()
-        if keyed and scheme.has_relative_keys:  # q·Eᵀ + c, computed by the kernels per tile
+        if plain and _kernels().keyed_logits() and fused_takes_keys(scheme):  # q·Eᵀ + c, per tile
             keys = scheme.relative_keys(q.dtype)
             row_bias = scheme.relative_row_bias(keys)
         elif "score_bias" in scheme.hooks:

@@ -519,10 +519,11 @@ def _relative_logits(
 
 
 @triton.jit
-def _row_range(row, allowed):
-    """The smallest and largest row among the allowed pairs (``2**30, -1`` for none)."""
-    lo = tl.min(tl.min(tl.where(allowed, row, 1 << 30), axis=1), axis=0)
-    hi = tl.max(tl.max(tl.where(allowed, row, -1), axis=1), axis=0)
+def _allowed_range(x, allowed):
+    """The smallest and largest of ``x`` (a row, a distance's offset) among the allowed pairs
+    (``2**30, -2**30`` for none: ``lo > hi``)."""
+    lo = tl.min(tl.min(tl.where(allowed, x, 1 << 30), axis=1), axis=0)
+    hi = tl.max(tl.max(tl.where(allowed, x, -(1 << 30)), axis=1), axis=0)
     return lo, hi
 
 
@@ -540,11 +541,12 @@ def _add_by_row(acc, x, row, lo, hi, RP: tl.constexpr):
 
 @triton.jit
 def _tile_rows(row, allowed, one):
-    """:func:`_row_range`, or ``(one, one)`` for a tile that reads one row."""
+    """The tile's rows (:func:`_allowed_range`), or ``(one, one)`` for a tile that reads one
+    row."""
     lo = one
     hi = one
     if one < 0:
-        lo, hi = _row_range(row, allowed)
+        lo, hi = _allowed_range(row, allowed)
     return lo, hi
 
 
@@ -555,7 +557,7 @@ def _sum_by_row(acc, x, row, allowed, one, RP: tl.constexpr):
         cols = tl.arange(0, RP)
         acc += tl.where(cols[None, :] == one, tl.sum(x, axis=1)[:, None], 0.0)
     else:
-        lo, hi = _row_range(row, allowed)
+        lo, hi = _allowed_range(row, allowed)
         acc = _add_by_row(acc, x, row, lo, hi, RP)
     return acc
 
@@ -591,9 +593,7 @@ def _add_by_entry(
     diagonals is one entry: its sum is gathered (``dS`` skewed so that each diagonal is a
     column) and added once, so a head's entries take one add per diagonal and tile, not one per
     pair; otherwise one add per pair. ``ds`` is 0 on the pairs that may not attend."""
-    shift = delta - (offs_n[None, :] - offs_m[:, None])
-    lo = tl.min(tl.min(tl.where(allowed, shift, 1 << 30), axis=1), axis=0)
-    hi = tl.max(tl.max(tl.where(allowed, shift, -(1 << 30)), axis=1), axis=0)
+    lo, hi = _allowed_range(delta - (offs_n[None, :] - offs_m[:, None]), allowed)
     if lo == hi:
         diag = tl.arange(0, WIN)
         col = diag[None, :] + tl.arange(0, BM)[:, None] - (BM - 1)  # query's key on a diagonal
@@ -1160,12 +1160,11 @@ class _RelativeFlash(torch.autograd.Function):
     docstring."""
 
     @staticmethod
-    def forward(ctx, q, k, v, rel, relk, slopes, keys, row_bias, geometry, want_mass):
+    def forward(ctx, q, k, v, rel, relk, slopes, keys, row_bias, geometry, want_mass, tiles):
         qpos, qseg, kpos, kseg, lut, offset, causal, plain = geometry[:8]
         r, p_drop, seed, linear, dist, row_base, _, unmasked = geometry[8:]
         b, h, i, d = q.shape
         j = k.shape[2]
-        tiles = _blocks(q.device, q.dtype, d)
         has_rel = rel is not None or keys is not None
         one_row = lut.shape[0] == 2  # with its runs (relative_flash_attention)
         dp, rp, _ = _padded(q, r)
@@ -1224,9 +1223,10 @@ class _RelativeFlash(torch.autograd.Function):
         slope_grad = slopes is not None and ctx.needs_input_grad[5]
         # A table shared by every query past the register rows: its gradient by lut entry.
         by_entry = rel_grad and not loop_rows and rel is not None and _shared(rel)
-        drel = q.new_zeros(b, h, i, r if rel_grad and not by_entry else 0, dtype=torch.float32)
         if by_entry:
             drel = q.new_zeros(h, lut.shape[1], dtype=torch.float32)
+        else:
+            drel = q.new_zeros(b, h, i, r if rel_grad else 0, dtype=torch.float32)
         drelk = q.new_zeros(b, h, j, r if relk_grad else 0, dtype=torch.float32)
         dslope = q.new_zeros(b, h, i if slope_grad else 0, dtype=torch.float32)
         dq = torch.empty_like(out)
@@ -1281,6 +1281,7 @@ class _RelativeFlash(torch.autograd.Function):
             dslope.sum((0, 2)) if slope_grad else None,
             None if dkeys is None else dkeys.to(keys.dtype),
             drow_bias,
+            None,
             None,
             None,
         )
@@ -1435,7 +1436,7 @@ def relative_flash_attention(
             _alert_atomic_row_sums(rows)
     has_table = any(t is not None for t in (rel, relk, keys))
     one_row, unmasked = tile_options(has_table, want_mass, q.dtype)
-    tiles = _blocks(q.device, q.dtype, q.shape[-1])  # as the kernels will take them
+    tiles = _blocks(q.device, q.dtype, q.shape[-1])  # every kernel of this call, and backward
     geometry = (
         q_pos.contiguous(),
         q_seg.contiguous(),
@@ -1461,7 +1462,9 @@ def relative_flash_attention(
     relk = None if relk is None else relk.float().contiguous()
     keys = None if keys is None else keys.to(q.dtype).contiguous()
     row_bias = None if row_bias is None else row_bias.float().contiguous()
-    return _RelativeFlash.apply(q, k, v, rel, relk, slopes, keys, row_bias, geometry, want_mass)
+    return _RelativeFlash.apply(
+        q, k, v, rel, relk, slopes, keys, row_bias, geometry, want_mass, tiles
+    )
 
 
 def _one_load_form(
