@@ -17,10 +17,12 @@ For each scheme, length and candidate, causal, ``B·L = tokens``, bf16 on CUDA: 
 compiles), then ``--repeats`` forward+backward passes alternated run by run with SDPA's
 (``relpos bench``'s paired timing; the ratio is the median of the run-by-run ratios), as many
 forward passes alone against SDPA's forward (so that the forward's launch and the backward's can
-be chosen apart), and, on CUDA, the peak memory of one pass beside SDPA's. A candidate that fails
-(Triton's "out of resources") is reported, not fatal. Writes ``tiles.md`` and ``tiles.json`` into
-``--out``. On a CPU with ``TRITON_INTERPRET=1`` it runs in the interpreter, in float32: a check of
-the script, not a timing.
+be chosen apart), and, on CUDA, the device's busy time of a forward+backward pass against SDPA's
+and the host's time to issue one (``relpos.cli.profiling``: with the host's cost, the same for
+every candidate, out of the ratio), and the peak memory of one pass beside SDPA's. A candidate
+that fails (Triton's "out of resources") is reported, not fatal. Writes ``tiles.md`` and
+``tiles.json`` into ``--out``. On a CPU with ``TRITON_INTERPRET=1`` it runs in the interpreter, in
+float32: a check of the script, not a timing.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ import relpos
 from relpos.atomic import atomic_path
 from relpos.attention.fused import fused_supports, fused_takes_keys
 from relpos.cli import bench
+from relpos.cli.profiling import device_times, host_times
 from relpos.kernels.relative_attention import (
     KEYED_CANDIDATES,
     LAUNCH_CANDIDATES,
@@ -100,6 +103,19 @@ def _peak_mib(fn, setup: bench.Setup) -> float | None:
     return bench.cuda_peak_bytes(fn, setup) / 2**20
 
 
+def _device_split(run, setup: bench.Setup, base: bench.Setup, repeats: int) -> dict:
+    """A forward+backward pass's device time (ms), its ratio to SDPA's, and the host's time to
+    issue it (ms; ``relpos.cli.profiling``)."""
+    runs = min(repeats, 5)
+    step = bench.step_of(run, setup, backward=True)
+    seconds, _ = device_times(step, repeats=runs, device="cuda")
+    base_step = bench.step_of(bench.sdpa_plain, base, backward=True)
+    base_seconds, _ = device_times(base_step, repeats=runs, device="cuda")
+    host = statistics.median(host_times(step, repeats=runs, device="cuda"))
+    ratio = seconds / base_seconds
+    return {"device_ms": seconds * 1e3, "device_ratio": ratio, "host_ms": host * 1e3}
+
+
 def measure(args: argparse.Namespace, scheme: str, n: int, launch: str, config: dict) -> dict:
     dtype = torch.bfloat16 if args.device == "cuda" else torch.float32
     shape = dict(causal=True, heads=args.heads, head_dim=args.head_dim, device=args.device)
@@ -122,6 +138,8 @@ def measure(args: argparse.Namespace, scheme: str, n: int, launch: str, config: 
                 run, setup, bench.sdpa_plain, base, backward=False, **paired
             )
             row["peak_mib"] = _peak_mib(run, setup)
+            if args.device == "cuda":
+                row |= _device_split(run, setup, base, args.repeats)
     except Exception as e:  # a candidate the GPU cannot launch: reported, the others go on
         row["error"] = f"{type(e).__name__}: {' '.join(str(e).split())[:300]}"
         return row
@@ -134,10 +152,14 @@ def measure(args: argparse.Namespace, scheme: str, n: int, launch: str, config: 
     return row
 
 
+def _num(x: float | None) -> str:
+    return "–" if x is None else f"{x:.2f}"
+
+
 def render(rows: list[dict], header: str) -> str:
     lines = [header, "", "| scheme | L | B | launch | first call s | fwd+bwd ms | × SDPA "
-             "| fwd ms | × SDPA fwd | peak MiB (SDPA) |",
-             "|---|---:|---:|---|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
+             "| fwd ms | × SDPA fwd | device ms | device × SDPA | host ms | peak MiB (SDPA) |",
+             "|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
     for r in rows:
         config = (
             r["launch"]
@@ -146,13 +168,14 @@ def render(rows: list[dict], header: str) -> str:
         )
         if "error" in r:
             lines.append(f"| {r['scheme']} | {r['length']} | {r['batch']} | {config} | "
-                         f"{r['error']} | | | | | |")  # fmt: skip
+                         f"{r['error']} | | | | | | | | |")  # fmt: skip
             continue
         peak = "" if r["peak_mib"] is None else f"{r['peak_mib']:.0f} ({r['sdpa_peak_mib']:.0f})"
         lines.append(
             f"| {r['scheme']} | {r['length']} | {r['batch']} | {config} | {r['first_s']:.1f} | "
             f"{r['ms']:.2f} | {r['ratio']:.2f} | {r['forward_ms']:.2f} | "
-            f"{r['forward_ratio']:.2f} | {peak} |"
+            f"{r['forward_ratio']:.2f} | {_num(r.get('device_ms'))} | "
+            f"{_num(r.get('device_ratio'))} | {_num(r.get('host_ms'))} | {peak} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -207,6 +230,7 @@ def main(argv: list[str] | None = None) -> int:
                 shown = r.get("error") or (
                     f"{r['ms']:.2f} ms, {r['ratio']:.2f}× SDPA; forward "
                     f"{r['forward_ratio']:.2f}× SDPA's"
+                    + (f"; device {r['device_ratio']:.2f}× SDPA's" if "device_ratio" in r else "")
                 )
                 name = launch + "".join(f"+{flag}" for flag, key in OPTIONS.items() if config[key])
                 name += "+auto" if config["one_row"] is None else ""

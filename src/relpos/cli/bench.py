@@ -12,6 +12,11 @@ measures, on inputs ``q, k, v`` of shape ``(B, H, L, d)`` (``H=8``, ``d=64`` by 
   the run-by-run ratios, so that a drift in the machine's speed hits both alike;
 * the first forward+backward call at the shape, before any warm-up: for ``flex`` it includes
   compiling the kernels for that shape (``first s``);
+* on CUDA, where the forward+backward time goes (:mod:`.profiling`): the device's busy time
+  (``device ms``, the profiler's kernels and copies added up, and its ratio to plain SDPA's,
+  ``device × plain``: the kernels' own speed, whatever the host costs), the host's time to issue
+  the pass (``host ms``: a training loop issuing passes back to back takes at least this long),
+  and ``kernels.md``, the device time per kernel;
 * peak memory of one forward+backward pass above the inputs: on CPU in a fresh subprocess per
   configuration, the peak resident set size (``ru_maxrss``) minus the resident size once the
   inputs exist (after a small warm-up that loads the kernels); on CUDA in the same process,
@@ -31,11 +36,11 @@ all (the library's own refusal: ``flex`` with gradients on CPU, ``chunked`` for 
 before the measurements and below the table. Where none of ``--impls`` runs any of ``--schemes``,
 the command is refused (status 2).
 
-Results: ``bench.md`` (markdown table), ``bench.png`` (time and memory vs ``L``) and ``bench.json``
-in ``--out``, each written atomically (temporary file, then ``os.replace``). The tables are
-rewritten after every configuration and ``bench.png`` is drawn at the end: until then (and for good
-with ``--no-plot``, or when a run is cut short) no ``bench.png`` is left beside them, so that every
-file in ``--out`` is of the same run.
+Results: ``bench.md`` (markdown table), ``bench.png`` (time and memory vs ``L``), ``bench.json``
+and, on CUDA, ``kernels.md`` in ``--out``, each written atomically (temporary file, then
+``os.replace``). The tables are rewritten after every configuration and ``bench.png`` is drawn
+at the end: until then (and for good with ``--no-plot``, or when a run is cut short) no
+``bench.png`` is left beside them, so that every file in ``--out`` is of the same run.
 
 Shape legend: ``B`` batch, ``H`` heads, ``L`` tokens, ``d`` head dim.
 """
@@ -64,6 +69,7 @@ from torch import Tensor
 from ..atomic import atomic_path
 from ..runtime import cpu_name, flush_denormals, retain_freed_memory
 from .checks import CLIError, Parser, output_folder
+from .profiling import device_times, host_times
 
 __all__ = [
     "IMPLEMENTATIONS",
@@ -420,6 +426,12 @@ def _step(fn: Callable[[Setup], Tensor], s: Setup, backward: bool) -> None:
             fn(s)
 
 
+def step_of(fn: Callable[[Setup], Tensor], s: Setup, *, backward: bool) -> Callable[[], None]:
+    """One pass of ``fn`` on ``s`` as a call of no arguments (forward, or forward+backward with
+    the gradients cleared first), not waiting for the device."""
+    return functools.partial(_step, fn, s, backward)
+
+
 def wall_times(
     fn: Callable[[], object], *, repeats: int, warmup: int, device: str = "cpu"
 ) -> list[float]:
@@ -447,7 +459,7 @@ def measure_time(
     device: str,
 ) -> list[float]:
     """Wall-clock seconds of ``repeats`` runs after ``warmup`` runs."""
-    step = functools.partial(_step, fn, s, backward)
+    step = step_of(fn, s, backward=backward)
     return wall_times(step, repeats=repeats, warmup=warmup, device=device)
 
 
@@ -600,6 +612,12 @@ class Result:
     fwdbwd_ratio: float | None = None
     peak_mib: float | None = None
     first_s: float | None = None
+    #: CUDA only (:mod:`.profiling`): the device's busy time per forward+backward pass, its ratio
+    #: to plain SDPA's, the host's time to issue one, and the device time per kernel (ms).
+    fwdbwd_device_ms: float | None = None
+    fwdbwd_device_ratio: float | None = None
+    fwdbwd_host_ms: float | None = None
+    kernels: dict[str, float] = field(default_factory=dict)
     auto: str = ""
     skipped: str = ""
     runs: dict[str, list[float]] = field(default_factory=dict)
@@ -713,6 +731,8 @@ def _run_one(
         else:
             fwd, fwd_base = measure_paired(impl.run, s, plain, base, backward=False, **timing)
             both, both_base = measure_paired(impl.run, s, plain, base, backward=True, **timing)
+        if args.device.startswith("cuda"):
+            _profile(res, impl.run, s, plain, base, args, log)
     except (RuntimeError, MemoryError) as e:  # e.g. out of memory
         res.skipped = f"failed: {str(e).splitlines()[0][:100]}"
         return res
@@ -753,7 +773,45 @@ def _run_one(
     return res
 
 
+#: The kernels ``kernels.md`` names per configuration (the rest are summed as "others").
+TOP_KERNELS = 6
+
+
+def _profile(
+    res: Result,
+    fn: Callable[[Setup], Tensor],
+    s: Setup,
+    base_fn: Callable[[Setup], Tensor],
+    base: Setup,
+    args: argparse.Namespace,
+    log: Callable[[str], None],
+) -> None:
+    """Fill ``res``'s device and host times (:mod:`.profiling`); a profiler that fails here is
+    logged, and the wall-clock figures stand."""
+    runs = min(args.repeats, 5)
+    try:
+        step = step_of(fn, s, backward=True)
+        seconds, kernels = device_times(step, repeats=runs, device=args.device)
+        base_step = step_of(base_fn, base, backward=True)
+        base_seconds, _ = device_times(base_step, repeats=runs, device=args.device)
+        host = statistics.median(host_times(step, repeats=runs, device=args.device))
+    except Exception as e:  # the profiler is a guest: never fatal to the bench
+        log(f"  (device profile failed: {type(e).__name__}: {' '.join(str(e).split())[:200]})")
+        return
+    res.fwdbwd_device_ms = seconds * 1e3
+    res.fwdbwd_device_ratio = None if res.config.impl == "sdpa-plain" else seconds / base_seconds
+    res.fwdbwd_host_ms = host * 1e3
+    res.kernels = {name: t * 1e3 for name, t in kernels.items()}
+
+
 # ----------------------------------------------------------------------------- reporting
+def _ms(x: float | None) -> str:
+    """Milliseconds to three significant figures or so (a GPU pass may take 0.1 ms)."""
+    if x is None:
+        return "–"
+    return format(x, ".1f" if x >= 10 else ".2f" if x >= 1 else ".3f")
+
+
 def _fmt(x: float | None, spec: str) -> str:
     return "–" if x is None else format(x, spec)
 
@@ -768,9 +826,15 @@ def _line(r: Result) -> str:
     head = f"{c.scheme:6s} {c.impl:11s} L={c.L:<5d} B={c.B} {_mask(c)}"
     if r.skipped:
         return f"{head}  skipped: {r.skipped}"
+    device = ""
+    if r.fwdbwd_device_ms is not None:
+        device = (
+            f"  device {_ms(r.fwdbwd_device_ms)} ms ({_fmt(r.fwdbwd_device_ratio, '.2f')}x)"
+            f"  host {_ms(r.fwdbwd_host_ms)} ms"
+        )
     return (
-        f"{head}  fwd {_fmt(r.fwd_ms, '8.1f')} ms ({_fmt(r.fwd_ratio, '.2f')}x)  "
-        f"fwd+bwd {_fmt(r.fwdbwd_ms, '8.1f')} ms ({_fmt(r.fwdbwd_ratio, '.2f')}x)  "
+        f"{head}  fwd {_ms(r.fwd_ms):>8s} ms ({_fmt(r.fwd_ratio, '.2f')}x)  "
+        f"fwd+bwd {_ms(r.fwdbwd_ms):>8s} ms ({_fmt(r.fwdbwd_ratio, '.2f')}x){device}  "
         f"peak {_fmt(r.peak_mib, '.1f')} MiB  first {_fmt(r.first_s, '.2f')} s"
     )
 
@@ -786,21 +850,32 @@ def _not_run_line(n: NotRun) -> str:
 
 
 def render_markdown(results: list[Result], header: str, not_run: list[NotRun] = ()) -> str:
-    """A markdown table of every result (ratios to ``sdpa-plain`` at the same shape), then what
-    was requested and not run at any shape, with the reason."""
+    """A markdown table of every result (ratios to ``sdpa-plain`` at the same shape; on CUDA also
+    the device and host times, :mod:`.profiling`), then what was requested and not run at any
+    shape, with the reason."""
+    profiled = any(r.fwdbwd_device_ms is not None for r in results)
+    extra = " fwd+bwd device ms | device × plain | host ms |" if profiled else ""
     lines = [
         header,
         "",
-        "| scheme | impl | L | B | mask | fwd ms | fwd × plain | fwd+bwd ms | fwd+bwd × plain "
-        "| peak MiB (fwd+bwd, above inputs) | first call s | auto picks | note |",
-        "|---|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---|---|",
+        "| scheme | impl | L | B | mask | fwd ms | fwd × plain | fwd+bwd ms | fwd+bwd × plain |"
+        f"{extra} peak MiB (fwd+bwd, above inputs) | first call s | auto picks | note |",
+        "|---|---|---:|---:|---|---:|---:|---:|---:|"
+        + "---:|" * (3 * profiled)
+        + "---:|---:|---|---|",
     ]
     for r in results:
         c = r.config
+        device = ""
+        if profiled:
+            device = (
+                f" {_ms(r.fwdbwd_device_ms)} | {_fmt(r.fwdbwd_device_ratio, '.2f')} "
+                f"| {_ms(r.fwdbwd_host_ms)} |"
+            )
         lines.append(
             f"| {c.scheme} | {c.impl} | {c.L} | {c.B} | {_mask(c).strip()} "
-            f"| {_fmt(r.fwd_ms, '.1f')} | {_fmt(r.fwd_ratio, '.2f')} | {_fmt(r.fwdbwd_ms, '.1f')} "
-            f"| {_fmt(r.fwdbwd_ratio, '.2f')} | {_fmt(r.peak_mib, '.1f')} "
+            f"| {_ms(r.fwd_ms)} | {_fmt(r.fwd_ratio, '.2f')} | {_ms(r.fwdbwd_ms)} "
+            f"| {_fmt(r.fwdbwd_ratio, '.2f')} |{device} {_fmt(r.peak_mib, '.1f')} "
             f"| {_fmt(r.first_s, '.2f')} | {r.auto} "
             f"| {r.skipped} |"
         )
@@ -814,6 +889,26 @@ def render_markdown(results: list[Result], header: str, not_run: list[NotRun] = 
             f"* {', '.join(n.schemes)} / {n.impl}, {_mask_word(n.causal)}: skipped: {n.reason}"
             for n in not_run
         ]
+    return "\n".join(lines) + "\n"
+
+
+def render_kernels(results: list[Result], header: str) -> str:
+    """``kernels.md``: per profiled configuration, its forward+backward device time and the
+    :data:`TOP_KERNELS` kernels (or copies) that took the most of it, in ms per pass."""
+    lines = [header, "", "Device time per forward+backward pass (ms), by kernel:", ""]
+    for r in results:
+        if not r.kernels:
+            continue
+        c = r.config
+        ranked = list(r.kernels.items())
+        named = [f"`{name[:60]}` {_ms(t)}" for name, t in ranked[:TOP_KERNELS]]
+        rest = ranked[TOP_KERNELS:]
+        if rest:
+            named.append(f"{len(rest)} others {_ms(sum(t for _, t in rest))}")
+        lines.append(
+            f"* {c.scheme} / {c.impl}, L={c.L}, B={c.B}, {_mask(c).strip()}: "
+            f"{_ms(r.fwdbwd_device_ms)} = " + ", ".join(named)
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -899,6 +994,10 @@ def write_outputs(
     _atomic_write(out / "bench.md", render_markdown(results, header, not_run).encode())
     payload = [{**asdict(r), "config": asdict(r.config)} for r in results]
     _atomic_write(out / "bench.json", json.dumps(payload, indent=1).encode())
+    if any(r.kernels for r in results):
+        _atomic_write(out / "kernels.md", render_kernels(results, header).encode())
+    else:  # none profiled (yet): one left there would be of an earlier run
+        (out / "kernels.md").unlink(missing_ok=True)
     if plot and not _plot(results, png):
         png.unlink(missing_ok=True)
 
