@@ -54,8 +54,11 @@ entry, two dependent loads (which the profile on an H100 found the table schemes
 
 The keys' backward computes its products keys-major (``k·qᵀ``, ``v·d outᵀ``), so the tile's
 probabilities and ``dS`` go straight into ``d v`` and ``d k`` as the left operands, with no
-transpose through shared memory; ``d out`` is cast to the inputs' dtype once, before the backward
-kernels read it.
+transpose through shared memory; ``d out`` is cast to the inputs' dtype once (if it is not in it),
+before the backward kernels read it. The queries' backward runs first and computes each query's
+``Σ_d d out·out`` as it loads its block, which the keys' backward then reads (no pass of its own
+over ``out``); the output and the gradients are stored in the inputs' dtype, with no float32
+copy to convert.
 
 Plain positions (one contiguous sequence per batch row, queries = keys) read ``p_j - p_i`` as
 ``j - i`` and skip the causal future's tiles; with unmasked tiles (``tile_options``: on where a
@@ -673,6 +676,26 @@ def _load_output_grads(DO, LSE, DLT, row_at, offs_d, m_ok, d_ok, D):
 
 
 @triton.jit
+def _output_grads_with_delta(
+    DO, OUT, LSE, DLT, row_at, offs_d, m_ok, d_ok, D, HAS_MASS: tl.constexpr
+):  # fmt: skip
+    """:func:`_load_output_grads` for the queries' backward, which runs first and computes
+    ``dlt = Σ_d d out·out`` (float32; plus ``Σ_r d mass·mass``, which ``DLT`` holds on entry,
+    where ``HAS_MASS``) for its block and stores it for the keys' backward: no pass of its own
+    over ``d out`` and ``out`` (FlashAttention-2's preprocessing step)."""
+    ok = m_ok[:, None] & d_ok[None, :]
+    at = row_at[:, None] * D + offs_d[None, :]
+    do = tl.load(DO + at, mask=ok, other=0.0)
+    out = tl.load(OUT + at, mask=ok, other=0.0)
+    dlt = tl.sum(do.to(tl.float32) * out.to(tl.float32), axis=1)
+    if HAS_MASS:
+        dlt += tl.load(DLT + row_at, mask=m_ok, other=0.0)
+    tl.store(DLT + row_at, dlt, mask=m_ok)
+    lse2 = tl.load(LSE + row_at, mask=m_ok, other=float("inf")) * LOG2E
+    return do, lse2, dlt
+
+
+@triton.jit
 def _whole_keys(start_m, NI, NJ, BM: tl.constexpr, BN: tl.constexpr, CAUSAL: tl.constexpr):
     """Plain positions: the end of the keys ``[0, end)`` every query of block ``start_m`` may
     attend, in whole key tiles (those before the block's first query when causal), or 0 where
@@ -788,7 +811,8 @@ def _forward_kernel(
     has_keys = l_i > 0
     l_use = tl.where(has_keys, l_i, 1.0)
     out_at = row_at[:, None] * D + offs_d[None, :]
-    tl.store(OUT + out_at, acc / l_use[:, None], mask=m_ok[:, None] & d_ok[None, :])
+    out = (acc / l_use[:, None]).to(OUT.dtype.element_ty)  # q's dtype, or float32 with the mass
+    tl.store(OUT + out_at, out, mask=m_ok[:, None] & d_ok[None, :])
     lse = (m_i + tl.log2(l_use)) * LN2  # natural log: the backward pass and tests read it so
     tl.store(LSE + row_at, tl.where(has_keys, lse, float("inf")), mask=m_ok)
     if HAS_MASS:
@@ -946,8 +970,8 @@ def _backward_kv_kernel(
     )  # fmt: skip
     out_at = (bh * NJ + offs_n[:, None]) * D + offs_d[None, :]
     kv_ok = n_ok[:, None] & d_ok[None, :]
-    tl.store(DK + out_at, dk * scale, mask=kv_ok)
-    tl.store(DV + out_at, dv, mask=kv_ok)
+    tl.store(DK + out_at, (dk * scale).to(DK.dtype.element_ty), mask=kv_ok)  # the inputs' dtype
+    tl.store(DV + out_at, dv.to(DV.dtype.element_ty), mask=kv_ok)
     if KREL_GRAD and LOOP_ROWS:
         cols = tl.arange(0, RP)
         keys_at = (bh * NJ + offs_n[:, None]) * R + cols[None, :]
@@ -1009,7 +1033,7 @@ def _q_tiles(
 
 @triton.jit
 def _backward_q_kernel(
-    Q, K, V, DO, LSE, DLT, QPOS, QSEG, KPOS, KSEG, REL, RELK, SLOPES, KEYS, ROWB, LUT, DIST,
+    Q, K, V, DO, LSE, DLT, OUT, QPOS, QSEG, KPOS, KSEG, REL, RELK, SLOPES, KEYS, ROWB, LUT, DIST,
     row_base, DMASS, DQ, DREL, DSLOPE,
     sqb, sqh, sqi, skb, skh, skj, spq, spk, srb, srh, sri, seh, sch,
     H, NI, NJ, D, R, nlut, offset, scale, seed, p_drop, RANGES, n_ranges,
@@ -1026,7 +1050,9 @@ def _backward_q_kernel(
     rowb_base = ROWB + h * sch
     q, qp, qs = _load_queries(Q, QPOS, QSEG, b, h, offs_m, offs_d, m_ok, d_ok, sqb, sqh, sqi, spq)
     row_at = bh * NI + offs_m
-    do, lse2, dlt = _load_output_grads(DO, LSE, DLT, row_at, offs_d, m_ok, d_ok, D)
+    do, lse2, dlt = _output_grads_with_delta(
+        DO, OUT, LSE, DLT, row_at, offs_d, m_ok, d_ok, D, HAS_MASS
+    )
     scale2, slope2 = _base2_scales(scale, SLOPES, h, LINEAR)
     dq = tl.zeros([BM, DP], tl.float32)
     dracc = tl.zeros([BM, RP], tl.float32)
@@ -1063,7 +1089,8 @@ def _backward_q_kernel(
         REL_KEYS, WIN, BY_ENTRY, BM,
     )  # fmt: skip
     q_ok = m_ok[:, None] & d_ok[None, :]
-    tl.store(DQ + row_at[:, None] * D + offs_d[None, :], dq * scale, mask=q_ok)
+    dq = (dq * scale).to(DQ.dtype.element_ty)  # q's dtype; float32 where keys' terms follow
+    tl.store(DQ + row_at[:, None] * D + offs_d[None, :], dq, mask=q_ok)
     if SLOPE_GRAD:  # per query; summed over batch and queries by the caller
         tl.store(DSLOPE + row_at, dslope, mask=m_ok)
     if REL_GRAD and LOOP_ROWS:
@@ -1156,8 +1183,9 @@ def _padded(q: Tensor, rows: int) -> tuple[int, int, bool]:
 
 
 class _RelativeFlash(torch.autograd.Function):
-    """``(out, mass)`` float32 from ``q, k, v``, ``rel``, ``relk`` and ``slopes``; see the module
-    docstring."""
+    """``(out, mass)`` from ``q, k, v``, ``rel``, ``relk`` and ``slopes``; see the module
+    docstring. ``out`` is in ``q``'s dtype (float32 with the mass: a value term is added to it),
+    ``mass`` float32; the gradients come out of the kernels in their inputs' dtypes."""
 
     @staticmethod
     def forward(ctx, q, k, v, rel, relk, slopes, keys, row_bias, geometry, want_mass, tiles):
@@ -1168,7 +1196,7 @@ class _RelativeFlash(torch.autograd.Function):
         has_rel = rel is not None or keys is not None
         one_row = lut.shape[0] == 2  # with its runs (relative_flash_attention)
         dp, rp, _ = _padded(q, r)
-        out = q.new_empty(b, h, i, d, dtype=torch.float32)
+        out = q.new_empty(b, h, i, d, dtype=torch.float32 if want_mass else q.dtype)
         lse = q.new_empty(b, h, i, dtype=torch.float32)
         mass = q.new_zeros(b, h, i, r if want_mass else 0, dtype=torch.float32)
         tables = [t if t is not None else out for t in (rel, relk, slopes)]  # None: never read
@@ -1205,16 +1233,16 @@ class _RelativeFlash(torch.autograd.Function):
         dp, rp, loop_rows = _padded(q, r)
         tiles, unmasked = ctx.tiles
         one_row = lut.shape[0] == 2
-        dout = dout.float().contiguous()
-        dlt = (dout * out).sum(-1)
-        # The products read d out in q's dtype: cast once here, not in every program that loads it.
+        # The products read d out in q's dtype (out's, but with the mass): cast once here if at
+        # all, not in every program that loads it.
         do = dout.to(q.dtype).contiguous()
         has_mass = ctx.want_mass and dmass is not None
-        if has_mass:
+        if has_mass:  # the queries' backward adds Σ_d d out·out (_output_grads_with_delta)
             dmass = dmass.float().contiguous()
-            dlt = dlt + (dmass * mass).sum(-1)
+            dlt = (dmass * mass).sum(-1)
         else:
-            dmass = dout  # any pointer: never read
+            dmass = do  # any pointer: never read
+            dlt = lse.new_empty(b, h, i)
         # With the keys, d rel (computed, then multiplied out below) serves q's gradient too.
         needs = ctx.needs_input_grad
         keyed = keys is not None
@@ -1229,8 +1257,9 @@ class _RelativeFlash(torch.autograd.Function):
             drel = q.new_zeros(b, h, i, r if rel_grad else 0, dtype=torch.float32)
         drelk = q.new_zeros(b, h, j, r if relk_grad else 0, dtype=torch.float32)
         dslope = q.new_zeros(b, h, i if slope_grad else 0, dtype=torch.float32)
-        dq = torch.empty_like(out)
-        dk = q.new_empty(b, h, j, d, dtype=torch.float32)
+        keyed_dq = rel_grad and keyed  # d rel·E is added to dq below, in float32
+        dq = q.new_empty(b, h, i, d, dtype=torch.float32 if keyed_dq else q.dtype)
+        dk = q.new_empty(b, h, j, d)
         dv = torch.empty_like(dk)
         tables = [t if t is not None else out for t in (rel, relk, slopes)]  # None: never read
         tables += _keyed_tables(keys, row_bias, r, out)
@@ -1247,18 +1276,19 @@ class _RelativeFlash(torch.autograd.Function):
             ONE_ROW=one_row, SHIFTED=row_base is not None, BY_DISTANCE=dist is not None,
             UNMASKED=unmasked, REL_KEYS=keyed,
         )  # fmt: skip
+        # The queries' backward first: it computes dlt, which the keys' backward reads.
+        _launch(
+            _backward_q_kernel, (triton.cdiv(i, tiles.queries.bm), b * h),
+            q, k, v, do, lse, dlt, out, qpos, qseg, kpos, kseg, *tables, dmass, dq, drel,
+            dslope, *strides, *common, q_ranges, q_ranges.shape[1], REL_GRAD=rel_grad,
+            SLOPE_GRAD=slope_grad, OWN_ROWS=own_rows and not loop_rows, tiles=tiles.queries,
+            WIN=_window(tiles.queries), BY_ENTRY=by_entry, **flags,
+        )  # fmt: skip
         _launch(
             _backward_kv_kernel, (triton.cdiv(j, tiles.keys.bn), b * h),
             q, k, v, do, lse, dlt, qpos, qseg, kpos, kseg, *tables, dmass, dk, dv, drelk,
             *strides, *common, k_ranges, k_ranges.shape[1], KREL_GRAD=relk_grad,
             tiles=tiles.keys, WIN=_window(tiles.keys), **flags,
-        )  # fmt: skip
-        _launch(
-            _backward_q_kernel, (triton.cdiv(i, tiles.queries.bm), b * h),
-            q, k, v, do, lse, dlt, qpos, qseg, kpos, kseg, *tables, dmass, dq, drel,
-            dslope, *strides, *common, q_ranges, q_ranges.shape[1], REL_GRAD=rel_grad,
-            SLOPE_GRAD=slope_grad, OWN_ROWS=own_rows and not loop_rows, tiles=tiles.queries,
-            WIN=_window(tiles.queries), BY_ENTRY=by_entry, **flags,
         )  # fmt: skip
         dkeys = drow_bias = None
         if rel_grad and keyed:  # rel = q·Eᵀ + c, differentiated here
@@ -1273,9 +1303,9 @@ class _RelativeFlash(torch.autograd.Function):
             dims = [n for n in (0, 2) if rel.shape[n] == 1]
             drel = drel.sum(dims, keepdim=True) if dims else drel
         return (
-            dq.to(q.dtype),
-            dk.to(k.dtype),
-            dv.to(v.dtype),
+            dq.to(q.dtype),  # float32 only where the keys' terms were added
+            dk,
+            dv,
             drel if rel_grad else None,
             drelk if relk_grad else None,
             dslope.sum((0, 2)) if slope_grad else None,
@@ -1403,8 +1433,9 @@ def relative_flash_attention(
         row_bias: float32 ``(1|h, R)``, ``c`` of ``q·Eᵀ + c`` (Transformer-XL's), or None.
 
     Returns:
-        ``(out, mass)``: float32 ``(b, h, i, d)`` and float32 ``(b, h, i, R)`` (``(b, h, i, 0)``
-        when not asked for). A query with no key gets zeros in both. Differentiable in ``q``,
+        ``(out, mass)``: ``(b, h, i, d)`` in ``q``'s dtype (float32 with ``mass``, to which a
+        value term is added) and float32 ``(b, h, i, R)`` (``(b, h, i, 0)`` when not asked
+        for). A query with no key gets zeros in both. Differentiable in ``q``,
         ``k``, ``v``, ``rel`` and ``mass``.
 
     Raises:
