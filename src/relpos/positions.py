@@ -546,7 +546,8 @@ def _segment_cumsum(
 
 def distance_range(queries: Positions, keys: Positions) -> tuple[int, int]:
     """``(lo, hi)`` with every ``k_pos - q_pos`` between real tokens of one row of these queries
-    and keys in ``[lo, hi]``; ``(0, 0)`` when no row has both. One device sync.
+    and keys in ``[lo, hi]``; ``(0, 0)`` when no row has both. One device sync, none for
+    self-attention over contiguous positions (``1 - n, n - 1``, from the length).
 
     Padding's position (0) does not widen it, nor do other rows' positions, so a table over the
     range stays the size of the real distances at any offset, per-row offsets included; callers
@@ -554,6 +555,8 @@ def distance_range(queries: Positions, keys: Positions) -> tuple[int, int]:
     """
     if queries.pos.numel() == 0 or keys.pos.numel() == 0:  # no tokens, or an empty batch
         return 0, 0
+    if queries is keys and queries.contiguous:  # p_j - p_i = j - i
+        return 1 - len(queries), len(queries) - 1
     far = torch.iinfo(torch.int64).max // 4  # beyond any position; differences stay in range
 
     def extremes(p: Positions) -> tuple[Tensor, Tensor]:  # (b|1,) each

@@ -16,6 +16,7 @@ Shape legend: ``b`` batch, ``h`` heads, ``i`` queries, ``j`` keys, ``d`` head di
 
 from __future__ import annotations
 
+import math
 from typing import Protocol
 
 import torch
@@ -23,6 +24,7 @@ from torch import Tensor
 
 from ..positions import PAD_SEGMENT, Positions, dense_segment_ids, distance_range
 from ..schemes.base import RelativeScheme, Scheme
+from .memo import BoundedCache
 
 __all__ = [
     "AttentionBackend",
@@ -109,7 +111,25 @@ def relative_rows(
     clip = scheme.distance_clip if clipped else None
     if clip is not None:
         lo, hi = (min(max(x, clip.lo), clip.hi) for x in (lo, hi))
-    return scheme.rows_by_distance(lo, hi, device), -lo
+    return _rows_by_distance(scheme, lo, hi, torch.device(device)), -lo
+
+
+#: The schemes' distance-to-row tables, by what builds a scheme (its class, config and geometry)
+#: and the range: values of the geometry alone, built once instead of on every call (a bucket
+#: table is a dozen ops, each a kernel launch on a GPU).
+_ROWS = BoundedCache(64 * 2**20)
+
+
+def _rows_by_distance(scheme: RelativeScheme, lo: int, hi: int, device: torch.device) -> Tensor:
+    """:meth:`~relpos.schemes.RelativeScheme.rows_by_distance`, kept between calls."""
+    key = (type(scheme), scheme.config, scheme.d_model, scheme.num_heads, scheme.causal)
+    try:
+        hash(key)
+    except TypeError:  # a config with an unhashable field: built every call
+        return scheme.rows_by_distance(lo, hi, device)
+    return _ROWS.get_or_build(
+        (*key, lo, hi, device), lambda: scheme.rows_by_distance(lo, hi, device)
+    )
 
 
 def is_empty(q: Tensor, k: Tensor) -> bool:
@@ -148,6 +168,13 @@ def rows_with_keys(q_positions: Positions, k_positions: Positions, causal: bool)
     return ok & (lowest <= qp.pos) if causal else ok
 
 
+def _nonfinite_vectors(x: Tensor) -> Tensor:
+    """``(...)`` bool: whether each vector along the last dim of ``x`` holds a NaN or an infinity.
+    Its largest magnitude is then not below infinity (NaN compares false): one reduction, where
+    ``~isfinite(x).all(-1)`` takes five passes over ``x`` (each a kernel launch on a GPU)."""
+    return ~(torch.linalg.vector_norm(x, ord=math.inf, dim=-1) < math.inf)
+
+
 def nonfinite_rows(
     q: Tensor,
     k: Tensor,
@@ -165,11 +192,10 @@ def nonfinite_rows(
     keys as the kernel sees them (padding keys zeroed).
     """
     b, h, i, _ = q.shape
-    bad_q = ~torch.isfinite(q).all(-1)  # (b, h, i)
-    bad_k = ~torch.isfinite(k).all(-1)  # (b, h, j)
-    params = [~torch.isfinite(p).all() for p in scheme.parameters()]
-    if params:  # a 0-d tensor, no host sync
-        bad_q = bad_q | torch.stack(params).any().to(bad_q.device)
+    bad_q, bad_k = _nonfinite_vectors(q), _nonfinite_vectors(k)  # (b, h, i), (b, h, j)
+    params = [torch.linalg.vector_norm(p.detach(), ord=math.inf) for p in scheme.parameters()]
+    if params:  # a 0-d tensor, no host sync: the largest magnitude of any parameter
+        bad_q = bad_q | _nonfinite_vectors(torch.stack(params)).to(bad_q.device)
     if is_contiguous_self(q_positions, k_positions):  # every query has a key; p_j - p_i = j - i
         reach = bad_k.cumsum(-1) > 0 if causal else bad_k.any(-1, keepdim=True).expand(b, h, i)
         return bad_q | reach

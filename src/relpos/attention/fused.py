@@ -51,6 +51,7 @@ from .contract import (
     validate_attention_inputs,
     zero_padding_keys,
 )
+from .memo import BoundedCache
 
 __all__ = [
     "FUSED_DTYPES",
@@ -148,9 +149,31 @@ def fused_sums_atomically(scheme: Scheme, q_positions: Positions, k_positions: P
     return "score_bias" in scheme.hooks and not own_rows
 
 
+#: Per ``(n, device)``: int32 ``0..n-1`` and zeros, ``(1, n)``, what the kernels are handed for
+#: plain positions (which they read from indices), and ALiBi's one-entry ``lut``: values of the
+#: geometry alone, built once instead of converted on every call.
+_GEOMETRY = BoundedCache(32, cost=lambda _: 1)
+
+
+def _plain_positions(n: int, device: torch.device) -> tuple[Tensor, Tensor]:
+    def build() -> tuple[Tensor, Tensor]:
+        pos = torch.arange(n, dtype=torch.int32, device=device)[None]
+        return pos, torch.zeros_like(pos)
+
+    return _GEOMETRY.get_or_build(("positions", n, device), build)
+
+
+def _one_row_lut(device: torch.device) -> Tensor:
+    def build() -> Tensor:
+        return torch.zeros(1, dtype=torch.int32, device=device)
+
+    return _GEOMETRY.get_or_build(("lut", device), build)
+
+
 def _kernel_positions(q_positions: Positions, k_positions: Positions) -> tuple[Tensor, ...]:
     """int32 ``q_pos, q_seg (b|1, i), k_pos, k_seg (b|1, j)`` for the kernel (each pair of one
-    shape: one stride reads both). Plain positions: as they are (the kernel reads indices).
+    shape: one stride reads both). Plain positions: ``0..n-1`` in one segment, kept between
+    calls (:data:`_GEOMETRY`; the kernels read indices).
 
     Otherwise both are renumbered per row, queries and keys together, keeping their order, so
     that int64 values (document ids, offsets past ``2**31``) neither wrap in int32 nor pass the
@@ -158,8 +181,8 @@ def _kernel_positions(q_positions: Positions, k_positions: Positions) -> tuple[T
     positions count from the row's first real one (padding stays 0); distances are unchanged.
     """
     if is_contiguous_self(q_positions, k_positions):
-        q, k = q_positions, k_positions
-        return tuple(t.to(torch.int32) for t in (q.pos, q.seg, k.pos, k.seg))
+        pos, seg = _plain_positions(len(q_positions), q_positions.pos.device)
+        return pos, seg, pos, seg
     b = max(q_positions.batch, k_positions.batch)
     q, k = q_positions.expand(b), k_positions.expand(b)
     seg, pos = torch.cat([q.seg, k.seg], 1), torch.cat([q.pos, k.pos], 1)
@@ -210,7 +233,7 @@ def fused_attention(
     plain = is_contiguous_self(q_positions, k_positions)
     row_base = rel = relk = keys = row_bias = None
     if linear:  # the slopes, no table: one row
-        lut, offset, rows = torch.zeros(1, dtype=torch.long, device=q.device), 0, 1
+        lut, offset, rows = _one_row_lut(q.device), 0, 1
     elif isinstance(scheme, DistanceBiasScheme):  # one table of every distance, for every query
         lo, table = scheme.distance_table(q_positions, k_positions)
         rows, offset = table.shape[-1], -lo

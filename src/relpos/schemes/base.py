@@ -281,7 +281,9 @@ class RelativeScheme(Scheme):
         self, lo: int, hi: int, device: torch.device | str | None = None
     ) -> Tensor:
         """The relative row of each distance ``lo..hi``: ``(hi - lo + 1,)`` int64, the row of
-        ``p_j - p_i = δ`` at ``δ - lo`` (the kernels' lookup table from distance to row)."""
+        ``p_j - p_i = δ`` at ``δ - lo`` (the kernels' lookup table from distance to row). A
+        function of what the scheme was built from (its class, config, ``d_model``,
+        ``num_heads``, ``causal``), never of its weights: the backends keep it between calls."""
         zero = torch.zeros(1, 1, dtype=torch.long, device=device)
         dist = torch.arange(lo, hi + 1, device=device).view(1, -1)
         keys = Positions(dist, torch.zeros_like(dist))

@@ -1,0 +1,103 @@
+"""What the host issues for one ``fused`` forward+backward pass: PyTorch ops and Triton launches per
+scheme, counted on a CPU (docs/performance.md, "On a GPU").
+
+    TRITON_INTERPRET=1 PYTHONPATH=src python benchmarks/host_ops.py [--schemes alibi,t5,music]
+        [--layout plain] [--by-site]
+
+On a GPU each op is a kernel launch (or an allocation) the host pays for, whatever its size, so
+at the bench's sizes a pass with many of them can take longer to issue than to run. The pass runs
+with its kernels recorded, not run (``relative_attention.recorded_launches``), on small CPU
+tensors; an op is counted when it reaches the dispatcher, views excluded (they launch nothing).
+The non-finite check every backend ends with (``contract.propagate_nonfinite``) takes a shortcut
+on a CPU (a sum per tensor and a host sync, cheap there): its ops are replaced by those of the
+path a GPU takes (``contract.nonfinite_rows``, then one ``where``). The bench's own ops (clearing
+the gradients, the backward pass's seed) are left out. ``--by-site`` lists each op with the line
+that issued it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import sys
+import traceback
+
+os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from relpos.attention import contract
+from relpos.cli import bench
+from relpos.kernels.relative_attention import recorded_launches
+
+#: Ops that make a view or a metadata change: no kernel, no allocation.
+VIEWS = {
+    "view", "_unsafe_view", "unsqueeze", "squeeze", "expand", "t", "transpose", "select", "slice",
+    "detach", "alias", "as_strided", "permute", "_reshape_alias", "lift_fresh", "split",
+}  # fmt: skip
+
+
+class _Ops(TorchDispatchMode):
+    """Each non-view op dispatched, with the innermost ``relpos`` line that issued it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: list[tuple[str, str, tuple[str, ...]]] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.overloadpacket.__name__
+        if name not in VIEWS:
+            frames = [f for f in traceback.extract_stack() if "relpos" in f.filename]
+            site = f"{os.path.basename(frames[-1].filename)}:{frames[-1].lineno}" if frames else "?"
+            self.ops.append((name, site, tuple(f.name for f in frames)))
+        return func(*args, **(kwargs or {}))
+
+
+def count(name: str, layout: str) -> tuple[list[tuple[str, str]], int]:
+    """``(ops, launches)`` of one forward+backward pass of ``name`` through ``fused``."""
+    s = bench.make_setup(
+        name, 64, 2, causal=True, heads=2, head_dim=16, device="cpu", dtype=torch.bfloat16,
+        grad=True, layout=layout,
+    )  # fmt: skip
+    step = bench.step_of(bench.backend_call("fused"), s, backward=True)
+    with recorded_launches():
+        step()  # caches filled, as in a warm training loop
+    with recorded_launches() as launches, _Ops() as seen:
+        step()
+    ops = [
+        (op, site)
+        for op, site, frames in seen.ops
+        if "propagate_nonfinite" not in frames and not site.startswith("bench.py")
+    ]
+    with _Ops() as check:
+        p = s.positions
+        bad = contract.nonfinite_rows(s.q, s.k, s.scheme, p, p, s.causal)
+        torch.where(bad.unsqueeze(-1), torch.nan, s.q)
+    ops += [(op, site) for op, site, _ in check.ops]
+    return ops, len(launches)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--schemes", default="alibi,learned_alibi,t5,shaw,music,kerple,deberta")
+    parser.add_argument("--layout", choices=bench.LAYOUTS, default="plain")
+    parser.add_argument("--by-site", action="store_true")
+    args = parser.parse_args(argv)
+    print(f"fused, one forward+backward pass, {args.layout} positions, torch {torch.__version__}")
+    print("| scheme | PyTorch ops | Triton launches |\n|---|---:|---:|")
+    listed = []
+    for name in args.schemes.split(","):
+        ops, launches = count(name, args.layout)
+        print(f"| {name} | {len(ops)} | {launches} |")
+        listed.append((name, ops))
+    if args.by_site:
+        for name, ops in listed:
+            sites = collections.Counter(f"{op} {site}" for op, site in ops)
+            print(f"\n{name}:\n" + "\n".join(f"  {n} × {what}" for what, n in sites.items()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

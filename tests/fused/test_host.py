@@ -1,0 +1,100 @@
+"""What the host does around the ``fused`` kernels: no device sync over plain positions (a sync
+stalls the host until the GPU drains, so a training loop can no longer issue work ahead of it),
+and the output and gradients handed over in the inputs' dtype. Checked with the kernels recorded,
+not run (``relative_attention.recorded_launches``)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.overrides import TorchFunctionMode
+
+pytest.importorskip("triton")
+
+import relpos
+from relpos.attention import contract
+from relpos.attention.fused import fused_attention
+from relpos.kernels.relative_attention import recorded_launches
+from relpos.positions import Positions, distance_range
+
+#: The tensor methods that wait for the device to hand the host a value.
+SYNCS = {
+    torch.Tensor.item, torch.Tensor.tolist, torch.Tensor.__bool__, torch.Tensor.__int__,
+    torch.Tensor.__float__, torch.Tensor.__index__, torch.Tensor.cpu, torch.Tensor.numpy,
+}  # fmt: skip
+
+SCHEMES = [
+    "alibi", "learned_alibi", "kerple", "sandwich", "dpb", "t5", {"name": "shaw", "max_distance": 4},
+    {"name": "music", "max_distance": 20}, "transformer_xl", "deberta",
+]  # fmt: skip
+
+
+class _Syncs(TorchFunctionMode):
+    """The names of the sync methods called within it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[str] = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func in SYNCS:
+            self.calls.append(func.__name__)
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("spec", SCHEMES, ids=str)
+def test_plain_positions_issue_no_device_sync(spec, monkeypatch):
+    """One forward+backward pass per scheme over plain positions (the training case) calls none
+    of the methods that read a device value on the host (``item``, ``tolist``, ``bool``, ...).
+    The non-finite check runs its GPU path (on a CPU it takes a cheaper one with a sync)."""
+
+    def gpu_path(out, q, k, scheme, q_positions, k_positions, causal):
+        bad = contract.nonfinite_rows(q, k, scheme, q_positions, k_positions, causal)
+        return torch.where(bad.unsqueeze(-1), torch.nan, out)
+
+    monkeypatch.setattr(relpos.attention.fused, "propagate_nonfinite", gpu_path)
+    scheme = relpos.make_scheme(spec, d_model=32, num_heads=2, causal=True)
+    q, k, v = (torch.randn(2, 2, 40, 16, requires_grad=True) for _ in range(3))
+    p = Positions.from_length(40)
+    with recorded_launches(), _Syncs() as syncs:
+        out = fused_attention(q, k, v, scheme, p, p, causal=True)
+        out.backward(torch.ones_like(out))
+    assert syncs.calls == []
+    # A sync where it is due, seen: positions with padding read their extreme values.
+    padded = Positions.from_padding_mask(torch.tensor([[False] * 3 + [True] * 37] * 2))
+    with recorded_launches(), _Syncs() as syncs:
+        fused_attention(q.detach(), k.detach(), v.detach(), scheme, padded, padded, causal=True)
+    assert syncs.calls or spec in ("alibi", "learned_alibi")  # no table: no range to read
+
+
+def test_distance_range_of_contiguous_self_attention_reads_no_value():
+    """Over one contiguous sequence per row (queries are the keys) the range is the length's,
+    with nothing read from the device; it agrees with the range the values give."""
+    for n, offset in [(1, 0), (7, 0), (7, 5)]:
+        p = Positions.from_length(n, offset=offset)
+        with _Syncs() as syncs:
+            got = distance_range(p, p)
+        assert got == (1 - n, n - 1) and syncs.calls == []
+        copy = Positions(p.pos.clone(), p.seg.clone())  # the same values, not declared contiguous
+        with _Syncs() as syncs:
+            assert distance_range(copy, copy) == got
+        assert syncs.calls == ["tolist"]
+
+
+@pytest.mark.parametrize(("spec", "mass"), [("alibi", False), ({"name": "shaw", "max_distance": 4}, True)])
+def test_output_and_gradients_come_in_the_inputs_dtype(spec, mass):
+    """bf16 inputs: the kernels write ``out`` in bf16 (float32 where a value term is added to it)
+    and ``d q``, ``d k``, ``d v`` in bf16: no float32 copy to convert after them."""
+    scheme = relpos.make_scheme(spec, d_model=32, num_heads=2, causal=True)
+    q, k, v = (torch.randn(1, 2, 16, 16, dtype=torch.bfloat16, requires_grad=True) for _ in "qkv")
+    p = Positions.from_length(16)
+    with recorded_launches() as runs:
+        out = fused_attention(q, k, v, scheme, p, p, causal=True)
+        out.backward(torch.ones_like(out))
+    forward, queries, keys = runs
+    assert forward.args[forward.kernel.arg_names.index("OUT")].dtype == (
+        torch.float32 if mass else torch.bfloat16
+    )
+    assert queries.args[queries.kernel.arg_names.index("DQ")].dtype == torch.bfloat16
+    for name in ("DK", "DV"):
+        assert keys.args[keys.kernel.arg_names.index(name)].dtype == torch.bfloat16
