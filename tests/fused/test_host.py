@@ -23,8 +23,9 @@ SYNCS = {
     torch.Tensor.__float__, torch.Tensor.__index__, torch.Tensor.cpu, torch.Tensor.numpy,
 }  # fmt: skip
 
+SHAW = {"name": "shaw", "max_distance": 4}
 SCHEMES = [
-    "alibi", "learned_alibi", "kerple", "sandwich", "dpb", "t5", {"name": "shaw", "max_distance": 4},
+    "alibi", "learned_alibi", "kerple", "sandwich", "dpb", "t5", SHAW,
     {"name": "music", "max_distance": 20}, "transformer_xl", "deberta",
 ]  # fmt: skip
 
@@ -81,7 +82,7 @@ def test_distance_range_of_contiguous_self_attention_reads_no_value():
         assert syncs.calls == ["tolist"]
 
 
-@pytest.mark.parametrize(("spec", "mass"), [("alibi", False), ({"name": "shaw", "max_distance": 4}, True)])
+@pytest.mark.parametrize(("spec", "mass"), [("alibi", False), (SHAW, True)])
 def test_output_and_gradients_come_in_the_inputs_dtype(spec, mass):
     """bf16 inputs: the kernels write ``out`` in bf16 (float32 where a value term is added to it)
     and ``d q``, ``d k``, ``d v`` in bf16: no float32 copy to convert after them."""
@@ -98,3 +99,21 @@ def test_output_and_gradients_come_in_the_inputs_dtype(spec, mass):
     assert queries.args[queries.kernel.arg_names.index("DQ")].dtype == torch.bfloat16
     for name in ("DK", "DV"):
         assert keys.args[keys.kernel.arg_names.index(name)].dtype == torch.bfloat16
+
+
+def test_host_ops_counts_each_scheme_s_ops_and_launches(capsys):
+    """``benchmarks/host_ops.py``: a row per scheme, its ops (the non-finite check's GPU path
+    included) and the pass's three kernel launches."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).parents[2] / "benchmarks" / "host_ops.py"
+    spec = importlib.util.spec_from_file_location("host_ops", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.main(["--schemes", "alibi,kerple", "--by-site"]) == 0
+    out = capsys.readouterr().out
+    rows = {line.split("|")[1].strip(): line.split("|")[2:4] for line in out.splitlines()[3:5]}
+    assert set(rows) == {"alibi", "kerple"} and all(int(n) > 0 for n, _ in rows.values())
+    assert [launches.strip() for _, launches in rows.values()] == ["3", "3"]
+    assert "linalg_vector_norm contract.py" in out  # the check's GPU path, by site
