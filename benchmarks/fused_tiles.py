@@ -139,7 +139,10 @@ def measure(args: argparse.Namespace, scheme: str, n: int, launch: str, config: 
             )
             row["peak_mib"] = _peak_mib(run, setup)
             if args.device == "cuda":
-                row |= _device_split(run, setup, base, args.repeats)
+                try:
+                    row |= _device_split(run, setup, base, args.repeats)
+                except Exception as e:  # the profiler is a guest: the wall figures stand
+                    row["device_error"] = f"{type(e).__name__}: {' '.join(str(e).split())[:200]}"
     except Exception as e:  # a candidate the GPU cannot launch: reported, the others go on
         row["error"] = f"{type(e).__name__}: {' '.join(str(e).split())[:300]}"
         return row

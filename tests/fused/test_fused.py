@@ -696,6 +696,27 @@ def test_half_precision_stays_near_float32():
         assert err < 2e-2, f"{dtype}: relative error {err:.3g}"
 
 
+@pytest.mark.parametrize("rows", [21, 130], ids=["register-rows", "own-rows"])
+def test_keyed_half_precision_stays_near_float32(rows):
+    """With the keys and float16 inputs (the interpreter's bfloat16 products are wrong), the
+    kernels store ``d rel`` in float16, in registers' rows or each query's own past
+    :data:`MAX_LOOP_ROWS`, and it is multiplied out in float16: the output and every gradient
+    (``q``, ``k``, ``v``, the table) stay within 2e-2 of float32's, relative to the largest."""
+    spec = {"name": "music", "max_distance": rows - 1}
+    scheme, q, k, v, qp, kp = _case(spec, "plain", True, 7, n=rows + 10)
+    grad_out = torch.randn(*q.shape, device=DEVICE)
+    results = []
+    for dtype in (torch.float32, torch.float16):
+        inputs = [t.detach().to(dtype).requires_grad_() for t in (q, k, v)]
+        with launch_config(keyed=True):
+            out = fused_attention(*inputs, scheme, qp, kp, causal=True)
+        assert out.dtype == dtype
+        results.append([out, *_grads(out, scheme, *inputs, grad_out.to(dtype))])
+    for name, half, full in zip(["out", "q", "k", "v", "E"], results[1], results[0], strict=False):
+        err = (half.float() - full).abs().max() / full.abs().max()
+        assert err < 2e-2, f"rows={rows} {name}: relative error {err:.3g}"
+
+
 def test_raw_kernel_without_a_logit_term_gives_plain_attention_and_its_mass():
     """``rel=None``: softmax attention, and ``mass`` sums every query's probabilities to 1."""
     torch.manual_seed(6)

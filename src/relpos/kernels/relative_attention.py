@@ -577,7 +577,8 @@ def _own_rows(acc, drel_base, ds, row, allowed, one, first, last):
         total = tl.sum(ds, axis=1)[:, None]
         acc += tl.where(cols == tl.where(one == first, 0, 1), total, 0.0)
     else:
-        tl.store(drel_base + row, ds, mask=allowed & (row != first) & (row != last))
+        grad = ds.to(drel_base.dtype.element_ty)  # float32, or q's dtype with the keys
+        tl.store(drel_base + row, grad, mask=allowed & (row != first) & (row != last))
         at_first = tl.sum(tl.where(row == first, ds, 0.0), axis=1)[:, None]
         at_last = tl.sum(tl.where((row == last) & (row != first), ds, 0.0), axis=1)[:, None]
         acc += tl.where(cols == 0, at_first, at_last)
@@ -1095,11 +1096,13 @@ def _backward_q_kernel(
         tl.store(DSLOPE + row_at, dslope, mask=m_ok)
     if REL_GRAD and LOOP_ROWS:
         cols = tl.arange(0, RP)
-        tl.store(drel_base + cols[None, :], dracc, mask=m_ok[:, None] & (cols[None, :] < R))
+        grad = dracc.to(DREL.dtype.element_ty)
+        tl.store(drel_base + cols[None, :], grad, mask=m_ok[:, None] & (cols[None, :] < R))
     if REL_GRAD and OWN_ROWS:  # the clip's end rows (one row when the clip has one entry)
         cols = tl.arange(0, RP)[None, :]
         ends = tl.where(cols == 0, first, last)
-        tl.store(drel_base + ends, dracc, mask=m_ok[:, None] & ((cols == 0) | (ends != first)))
+        grad = dracc.to(DREL.dtype.element_ty)
+        tl.store(drel_base + ends, grad, mask=m_ok[:, None] & ((cols == 0) | (ends != first)))
 
 
 def block_ranges(
@@ -1251,10 +1254,14 @@ class _RelativeFlash(torch.autograd.Function):
         slope_grad = slopes is not None and ctx.needs_input_grad[5]
         # A table shared by every query past the register rows: its gradient by lut entry.
         by_entry = rel_grad and not loop_rows and rel is not None and _shared(rel)
+        # With the keys, d rel is stored, not added to (register rows, or each query's own rows),
+        # and then multiplied out on the tensor cores: in q's dtype, as dS is for d q and d k.
+        stored = loop_rows or own_rows
+        drel_dtype = q.dtype if keyed and stored else torch.float32
         if by_entry:
             drel = q.new_zeros(h, lut.shape[1], dtype=torch.float32)
         else:
-            drel = q.new_zeros(b, h, i, r if rel_grad else 0, dtype=torch.float32)
+            drel = q.new_zeros(b, h, i, r if rel_grad else 0, dtype=drel_dtype)
         drelk = q.new_zeros(b, h, j, r if relk_grad else 0, dtype=torch.float32)
         dslope = q.new_zeros(b, h, i if slope_grad else 0, dtype=torch.float32)
         keyed_dq = rel_grad and keyed  # d rel·E is added to dq below, in float32
@@ -1291,10 +1298,11 @@ class _RelativeFlash(torch.autograd.Function):
             tiles=tiles.keys, WIN=_window(tiles.keys), **flags,
         )  # fmt: skip
         dkeys = drow_bias = None
-        if rel_grad and keyed:  # rel = q·Eᵀ + c, differentiated here
-            dq = dq + torch.matmul(drel, keys.float())
-            dkeys = _head_sum(torch.einsum("bhir,bhid->hrd", drel, q.float()), keys)
-            drow_bias = _head_sum(drel.sum((0, 2)), row_bias)
+        if rel_grad and keyed:  # rel = q·Eᵀ + c, differentiated here, in the keys' dtype (q's)
+            rows_grad = drel.to(keys.dtype)
+            dq = dq + torch.matmul(rows_grad, keys)
+            dkeys = _head_sum(torch.einsum("bhir,bhid->hrd", rows_grad, q), keys)
+            drow_bias = _head_sum(drel.sum((0, 2), dtype=torch.float32), row_bias)
             drel = None
         elif by_entry:  # entries to rows: lut[e] is entry e's row
             rows = drel.new_zeros(h, r).index_add_(1, lut[0].long(), drel)
