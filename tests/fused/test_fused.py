@@ -766,6 +766,11 @@ def _raw_inputs(**change):
         ({"rel": torch.randn(1, 3, 1, 5)}, r"rel must have shape"),
         ({"relk": torch.randn(2, 3, 5, 4)}, r"relk must have shape \(2, 3, 7, 4\)"),
         ({"slopes": torch.rand(2)}, r"slopes must have shape \(3,\)"),
+        (
+            {"lut": torch.zeros(3, 4, dtype=torch.int32)},
+            r"lut must be \(n,\) or \(2, n\) .*\(3, 4\)",
+        ),
+        ({"lut": torch.zeros(0, dtype=torch.int32)}, r"with n >= 1 \(lut_with_runs\), got \(0,\)"),
     ],
     ids=[
         "k-dim",
@@ -777,6 +782,8 @@ def _raw_inputs(**change):
         "rel-rows",
         "relk",
         "slopes",
+        "lut-rows",
+        "lut-empty",
     ],
 )
 def test_raw_kernel_refuses_shapes_it_would_misread(change, message):

@@ -35,6 +35,7 @@ __all__ = [
     "propagate_nonfinite",
     "relative_rows",
     "rows_with_keys",
+    "scheme_key",
     "validate_attention_inputs",
     "zero_padding_keys",
 ]
@@ -120,16 +121,23 @@ def relative_rows(
 _ROWS = BoundedCache(64 * 2**20)
 
 
-def _rows_by_distance(scheme: RelativeScheme, lo: int, hi: int, device: torch.device) -> Tensor:
-    """:meth:`~relpos.schemes.RelativeScheme.rows_by_distance`, kept between calls."""
+def scheme_key(scheme: Scheme) -> tuple | None:
+    """What builds ``scheme`` (its class, config, ``d_model``, ``num_heads``, ``causal``): the key
+    under which a backend keeps what is a function of it alone, never of the weights (a
+    distance-to-row table), or None where the config cannot be hashed (then nothing is kept)."""
     key = (type(scheme), scheme.config, scheme.d_model, scheme.num_heads, scheme.causal)
     try:
         hash(key)
-    except TypeError:  # a config with an unhashable field: built every call
-        return scheme.rows_by_distance(lo, hi, device)
-    return _ROWS.get_or_build(
-        (*key, lo, hi, device), lambda: scheme.rows_by_distance(lo, hi, device)
-    )
+    except TypeError:
+        return None
+    return key
+
+
+def _rows_by_distance(scheme: RelativeScheme, lo: int, hi: int, device: torch.device) -> Tensor:
+    """:meth:`~relpos.schemes.RelativeScheme.rows_by_distance`, kept between calls."""
+    key = scheme_key(scheme)
+    build = lambda: scheme.rows_by_distance(lo, hi, device)  # noqa: E731
+    return build() if key is None else _ROWS.get_or_build((*key, lo, hi, device), build)
 
 
 def is_empty(q: Tensor, k: Tensor) -> bool:

@@ -48,6 +48,7 @@ from .contract import (
     is_empty,
     propagate_nonfinite,
     relative_rows,
+    scheme_key,
     validate_attention_inputs,
     zero_padding_keys,
 )
@@ -170,6 +171,16 @@ def _one_row_lut(device: torch.device) -> Tensor:
     return _GEOMETRY.get_or_build(("lut", device), build)
 
 
+def _with_runs(lut: Tensor, key: tuple | None) -> Tensor:
+    """int32 ``(2, n)``: ``lut`` with its runs (``lut_with_runs``), kept under ``key`` (a
+    function of the geometry and the scheme's build alone), or built now where ``key`` is None."""
+
+    def build() -> Tensor:
+        return _kernels().lut_with_runs(lut.to(torch.int32))
+
+    return build() if key is None else _GEOMETRY.get_or_build(key, build)
+
+
 def _kernel_positions(q_positions: Positions, k_positions: Positions) -> tuple[Tensor, ...]:
     """int32 ``q_pos, q_seg (b|1, i), k_pos, k_seg (b|1, j)`` for the kernel (each pair of one
     shape: one stride reads both). Plain positions: ``0..n-1`` in one segment, kept between
@@ -237,10 +248,12 @@ def fused_attention(
     elif isinstance(scheme, DistanceBiasScheme):  # one table of every distance, for every query
         lo, table = scheme.distance_table(q_positions, k_positions)
         rows, offset = table.shape[-1], -lo
-        lut = torch.arange(rows, device=q.device)
+        lut = _with_runs(torch.arange(rows, device=q.device), ("every distance", rows, q.device))
         rel = table.float()[None, :, None]
     else:
         lut, offset = relative_rows(scheme, q_positions, k_positions, q.device, clipped=True)
+        key = scheme_key(scheme)
+        lut = _with_runs(lut, None if key is None else (*key, offset, len(lut), q.device))
         clip = scheme.distance_clip
         if clip is not None and clip.shifted:  # lut[x] = x - offset - clip.lo: no table to read
             row_base = -offset - clip.lo
@@ -254,14 +267,13 @@ def fused_attention(
     value = "value_term" in scheme.hooks
     drop = dropout_p if training else 0.0
     seed = int(torch.randint(2**31 - 1, (1,))) if drop > 0 else 0  # CPU generator: no sync
-    int32 = torch.int32
     q_pos, q_seg, k_pos, k_seg = _kernel_positions(q_positions, k_positions)
     out, mass = _kernels().relative_flash_attention(
         q,
         k.to(q.dtype),
         v.to(q.dtype),
         None if rel is None else rel.float(),
-        lut.to(int32),
+        lut,
         offset,
         q_pos,
         q_seg,

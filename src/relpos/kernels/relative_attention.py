@@ -1414,7 +1414,8 @@ def relative_flash_attention(
         q: ``(b, h, i, d)``; k, v: ``(b, h, j, d)``; float32, bfloat16 or float16, one dtype.
         rel: float32 ``(b|1, h, i|1, R)``, the logit term of each query and relative row, or None.
         lut: int32 ``(n,)``, the relative row of distance ``δ`` at ``lut[δ + offset]`` (clamped to
-            its ends outside), every entry in ``[0, R)``.
+            its ends outside), every entry in ``[0, R)``; or ``(2, n)``, that with its runs as
+            :func:`lut_with_runs` gives it (a caller that keeps it between calls).
         rows: ``R``.
         q_pos, q_seg: int32 ``(b|1, i)``; k_pos, k_seg: int32 ``(b|1, j)``; segment -1 is padding.
         causal: keys at positions ``<=`` the query's only.
@@ -1458,8 +1459,12 @@ def relative_flash_attention(
     want_mass = bool(mass)
     _check_shapes(q, k, v, rel, relk, slopes, (q_pos, q_seg, k_pos, k_seg), rows)
     _check_keys(q, rel, keys, row_bias, rows, plain)
-    if lut.numel() == 0:
-        raise ValueError("lut must have at least one entry, got shape (0,)")
+    if lut.dim() not in (1, 2) or lut.shape[-1] == 0 or (lut.dim() == 2 and lut.shape[0] != 2):
+        raise ValueError(
+            f"lut must be (n,) or (2, n) with n >= 1 (lut_with_runs), got {tuple(lut.shape)}"
+        )
+    runs = lut if lut.dim() == 2 else None
+    lut = lut[0] if lut.dim() == 2 else lut
     if not 0.0 <= dropout_p < 1.0:
         raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
     if row_base is not None and not 0 <= row_base <= rows - lut.numel():
@@ -1483,7 +1488,9 @@ def relative_flash_attention(
         k_seg.contiguous(),
         # (2, n) with its runs where one-row tiles are on (tile_options), else (1, n): the
         # runs cost a few launches per call, which the other kernels would not read.
-        lut_with_runs(lut.contiguous()) if one_row else lut.contiguous()[None],
+        (lut_with_runs(lut.contiguous()) if runs is None else runs.contiguous())
+        if one_row
+        else lut.contiguous()[None],
         int(offset),
         bool(causal),
         bool(plain),
