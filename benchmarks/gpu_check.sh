@@ -42,7 +42,11 @@ MASKS=$([ "$MASK" = both ] && echo "causal bidirectional" || echo "$MASK")
 
 { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1
   $PY -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__,
-  torch.cuda.get_device_name() if torch.cuda.is_available() else 'no cuda')" 2>&1; } \
+  torch.cuda.get_device_name() if torch.cuda.is_available() else 'no cuda')" 2>&1
+  # FlexAttention's FLASH backend (kernel_options={"BACKEND": "FLASH"}) calls FlashAttention-4's
+  # CuTe kernels: whether this machine has them decides whether flex can take it.
+  $PY -c "import flash_attn.cute; print('flash_attn.cute (FlexAttention FLASH backend): yes')" \
+    2>/dev/null || echo "flash_attn.cute (FlexAttention FLASH backend): no"; } \
   | tee "$OUT/env.txt"
 
 # ---- phase 1: tests (two pytest runs of WORKERS each), cold compiles and training side by side
