@@ -740,6 +740,10 @@ def test_auto_takes_fused_on_cuda_for_a_value_term(spec, dtype, expected):
         ("deberta", 4096, "plain", True, False, torch.bfloat16, "flex"),  # flex measured faster
         ("deberta", 4096, "plain", False, False, torch.bfloat16, "fused"),
         ("kerple", 4096, "plain", True, False, torch.bfloat16, "flex"),  # fused: not timed
+        ("kerple", 4096, "plain", True, True, torch.bfloat16, "fused"),  # flex has no dropout
+        ("kerple", 4096, "packed", False, False, torch.bfloat16, "fused"),  # inference: T5's form
+        ("dpb", 1024, "plain", True, True, torch.bfloat16, "fused"),  # sdpa: the math kernel
+        ("sandwich", 256, "plain", True, True, torch.bfloat16, "sdpa"),  # short
         ({"name": "t5", "num_buckets": 160}, 4096, "plain", True, False, torch.bfloat16, "flex"),
         ("sandwich", 1024, "plain", True, False, torch.bfloat16, "flex"),  # sdpa: 8.6× vs 5.7×
     ],

@@ -544,8 +544,8 @@ def test_a_distance_bias_sums_atomically_where_the_kernel_does(spec, n, summed, 
 
 
 def test_fused_names_the_tables_it_sums_by_entry():
-    """``fused_sums_by_entry`` (which ``auto`` keeps off ``fused`` until timed): the distance
-    biases but ALiBi's line, T5 past :data:`MAX_LOOP_ROWS` buckets; no other table."""
+    """``fused_sums_by_entry`` (which ``auto`` keeps on ``flex`` for training until timed): the
+    distance biases but ALiBi's line, T5 past :data:`MAX_LOOP_ROWS` buckets; no other table."""
     wide = [{"name": "kerple"}, {"name": "sandwich"}, {"name": "dpb"}]
     wide += [{"name": "t5", "num_buckets": 160, "max_distance": 300}]
     narrow = [{"name": "t5"}, {"name": "learned_alibi"}, {"name": "alibi"}]
@@ -989,18 +989,21 @@ def _reference(q, k, v, rel, lut, offset, qp, qs, kp, ks, causal, rows, keep, p_
     return probs @ v.double(), mass
 
 
-@pytest.mark.parametrize("form", ["registers", "atomics", "stored"])
+@pytest.mark.parametrize("form", ["registers", "atomics", "stored", "by-entry"])
 @pytest.mark.parametrize("plain", [True, False], ids=["plain", "packed"])
 def test_dropout_equals_the_reference_with_the_kernels_mask(form, plain):
     """With dropout (p = 0.3) the kernel equals its definition under the mask
     :func:`dropout_keep` draws for the seed: outputs, mass and every gradient, with the row sums
     in registers (9 rows), atomic (150) or, given ``row_base`` (a table cut at the clip), stored
-    per query over plain positions."""
+    per query over plain positions; and a table shared by every query (a distance bias's,
+    150 rows), its gradient summed by entry."""
     rows = 9 if form == "registers" else 150
     torch.manual_seed(rows + plain)
     b, h, n, d, p_drop, seed = 2, 2, 40, 8, 0.3, 1234
     q, k, v = (torch.randn(b, h, n, d, device=DEVICE, requires_grad=True) for _ in range(3))
-    rel = torch.randn(b, h, n, rows, device=DEVICE, requires_grad=True)
+    shared = form == "by-entry"
+    rel = torch.randn(1 if shared else b, h, 1 if shared else n, rows, device=DEVICE)
+    rel.requires_grad_()
     lut = (torch.arange(-n + 1, n, device=DEVICE).clamp(-(rows - 1), 0) + rows - 1).int()
     offset, row_base = n - 1, None
     if form == "stored":  # distances -(rows - 1)..0 at rows 0..rows - 1
@@ -1017,7 +1020,8 @@ def test_dropout_equals_the_reference_with_the_kernels_mask(form, plain):
             q, k, v, rel, *args, rows=rows, causal=True, plain=plain, mass=True, row_base=row_base
         )
         torch.autograd.grad(out.sum(), q)
-    assert _queries_backward(runs).constexprs["OWN_ROWS"] == (form == "stored" and plain)
+    queries = _queries_backward(runs).constexprs
+    assert queries["OWN_ROWS"] == (form == "stored" and plain) and queries["BY_ENTRY"] == shared
     out, mass = relative_flash_attention(
         q, k, v, rel, *args, rows=rows, causal=True, plain=plain, mass=True,
         dropout_p=p_drop, seed=seed, row_base=row_base,

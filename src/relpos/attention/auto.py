@@ -44,7 +44,8 @@ ALiBi, with gradients           ``flex`` past 512² (L=4096: 2.4× vs 2.7× ``fu
 T5, learned ALiBi, with         ``fused`` from 512² (L=4096: T5 4.4× vs 6.4× ``flex``, 1491×
 gradients                       ``sdpa``; learned ALiBi 2.9× vs 6.2× ``flex``)
 KERPLE, Sandwich, DPB, with     ``flex`` from 512² (L=4096: 6.0–8.0× vs 17–19× ``sdpa``,
-gradients                       46–79× ``chunked``)
+gradients                       46–79× ``chunked``); with attention dropout (none in ``flex``),
+                                ``fused`` as T5 (its form; not yet timed)
 Shaw keys, Music Transformer,   past the mask budget, ``flex`` up to ``i·j =`` :data:`FUSED_LONG`
 Transformer-XL, with gradients  (L=1024: 6.3× vs 7.2× ``fused``), ``fused`` past it (L=4096:
                                 6.3× vs 8.7×)
@@ -263,9 +264,14 @@ def fused_wins_on_cuda(
       (ALiBi's forward at L=4096: 3.9× against 20× ``sdpa``, 107× ``chunked``); the kernel
       compiles once per kind of call, not per shape, so decoding pays no compile.
 
-    Float32, head dims past :data:`FUSED_HEAD_DIM` and the wide shared tables
-    (:func:`~.fused.fused_sums_by_entry`: the distance biases other than learned ALiBi, T5 past
-    128 buckets), none of them timed, keep the other backends."""
+    Float32 and head dims past :data:`FUSED_HEAD_DIM`, not timed, keep the other backends. So do
+    the wide shared tables (:func:`~.fused.fused_sums_by_entry`: the distance biases other than
+    learned ALiBi, T5 past 128 buckets), not yet timed on the kernel, where ``flex`` runs the
+    call for training (KERPLE 6.3× at L=4096). With attention dropout, which ``flex`` lacks, they
+    follow T5's rule above, and without gradients the rule above. Their forward is T5's (a table
+    read per distance: 7.4× at L=4096 without gradients) and their backward T5's plus one atomic
+    add per diagonal of a tile, against ``chunked``'s 46–79× and ``sdpa``'s 18–19× (same
+    run)."""
     if q.device.type != "cuda" or q.dtype not in FUSED_DTYPES:
         return False
     if not fused_supports(scheme, device=q.device):
@@ -274,13 +280,13 @@ def fused_wins_on_cuda(
         return True
     if q.dtype == torch.float32 or q.shape[-1] > FUSED_HEAD_DIM:
         return False
-    if fused_sums_by_entry(scheme):
-        return False  # KERPLE, Sandwich, DPB, T5 past 128 buckets: not yet timed on the kernel
     mask_passes = sdpa_mask_bytes(scheme, q, q_positions, k_positions, causal=causal) > (
         SDPA_MASK_BUDGET
     )
     if not needs_grad:
         return mask_passes
+    if fused_sums_by_entry(scheme) and not dropout:
+        return False  # KERPLE, Sandwich, DPB, T5 past 128 buckets: flex, until fused is timed
     if torch.are_deterministic_algorithms_enabled() and fused_sums_atomically(
         scheme, q_positions, k_positions
     ):
