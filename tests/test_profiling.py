@@ -99,3 +99,15 @@ def test_the_profile_fills_device_host_and_kernels(monkeypatch):
     assert res.fwdbwd_device_ms == pytest.approx(3.0) and res.fwdbwd_device_ratio == 1.5
     assert res.fwdbwd_host_ms == pytest.approx(2.0)  # the median
     assert res.kernels == pytest.approx({"_forward_kernel": 2.0, "copy": 1.0})
+
+
+def test_device_events_are_read_from_a_real_profile():
+    """The attributes read of each event exist on the profiler's own events (here a CPU-only
+    profile: no device event, nothing summed)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        torch.randn(8, 8) @ torch.randn(8, 8)
+    events = prof.events()
+    assert any(e.name == "aten::mm" for e in events)
+    assert profiling.sum_device_events(events) == {}
