@@ -77,6 +77,7 @@ al. (2020) for the relative terms.
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import re
 from collections.abc import Iterator
@@ -132,6 +133,16 @@ LOG2E = tl.constexpr(1.4426950408889634)
 LN2 = tl.constexpr(0.6931471805599453)
 
 
+def _cdiv(n: int, d: int) -> int:
+    """``ceil(n / d)`` on the host (Triton's own is a constexpr function, a few µs a call)."""
+    return -(-n // d)
+
+
+def _next_power_of_2(n: int) -> int:
+    """The smallest power of two ``>= n`` (``n >= 1``), on the host."""
+    return 1 << (n - 1).bit_length()
+
+
 def tile_size(dtype: torch.dtype, shared: int | None, head_dim: int = 64) -> int:
     """The kernels' square tile (``BM = BN``) for inputs of ``dtype`` and ``head_dim`` on a device
     with ``shared`` bytes of shared memory per block (None: Triton's interpreter).
@@ -160,7 +171,7 @@ def shared_budget(tile: int, kind: str, head_dim: int = 64) -> int | None:
     at ``head_dim``: taken to grow in proportion to the padded head dim past 64
     (:func:`tile_size`); None for a pair the kernels never take by default."""
     budget = SHARED_BUDGET.get((tile, kind))
-    scale = max(1, triton.next_power_of_2(max(head_dim, 1)) // 64)
+    scale = max(1, _next_power_of_2(max(head_dim, 1)) // 64)
     return None if budget is None else budget * scale
 
 
@@ -1119,7 +1130,7 @@ def block_ranges(
     pos, seg = pos.expand(batch, -1), seg.expand(batch, -1)
     other_pos, other_seg = other_pos.expand(batch, -1), other_seg.expand(batch, -1)
     n = pos.shape[1]
-    blocks = triton.cdiv(n, block)
+    blocks = _cdiv(n, block)
     pad = blocks * block - n
     big = 1 << 30
     real = seg != -1
@@ -1167,21 +1178,27 @@ def _blocks(device: torch.device, dtype: torch.dtype, head_dim: int = 64) -> Ker
     if _config["tile"] is not None:
         tile = _config["tile"]
     elif device.type == "cuda":
-        props = torch.cuda.get_device_properties(device)
-        shared = getattr(props, "shared_memory_per_block_optin", 48 * 1024)
-        tile = tile_size(dtype, shared, head_dim)
+        index = torch.cuda.current_device() if device.index is None else device.index
+        tile = tile_size(dtype, _shared_memory(index), head_dim)
     else:
         tile = tile_size(dtype, None)
     square = Tiles(tile, tile, warps)
     return KernelTiles(*(_config[k] or square for k in KernelTiles._fields))
 
 
+@functools.cache
+def _shared_memory(index: int) -> int:
+    """Shared memory a block may opt in to on CUDA device ``index``."""
+    props = torch.cuda.get_device_properties(index)
+    return getattr(props, "shared_memory_per_block_optin", 48 * 1024)
+
+
 def _padded(q: Tensor, rows: int) -> tuple[int, int, bool]:
     """``(DP, RP, loop_rows)``: the head dim and the row count padded to powers of two, and
     whether the backward pass's row sums fit a register accumulator (else they are stored per
     query or run by atomic adds: the module docstring)."""
-    rp = max(16, triton.next_power_of_2(max(rows, 1)))
-    dp = max(16, triton.next_power_of_2(q.shape[-1]))
+    rp = max(16, _next_power_of_2(max(rows, 1)))
+    dp = max(16, _next_power_of_2(q.shape[-1]))
     return dp, rp, rp <= MAX_LOOP_ROWS
 
 
@@ -1207,7 +1224,7 @@ class _RelativeFlash(torch.autograd.Function):
         rows_from = _rows_from(lut, dist, row_base, out)
         q_ranges = _ranges(geometry, b, tiles.forward, queries=True)
         _launch(
-            _forward_kernel, (triton.cdiv(i, tiles.forward.bm), b * h),
+            _forward_kernel, (_cdiv(i, tiles.forward.bm), b * h),
             q, k, v, qpos, qseg, kpos, kseg, *tables, *rows_from, out, lse, mass,
             *_strides(q, k, qpos, kpos, rel), *_keyed_strides(keys, row_bias),
             h, i, j, d, r, lut.shape[1], offset, 1.0 / math.sqrt(d), seed, p_drop, q_ranges,
@@ -1285,14 +1302,14 @@ class _RelativeFlash(torch.autograd.Function):
         )  # fmt: skip
         # The queries' backward first: it computes dlt, which the keys' backward reads.
         _launch(
-            _backward_q_kernel, (triton.cdiv(i, tiles.queries.bm), b * h),
+            _backward_q_kernel, (_cdiv(i, tiles.queries.bm), b * h),
             q, k, v, do, lse, dlt, out, qpos, qseg, kpos, kseg, *tables, dmass, dq, drel,
             dslope, *strides, *common, q_ranges, q_ranges.shape[1], REL_GRAD=rel_grad,
             SLOPE_GRAD=slope_grad, OWN_ROWS=own_rows and not loop_rows, tiles=tiles.queries,
             WIN=_window(tiles.queries), BY_ENTRY=by_entry, **flags,
         )  # fmt: skip
         _launch(
-            _backward_kv_kernel, (triton.cdiv(j, tiles.keys.bn), b * h),
+            _backward_kv_kernel, (_cdiv(j, tiles.keys.bn), b * h),
             q, k, v, do, lse, dlt, qpos, qseg, kpos, kseg, *tables, dmass, dk, dv, drelk,
             *strides, *common, k_ranges, k_ranges.shape[1], KREL_GRAD=relk_grad,
             tiles=tiles.keys, WIN=_window(tiles.keys), **flags,
@@ -1332,7 +1349,7 @@ def _shared(rel: Tensor) -> bool:
 
 def _window(tiles: Tiles) -> int:
     """The rows a tile's distances span (:func:`_keyed_logits`), padded to a power of two."""
-    return triton.next_power_of_2(tiles.bm + tiles.bn - 1)
+    return _next_power_of_2(tiles.bm + tiles.bn - 1)
 
 
 def _keyed_tables(keys: Tensor | None, row_bias: Tensor | None, rows: int, unread: Tensor) -> list:
@@ -1642,6 +1659,6 @@ def dropout_keep(
     b, h, i, j = shape
     keep = torch.empty(b, h, i, j, dtype=torch.int8, device=device)
     tiles = _blocks(torch.device(device), torch.float32).forward
-    grid = (triton.cdiv(i, tiles.bm), triton.cdiv(j, tiles.bn), b * h)
+    grid = (_cdiv(i, tiles.bm), _cdiv(j, tiles.bn), b * h)
     _launch(_keep_kernel, grid, keep, int(seed), float(dropout_p), i, j, tiles=tiles)
     return keep.bool()
