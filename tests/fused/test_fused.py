@@ -38,6 +38,7 @@ from relpos.kernels import interpreted
 from relpos.kernels.aot import variant_launches
 from relpos.kernels.relative_attention import (
     MAX_LOOP_ROWS,
+    Tiles,
     block_ranges,
     dropout_keep,
     keyed_logits,
@@ -442,8 +443,10 @@ def _one_row_cases() -> list:
 def test_one_row_tiles_give_the_same_numbers(spec, layout):
     """``launch_config(one_row=True)`` reads a tile whose distances share a row once: outputs and
     every gradient as the per-pair path gives them (itself checked against the oracle above), on
-    sequences long enough for far-field tiles, causal and not, plain positions and not. Never
-    with a value term (``tile_options``: Triton 3.6 cannot compile that kernel for sm_90)."""
+    sequences long enough for far-field tiles, causal and not, plain positions and not. With a
+    value term only where the queries' backward runs unpipelined (``tile_options``: Triton 3.6
+    cannot compile that kernel pipelined for sm_90)."""
+    value = "value_term" in relpos.make_scheme(spec, d_model=16, num_heads=2, causal=True).hooks
     for causal in (True, False):
         scheme, q, k, v, qp, kp = _case(spec, layout, causal, 5, n=110)
         assert _one_row_tiles(scheme, 110, 32) > 0
@@ -451,13 +454,16 @@ def test_one_row_tiles_give_the_same_numbers(spec, layout):
         with launch_config(tile=32, one_row=False):
             out = fused_attention(q, k, v, scheme, qp, kp, causal=causal)
             want = (out, *_grads(out, scheme, q, k, v, grad_out))
-        with launch_config(tile=32, one_row=True):
-            with torch.no_grad(), recorded_launches() as runs:
-                fused_attention(q, k, v, scheme, qp, kp, causal=causal)
-            assert runs[0].constexprs["ONE_ROW"] == ("value_term" not in scheme.hooks)
-            out = fused_attention(q, k, v, scheme, qp, kp, causal=causal)
-            got = (out, *_grads(out, scheme, q, k, v, grad_out))
-        _assert_all_close(got, want, 1e-5, f"{spec_id(spec)} {layout} causal={causal}")
+        unpipelined = {"queries": (32, 32, 4, 1)} if value else {}
+        for launches in ({}, unpipelined) if value else ({},):
+            with launch_config(tile=32, one_row=True, **launches):
+                with torch.no_grad(), recorded_launches() as runs:
+                    fused_attention(q, k, v, scheme, qp, kp, causal=causal)
+                assert runs[0].constexprs["ONE_ROW"] == (not value or bool(launches))
+                out = fused_attention(q, k, v, scheme, qp, kp, causal=causal)
+                got = (out, *_grads(out, scheme, q, k, v, grad_out))
+            what = f"{spec_id(spec)} {layout} causal={causal} {launches}"
+            _assert_all_close(got, want, 1e-5, what)
 
 
 @pytest.mark.parametrize(
@@ -484,6 +490,9 @@ def test_tile_options_default_to_what_the_gpu_measured(variant, dtype, one_row, 
         with launch_config(one_row=flag, unmasked=flag):
             assert tile_options(True, False, dtype) == (flag, flag)
             assert tile_options(False, True, dtype) == (False, flag)
+            for stages, with_mass in ((None, False), (2, False), (1, flag)):  # the mass: stages 1
+                queries = Tiles(64, 32, 8, stages)
+                assert tile_options(True, True, dtype, queries) == (with_mass, flag)
         runs = variant_launches(variant, dtype, 64, one_row=flag, unmasked=flag)
         want = flag and "values" not in variant
         assert {(r.constexprs["ONE_ROW"], r.constexprs["UNMASKED"]) for r in runs} == {

@@ -231,6 +231,7 @@ _WARPS = (1, 2, 4, 8, 16)
 #: where the 64×64 kernels spill (Triton 3.6: ``benchmarks/results/2026-11-28-aot-launches``).
 #: Not yet timed.
 LAUNCH_CANDIDATES = (
+    "64x32w8/32x64w8/64x32w8s1",  # the queries' backward unpipelined: one-row tiles with the mass
     "64x64w4/32x64w4/64x32w4",
     "128x64w8/32x64w4/64x32w4",
     "128x64w8/32x128w8/128x32w8",
@@ -303,10 +304,10 @@ def launch_config(
     every pair's row from ``lut`` and then its logit (two dependent loads) even where
     :func:`relative_flash_attention` has a one-load form (``row_base``, a shared table): for
     benchmarks and :mod:`relpos.kernels.aot` to compare them. ``one_row`` and ``unmasked`` left
-    None take the measured defaults (:func:`tile_options`); ``one_row`` never applies to a call
-    with a value term. With ``keyed`` the ``fused`` backend hands the kernels a table's keys
-    instead of its logits where it may (:func:`keyed_logits`; None: the default, off until a
-    GPU times it). Not thread-safe."""
+    None take the measured defaults (:func:`tile_options`); ``one_row`` applies to a call with a
+    value term only where the queries' backward runs unpipelined (``stages`` 1). With ``keyed``
+    the ``fused`` backend hands the kernels a table's keys instead of its logits where it may
+    (:func:`keyed_logits`; None: the default, off until a GPU times it). Not thread-safe."""
     if tile is not None and tile not in _TILE_SIDES:
         raise ValueError(f"tile must be 16, 32, 64 or 128, got {tile}")
     if num_warps is not None and num_warps not in _WARPS:
@@ -325,20 +326,24 @@ def launch_config(
         _config.update(before)
 
 
-def tile_options(has_table: bool, mass: bool, dtype: torch.dtype) -> tuple[bool, bool]:
+def tile_options(
+    has_table: bool, mass: bool, dtype: torch.dtype, queries: Tiles | None = None
+) -> tuple[bool, bool]:
     """``(one_row, unmasked)`` for one call: :func:`launch_config`'s where it sets them, else the
     defaults an H200 measured (bf16, causal, L=4096, fwd+bwd against flash SDPA;
     ``benchmarks/results/2026-11-28-gpu-h200``): both on where the call reads a relative table in
     half precision (T5 4.2× against 6.2× with neither, the Music Transformer 7.0× against 8.1×,
     Shaw's keys and values 9.3× against 10.6× with ``unmasked``), both off without one (ALiBi
     2.4× against 2.5–2.8× with either) and in float32 (not the fast path: its small tiles were
-    not timed). Never ``one_row`` with the attention mass (a value term): Triton 3.6's software
-    pipeliner fails on that kernel for sm_90 ("PassManager::run failed"; Triton 3.9 compiles
-    it, spilling more: ``aot --one-row``)."""
+    not timed). With the attention mass (a value term) ``one_row`` only where the ``queries``'
+    backward runs unpipelined (``stages`` 1): Triton 3.6's software pipeliner fails on that
+    kernel for sm_90 ("PassManager::run failed"); unpipelined it compiles, and at
+    ``64x32w8/32x64w8/64x32w8s1`` no kernel spills (``benchmarks/results/2026-11-28-host-ops``)."""
     measured = has_table and dtype != torch.float32
     one_row = measured if _config["one_row"] is None else _config["one_row"]
     unmasked = measured if _config["unmasked"] is None else _config["unmasked"]
-    return one_row and not mass, unmasked
+    unpipelined = queries is not None and queries.stages == 1
+    return one_row and (not mass or unpipelined), unmasked
 
 
 def keyed_logits() -> bool:
@@ -1496,8 +1501,8 @@ def relative_flash_attention(
         if any(t is not None and t.requires_grad for t in atomic):
             _alert_atomic_row_sums(rows)
     has_table = any(t is not None for t in (rel, relk, keys))
-    one_row, unmasked = tile_options(has_table, want_mass, q.dtype)
     tiles = _blocks(q.device, q.dtype, q.shape[-1])  # every kernel of this call, and backward
+    one_row, unmasked = tile_options(has_table, want_mass, q.dtype, tiles.queries)
     geometry = (
         q_pos.contiguous(),
         q_seg.contiguous(),
