@@ -239,7 +239,7 @@ LAUNCH_CANDIDATES = (
 )
 #: The same for :func:`keyed_logits` (its product of the queries with a window of keys holds
 #: another ``(BM, 2·BN)`` float32 accumulator): at 64×64 and 4 warps its kernels spill 430-950
-#: bytes per thread on sm_90, these at most 56 (``benchmarks/results/2026-11-28-host-ops``).
+#: bytes per thread on sm_90, these at most 64 (``benchmarks/results/2026-11-28-host-ops``).
 KEYED_CANDIDATES = ("64x32w8/32x64w8/64x32w8", "32x32w4/32x32w4/32x32w4")
 
 
