@@ -213,3 +213,25 @@ def test_no_private_names_imported_across_files():
                 if private:
                     offenders.append(f"{path.relative_to(SRC)}: {node.module} {private}")
     assert offenders == []
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_nonfinite_rows_flag_what_isfinite_flags(dtype):
+    """The non-finite check's one reduction per tensor (the largest magnitude, not below
+    infinity) flags exactly the rows ``isfinite`` does: NaN, +inf and -inf anywhere in a query,
+    in a key a query may attend to, or in a parameter (an empty one has nothing to flag)."""
+    from relpos.attention.contract import nonfinite_rows
+
+    torch.manual_seed(0)
+    scheme = relpos.make_scheme("t5", d_model=16, num_heads=2, causal=True)
+    scheme.register_parameter("unused", torch.nn.Parameter(torch.empty(0)))
+    q, k = torch.randn(2, 2, 9, 8, dtype=dtype), torch.randn(2, 2, 9, 8, dtype=dtype)
+    q[0, 1, 3, 5], q[1, 0, 7, 0], k[1, 1, 4, 2] = float("nan"), float("-inf"), float("inf")
+    p = Positions.from_length(9)
+    got = nonfinite_rows(q, k, scheme, p, p, causal=True)
+    bad_q, bad_k = ~torch.isfinite(q).all(-1), ~torch.isfinite(k).all(-1)
+    assert torch.equal(got, bad_q | (bad_k.cumsum(-1) > 0))
+    assert got.sum() == 2 + 5  # two queries, and every query from the bad key's on
+    with torch.no_grad():
+        next(scheme.parameters()).view(-1)[0] = float("inf")
+    assert nonfinite_rows(q, k, scheme, p, p, causal=True).all()

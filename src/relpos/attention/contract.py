@@ -180,6 +180,8 @@ def _nonfinite_vectors(x: Tensor) -> Tensor:
     """``(...)`` bool: whether each vector along the last dim of ``x`` holds a NaN or an infinity.
     Its largest magnitude is then not below infinity (NaN compares false): one reduction, where
     ``~isfinite(x).all(-1)`` takes five passes over ``x`` (each a kernel launch on a GPU)."""
+    if x.shape[-1] == 0:  # no value: none bad (the inf norm has no identity to start from)
+        return x.new_zeros(x.shape[:-1], dtype=torch.bool)
     return ~(torch.linalg.vector_norm(x, ord=math.inf, dim=-1) < math.inf)
 
 
@@ -201,7 +203,9 @@ def nonfinite_rows(
     """
     b, h, i, _ = q.shape
     bad_q, bad_k = _nonfinite_vectors(q), _nonfinite_vectors(k)  # (b, h, i), (b, h, j)
-    params = [torch.linalg.vector_norm(p.detach(), ord=math.inf) for p in scheme.parameters()]
+    params = [
+        torch.linalg.vector_norm(p.detach(), ord=math.inf) for p in scheme.parameters() if p.numel()
+    ]
     if params:  # a 0-d tensor, no host sync: the largest magnitude of any parameter
         bad_q = bad_q | _nonfinite_vectors(torch.stack(params)).to(bad_q.device)
     if is_contiguous_self(q_positions, k_positions):  # every query has a key; p_j - p_i = j - i
