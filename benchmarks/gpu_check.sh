@@ -9,8 +9,9 @@
 #
 # Phase 1 (in parallel): the CUDA tests (pytest-xdist workers: FlexAttention and Triton compiles
 # are CPU work; the fused Triton kernel's suite, tests/fused, beside the rest); the cold compiles:
-# one bench process per backend (flex, fused) × scheme × mask and one fused_tiles.py process, each
-# compiling its shapes once (their "first call s" is the cold compile, measured under that load;
+# one bench process per backend (flex, fused) × scheme × mask and one fused_tiles.py process per
+# TILE_SCHEMES scheme, each compiling its shapes once (their "first call s" is the cold compile,
+# measured under that load;
 # Inductor's and Triton's on-disk caches then serve phase 2); and `relpos train` of
 # configs/jsb-music-paper.json for TRAIN_S seconds (0: no training), then `relpos eval`. Phase 2,
 # with nothing else on the GPU: benchmarks/fused_tiles.py (the fused kernel's TILE_CONFIGS against
@@ -27,6 +28,7 @@ export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 # Within the device tool's 600 s a command: phase 1 takes max(TEST_S, TRAIN_S + eval).
 TEST_S=${TEST_S:-240} TRAIN_S=${TRAIN_S:-210} TILES_S=${TILES_S:-90} BENCH_S=${BENCH_S:-230}
 TILE_CONFIGS=${TILE_CONFIGS:-}  # benchmarks/fused_tiles.py --configs (empty: its default candidates)
+TILE_SCHEMES=${TILE_SCHEMES:-alibi t5 shaw music kerple}  # fused_tiles.py --schemes
 WORKERS=${WORKERS:-8}  # 0: no pytest-xdist
 LENGTHS=${LENGTHS:-1024,4096,16384}  # ascending: each L estimates the next one's time
 TOKENS=${TOKENS:-16384}
@@ -71,8 +73,11 @@ cold() {  # cold IMPL SCHEMES: one bench process per scheme and mask
 }
 cold flex "$FLEX_SCHEMES"
 cold fused "$FUSED_SCHEMES"
-timeout "$TEST_S" $PY benchmarks/fused_tiles.py --out "$WORK/tiles-cold" --lengths 4096 \
-  --tokens "$TOKENS" ${TILE_CONFIGS:+--configs "$TILE_CONFIGS"} --repeats 1 --warmup 0 > "$WORK/cold-tiles.log" 2>&1 &
+for scheme in $TILE_SCHEMES; do  # one process a scheme: each candidate's compiles (~10 s) in parallel
+  timeout "$TEST_S" $PY benchmarks/fused_tiles.py --out "$WORK/tiles-cold-$scheme" --lengths 4096 \
+    --tokens "$TOKENS" --schemes "$scheme" ${TILE_CONFIGS:+--configs "$TILE_CONFIGS"} --repeats 1 \
+    --warmup 0 > "$WORK/cold-tiles-$scheme.log" 2>&1 &
+done
 
 XDIST=(); [ "$WORKERS" -gt 0 ] && XDIST=(-n "$WORKERS")
 # The fused kernel's own suite (compiled on the GPU: no TRITON_INTERPRET, every case: -m slow
@@ -98,7 +103,8 @@ cat "$WORK"/cold-*.log > "$OUT/cold.log" 2>/dev/null
 # ---- phase 2: the fused kernel's tiles and warps, then the bench, alone on the GPU
 unset OMP_NUM_THREADS TORCHINDUCTOR_COMPILE_THREADS
 [ "$TILES_S" -gt 0 ] && timeout "$TILES_S" $PY benchmarks/fused_tiles.py --out "$WORK/tiles" \
-  --lengths 4096 --tokens "$TOKENS" ${TILE_CONFIGS:+--configs "$TILE_CONFIGS"} 2>&1 | tee "$OUT/tiles.log"
+  --lengths 4096 --tokens "$TOKENS" --schemes "$(echo $TILE_SCHEMES | tr ' ' ,)" \
+  ${TILE_CONFIGS:+--configs "$TILE_CONFIGS"} 2>&1 | tee "$OUT/tiles.log"
 if [ "$BENCH_S" -gt 0 ]; then
 timeout "$BENCH_S" $PY -m relpos.cli.bench --device "$DEVICE" --dtype bfloat16 \
   --lengths "$LENGTHS" --tokens "$TOKENS" --mask "$MASK" --layout "$LAYOUT" --schemes "$BENCH_SCHEMES" \
