@@ -40,7 +40,7 @@ import relpos
 from relpos.atomic import atomic_path
 from relpos.attention.fused import fused_supports, fused_takes_keys
 from relpos.cli import bench
-from relpos.cli.profiling import device_times, host_times
+from relpos.cli.profiling import device_split
 from relpos.kernels.relative_attention import (
     KEYED_CANDIDATES,
     LAUNCH_CANDIDATES,
@@ -106,14 +106,11 @@ def _peak_mib(fn, setup: bench.Setup) -> float | None:
 def _device_split(run, setup: bench.Setup, base: bench.Setup, repeats: int) -> dict:
     """A forward+backward pass's device time (ms), its ratio to SDPA's, and the host's time to
     issue it (ms; ``relpos.cli.profiling``)."""
-    runs = min(repeats, 5)
     step = bench.step_of(run, setup, backward=True)
-    seconds, _ = device_times(step, repeats=runs, device="cuda")
     base_step = bench.step_of(bench.sdpa_plain, base, backward=True)
-    base_seconds, _ = device_times(base_step, repeats=runs, device="cuda")
-    host = statistics.median(host_times(step, repeats=runs, device="cuda"))
-    ratio = seconds / base_seconds
-    return {"device_ms": seconds * 1e3, "device_ratio": ratio, "host_ms": host * 1e3}
+    split = device_split(step, base_step, repeats=repeats, device="cuda")
+    ratio = split.device / split.base
+    return {"device_ms": split.device * 1e3, "device_ratio": ratio, "host_ms": split.host * 1e3}
 
 
 def measure(args: argparse.Namespace, scheme: str, n: int, launch: str, config: dict) -> dict:

@@ -73,7 +73,7 @@ def test_a_profiler_that_fails_is_logged_and_the_wall_clock_figures_stand(monkey
     def broken(fn, *, repeats, device):
         raise RuntimeError("CUPTI could not be\ninitialised")
 
-    monkeypatch.setattr(bench, "device_times", broken)
+    monkeypatch.setattr(profiling, "device_times", broken)
     res, logged = _result("fused"), []
     args = argparse.Namespace(repeats=5, device="cuda")
     bench._profile(res, lambda s: s, None, lambda s: s, None, args, logged.append)
@@ -84,9 +84,10 @@ def test_a_profiler_that_fails_is_logged_and_the_wall_clock_figures_stand(monkey
 def test_the_profile_fills_device_host_and_kernels(monkeypatch):
     seconds = {"fused": (0.003, {"_forward_kernel": 0.002, "copy": 0.001}), "plain": (0.002, {})}
     monkeypatch.setattr(
-        bench, "device_times", lambda fn, *, repeats, device: seconds[fn.args[0].__name__]
+        profiling, "device_times", lambda fn, *, repeats, device: seconds[fn.args[0].__name__]
     )
-    monkeypatch.setattr(bench, "host_times", lambda fn, *, repeats, device: [0.004, 0.001, 0.002])
+    host = [0.004, 0.001, 0.002]
+    monkeypatch.setattr(profiling, "host_times", lambda fn, *, repeats, device: host)
 
     def fused(s):
         return s

@@ -69,7 +69,7 @@ from torch import Tensor
 from ..atomic import atomic_path
 from ..runtime import cpu_name, flush_denormals, retain_freed_memory
 from .checks import CLIError, Parser, output_folder
-from .profiling import device_times, host_times
+from .profiling import device_split
 
 __all__ = [
     "IMPLEMENTATIONS",
@@ -788,20 +788,17 @@ def _profile(
 ) -> None:
     """Fill ``res``'s device and host times (:mod:`.profiling`); a profiler that fails here is
     logged, and the wall-clock figures stand."""
-    runs = min(args.repeats, 5)
+    step, base_step = step_of(fn, s, backward=True), step_of(base_fn, base, backward=True)
     try:
-        step = step_of(fn, s, backward=True)
-        seconds, kernels = device_times(step, repeats=runs, device=args.device)
-        base_step = step_of(base_fn, base, backward=True)
-        base_seconds, _ = device_times(base_step, repeats=runs, device=args.device)
-        host = statistics.median(host_times(step, repeats=runs, device=args.device))
+        split = device_split(step, base_step, repeats=args.repeats, device=args.device)
     except Exception as e:  # the profiler is a guest: never fatal to the bench
         log(f"  (device profile failed: {type(e).__name__}: {' '.join(str(e).split())[:200]})")
         return
-    res.fwdbwd_device_ms = seconds * 1e3
-    res.fwdbwd_device_ratio = None if res.config.impl == "sdpa-plain" else seconds / base_seconds
-    res.fwdbwd_host_ms = host * 1e3
-    res.kernels = {name: t * 1e3 for name, t in kernels.items()}
+    res.fwdbwd_device_ms = split.device * 1e3
+    plain = res.config.impl == "sdpa-plain"
+    res.fwdbwd_device_ratio = None if plain else split.device / split.base
+    res.fwdbwd_host_ms = split.host * 1e3
+    res.kernels = {name: t * 1e3 for name, t in split.kernels.items()}
 
 
 # ----------------------------------------------------------------------------- reporting

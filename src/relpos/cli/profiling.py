@@ -16,14 +16,19 @@ the step. So on CUDA the bench also reports:
 
 from __future__ import annotations
 
+import statistics
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
-__all__ = ["device_times", "host_times", "sum_device_events"]
+__all__ = ["PROFILED_RUNS", "Split", "device_split", "device_times", "host_times",
+           "sum_device_events"]  # fmt: skip
+
+#: The most runs :func:`device_split` profiles (the device time of a kernel varies little).
+PROFILED_RUNS = 5
 
 
 def _sync(device: str) -> None:
@@ -81,3 +86,25 @@ def device_times(
     per_name = sum_device_events(prof.events())
     kernels = {name: us / repeats / 1e6 for name, us in per_name.most_common()}
     return sum(kernels.values()), kernels
+
+
+class Split(NamedTuple):
+    """Seconds per call: the device's busy time (and per kernel), the baseline's, and the host's
+    time to issue one call (the median)."""
+
+    device: float
+    base: float
+    host: float
+    kernels: dict[str, float]
+
+
+def device_split(
+    fn: Callable[[], object], base: Callable[[], object], *, repeats: int, device: str
+) -> Split:
+    """:func:`device_times` of ``fn`` and of the baseline ``base``, and :func:`host_times` of
+    ``fn``, each over ``min(repeats, PROFILED_RUNS)`` calls."""
+    runs = min(repeats, PROFILED_RUNS)
+    seconds, kernels = device_times(fn, repeats=runs, device=device)
+    base_seconds, _ = device_times(base, repeats=runs, device=device)
+    host = statistics.median(host_times(fn, repeats=runs, device=device))
+    return Split(seconds, base_seconds, host, kernels)
