@@ -99,16 +99,14 @@ def relative_rows(
 ) -> tuple[Tensor, int]:
     """``(lut, offset)``: the relative row of distance ``δ = p_j - p_i`` is ``lut[δ + offset]``,
     for every distance between real tokens of these queries and keys (callers clamp
-    ``δ + offset`` to the table: a pair with padding may fall outside, and is masked). Plain
-    positions read the range from the length (no device sync); others from the extreme real
-    positions (one).
+    ``δ + offset`` to the table: a pair with padding may fall outside, and is masked). The range
+    is :func:`~relpos.positions.distance_range`'s (from the length for plain positions, no device
+    sync; one otherwise).
 
     With ``clipped``, for a caller that clamps ``δ + offset`` to the table's ends: the table
     stops at the scheme's :attr:`~relpos.schemes.RelativeScheme.distance_clip` (rows past it
     repeat), so it holds at most ``hi - lo + 1`` entries whatever the length."""
-    n = len(q_positions)
-    plain = is_contiguous_self(q_positions, k_positions)
-    lo, hi = (1 - n, n - 1) if plain else distance_range(q_positions, k_positions)
+    lo, hi = distance_range(q_positions, k_positions)
     clip = scheme.distance_clip if clipped else None
     if clip is not None:
         lo, hi = (min(max(x, clip.lo), clip.hi) for x in (lo, hi))

@@ -35,6 +35,9 @@ checks the kernel that way on machines without a GPU.
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
+
 import torch
 from torch import Tensor
 
@@ -171,12 +174,13 @@ def _one_row_lut(device: torch.device) -> Tensor:
     return _GEOMETRY.get_or_build(("lut", device), build)
 
 
-def _with_runs(lut: Tensor, key: tuple | None) -> Tensor:
-    """int32 ``(2, n)``: ``lut`` with its runs (``lut_with_runs``), kept under ``key`` (a
-    function of the geometry and the scheme's build alone), or built now where ``key`` is None."""
+def _with_runs(lut: Callable[[], Tensor], key: tuple | None) -> Tensor:
+    """int32 ``(2, n)``: the table ``lut()`` gives with its runs (``lut_with_runs``), kept under
+    ``key`` (a function of the geometry and the scheme's build alone; ``lut`` is not called on a
+    hit), or built now where ``key`` is None."""
 
     def build() -> Tensor:
-        return _kernels().lut_with_runs(lut.to(torch.int32))
+        return _kernels().lut_with_runs(lut().to(torch.int32))
 
     return build() if key is None else _GEOMETRY.get_or_build(key, build)
 
@@ -248,12 +252,14 @@ def fused_attention(
     elif isinstance(scheme, DistanceBiasScheme):  # one table of every distance, for every query
         lo, table = scheme.distance_table(q_positions, k_positions)
         rows, offset = table.shape[-1], -lo
-        lut = _with_runs(torch.arange(rows, device=q.device), ("every distance", rows, q.device))
+        every = functools.partial(torch.arange, rows, device=q.device)
+        lut = _with_runs(every, ("every distance", rows, q.device))
         rel = table.float()[None, :, None]
     else:
-        lut, offset = relative_rows(scheme, q_positions, k_positions, q.device, clipped=True)
+        rows_of, offset = relative_rows(scheme, q_positions, k_positions, q.device, clipped=True)
         key = scheme_key(scheme)
-        lut = _with_runs(lut, None if key is None else (*key, offset, len(lut), q.device))
+        key = None if key is None else (*key, offset, len(rows_of), q.device)
+        lut = _with_runs(lambda: rows_of, key)
         clip = scheme.distance_clip
         if clip is not None and clip.shifted:  # lut[x] = x - offset - clip.lo: no table to read
             row_base = -offset - clip.lo
