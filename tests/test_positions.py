@@ -116,7 +116,9 @@ def test_distance_range_spans_real_tokens_only():
     qp = Positions.from_padding_mask(mask, offset=100)  # real positions 100, 101 in both rows
     kp = Positions.from_length(4, offset=98)  # 98 … 101
     assert distance_range(qp, kp) == (98 - 101, 101 - 100)
-    assert distance_range(qp, qp) == (-1, 1)
+    assert distance_range(qp, qp) == (-2, 2)  # self-attention: the span's (n - 1), not read
+    unpromised = Positions(qp.pos, qp.seg)  # the same values, no span: read from them
+    assert distance_range(unpromised, unpromised) == (-1, 1)
     nothing = Positions.from_padding_mask(torch.zeros(2, 3, dtype=torch.bool))
     assert distance_range(nothing, kp) == (0, 0) and distance_range(qp, nothing) == (0, 0)
     assert distance_range(Positions.from_length(0), kp) == (0, 0)

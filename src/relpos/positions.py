@@ -546,15 +546,22 @@ def _segment_cumsum(
 
 def distance_range(queries: Positions, keys: Positions) -> tuple[int, int]:
     """``(lo, hi)`` with every ``k_pos - q_pos`` between real tokens of one row of these queries
-    and keys in ``[lo, hi]``; ``(0, 0)`` when no row has both. One device sync, none for
-    self-attention over contiguous positions (``1 - n, n - 1``, from the length).
+    and keys in ``[lo, hi]``; ``(0, 0)`` when no row has both.
 
-    Padding's position (0) does not widen it, nor do other rows' positions, so a table over the
-    range stays the size of the real distances at any offset, per-row offsets included; callers
-    clamp the index of a pair with padding (masked anyway).
+    Self-attention (``queries is keys``) reads it from what the positions promise, with no device
+    sync: ``(-span, span)`` from :attr:`Positions.span` (every constructor's: padded and packed
+    rows included), ``(1 - n, n - 1)`` for contiguous positions. Otherwise one device sync reads
+    the values. A sync stalls the host until the GPU drains, so a training step could no longer
+    issue its work ahead of the GPU.
+
+    Read from the values, padding's position (0) does not widen it, nor do other rows'
+    positions, so a table over the range stays the size of the real distances at any offset,
+    per-row offsets included; callers clamp the index of a pair with padding (masked anyway).
     """
     if queries.pos.numel() == 0 or keys.pos.numel() == 0:  # no tokens, or an empty batch
         return 0, 0
+    if queries is keys and queries.span is not None:  # |p_j - p_i| <= span within a row
+        return -queries.span, queries.span
     if queries is keys and queries.contiguous:  # p_j - p_i = j - i
         return 1 - len(queries), len(queries) - 1
     far = torch.iinfo(torch.int64).max // 4  # beyond any position; differences stay in range

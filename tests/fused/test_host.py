@@ -1,4 +1,4 @@
-"""What the host does around the ``fused`` kernels: no device sync over plain positions (a sync
+"""What the host does around the ``fused`` kernels: no device sync in self-attention (a sync
 stalls the host until the GPU drains, so a training loop can no longer issue work ahead of it),
 and the output and gradients handed over in the inputs' dtype. Checked with the kernels recorded,
 not run (``relative_attention.recorded_launches``)."""
@@ -43,11 +43,24 @@ class _Syncs(TorchFunctionMode):
         return func(*args, **(kwargs or {}))
 
 
+def _self_attention_positions() -> dict[str, Positions]:
+    """Self-attention's positions in training, by kind: one sequence per row, padded rows (left
+    and right), packed documents."""
+    left = torch.tensor([[False] * 3 + [True] * 37, [True] * 40])
+    packed = torch.tensor([[0] * 15 + [1] * 25, [0] * 38 + [-1] * 2])
+    return {
+        "plain": Positions.from_length(40),
+        "padded": Positions.from_padding_mask(left),
+        "packed": Positions.from_segments(packed),
+    }
+
+
 @pytest.mark.parametrize("spec", SCHEMES, ids=str)
-def test_plain_positions_issue_no_device_sync(spec, monkeypatch):
-    """One forward+backward pass per scheme over plain positions (the training case) calls none
-    of the methods that read a device value on the host (``item``, ``tolist``, ``bool``, ...).
-    The non-finite check runs its GPU path (on a CPU it takes a cheaper one with a sync)."""
+def test_self_attention_issues_no_device_sync(spec, monkeypatch):
+    """One forward+backward pass per scheme over plain, padded and packed positions (training's
+    cases) calls none of the methods that read a device value on the host (``item``,
+    ``tolist``, ``bool``, ...). The non-finite check runs its GPU path (on a CPU it takes a
+    cheaper one with a sync)."""
 
     def gpu_path(out, q, k, scheme, q_positions, k_positions, causal):
         bad = contract.nonfinite_rows(q, k, scheme, q_positions, k_positions, causal)
@@ -56,30 +69,38 @@ def test_plain_positions_issue_no_device_sync(spec, monkeypatch):
     monkeypatch.setattr(relpos.attention.fused, "propagate_nonfinite", gpu_path)
     scheme = relpos.make_scheme(spec, d_model=32, num_heads=2, causal=True)
     q, k, v = (torch.randn(2, 2, 40, 16, requires_grad=True) for _ in range(3))
-    p = Positions.from_length(40)
+    for kind, p in _self_attention_positions().items():
+        with recorded_launches(), _Syncs() as syncs:
+            out = fused_attention(q, k, v, scheme, p, p, causal=True)
+            out.backward(torch.ones_like(out))
+        assert syncs.calls == [], kind
+    # A sync where it is due, seen: queries and keys of two positions (a KV cache's) promise no
+    # range, which is then read from their values.
+    keys = Positions.from_padding_mask(torch.tensor([[False] * 3 + [True] * 37] * 2))
+    queries = keys[30:]
     with recorded_launches(), _Syncs() as syncs:
-        out = fused_attention(q, k, v, scheme, p, p, causal=True)
-        out.backward(torch.ones_like(out))
-    assert syncs.calls == []
-    # A sync where it is due, seen: positions with padding read their extreme values.
-    padded = Positions.from_padding_mask(torch.tensor([[False] * 3 + [True] * 37] * 2))
-    with recorded_launches(), _Syncs() as syncs:
-        fused_attention(q.detach(), k.detach(), v.detach(), scheme, padded, padded, causal=True)
+        fused_attention(q[:, :, 30:].detach(), k.detach(), v.detach(), scheme, queries, keys,
+                        causal=True)  # fmt: skip
     assert syncs.calls or spec in ("alibi", "learned_alibi")  # no table: no range to read
 
 
-def test_distance_range_of_contiguous_self_attention_reads_no_value():
-    """Over one contiguous sequence per row (queries are the keys) the range is the length's,
-    with nothing read from the device; it agrees with the range the values give."""
-    for n, offset in [(1, 0), (7, 0), (7, 5)]:
-        p = Positions.from_length(n, offset=offset)
+def test_distance_range_of_self_attention_reads_no_value():
+    """Self-attention's range comes from the positions' promises (the span, contiguity) with
+    nothing read from the device, and holds the range the values give."""
+    cases = [Positions.from_length(n, offset=offset) for n, offset in [(1, 0), (7, 0), (7, 5)]]
+    cases += _self_attention_positions().values()
+    for p in cases:
         with _Syncs() as syncs:
-            got = distance_range(p, p)
-        assert got == (1 - n, n - 1) and syncs.calls == []
-        copy = Positions(p.pos.clone(), p.seg.clone())  # the same values, not declared contiguous
+            lo, hi = distance_range(p, p)
+        assert (lo, hi) == (-p.span, p.span) and syncs.calls == []
+        copy = Positions(p.pos.clone(), p.seg.clone())  # the same values, no promise
         with _Syncs() as syncs:
-            assert distance_range(copy, copy) == got
+            got = distance_range(copy, copy)
         assert syncs.calls == ["tolist"]
+        assert lo <= got[0] and got[1] <= hi
+        contiguous = Positions(p.pos, p.seg, contiguous=p.contiguous)  # no span: from the length
+        if p.contiguous:
+            assert distance_range(contiguous, contiguous) == (lo, hi)
 
 
 @pytest.mark.parametrize(("spec", "mass"), [("alibi", False), (SHAW, True)])
