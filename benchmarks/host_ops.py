@@ -7,7 +7,8 @@ scheme, counted on a CPU (docs/performance.md, "On a GPU").
 On a GPU each op is a kernel launch (or an allocation) the host pays for, whatever its size, so
 at the bench's sizes a pass with many of them can take longer to issue than to run. The pass runs
 with its kernels recorded, not run (``relative_attention.recorded_launches``), on small CPU
-tensors; an op is counted when it reaches the dispatcher, views excluded (they launch nothing).
+tensors; an op is counted when it reaches the dispatcher, views excluded (they launch nothing),
+and the kernels' two operators (``relpos::…``) by the ops they issue.
 The non-finite check every backend ends with (``contract.propagate_nonfinite``) takes a shortcut
 on a CPU (a sum per tensor and a host sync, cheap there): its ops are replaced by those of the
 path a GPU takes (``contract.nonfinite_rows``, then one ``where``). The bench's own ops (clearing
@@ -26,6 +27,7 @@ import traceback
 os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported
 
 import torch
+from torch._library.custom_ops import OPDEFS
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from relpos.attention import contract
@@ -47,6 +49,9 @@ class _Ops(TorchDispatchMode):
         self.ops: list[tuple[str, str, tuple[str, ...]]] = []
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.namespace == "relpos":  # the kernels' operators: their own ops, counted inside
+            with self:
+                return OPDEFS[func._schema.name]._init_fn(*args, **(kwargs or {}))
         name = func.overloadpacket.__name__
         if name not in VIEWS:
             frames = [f for f in traceback.extract_stack() if "relpos" in f.filename]

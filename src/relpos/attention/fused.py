@@ -272,7 +272,7 @@ def fused_attention(
         relk = scheme.relative_key_logits(k) if "key_bias" in scheme.hooks else None
     value = "value_term" in scheme.hooks
     drop = dropout_p if training else 0.0
-    seed = int(torch.randint(2**31 - 1, (1,))) if drop > 0 else 0  # CPU generator: no sync
+    seed = torch.randint(2**31 - 1, (), device=q.device) if drop > 0 else 0  # no sync
     q_pos, q_seg, k_pos, k_seg = _kernel_positions(q_positions, k_positions)
     out, mass = _kernels().relative_flash_attention(
         q,

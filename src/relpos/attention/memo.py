@@ -83,8 +83,10 @@ class BoundedCache:
         """The value of ``key``, built by ``build()`` (and kept) on a miss.
 
         Built outside inference mode, so a value cached during an inference call serves later
-        calls with autograd too.
+        calls with autograd too. Under ``torch.compile`` nothing is kept: the graph builds it.
         """
+        if torch.compiler.is_compiling():  # the compiled graph computes it; a lock can't be traced
+            return build()
         hit = self.get(key)
         if hit is None:
             with torch.inference_mode(False):

@@ -4,7 +4,7 @@ Triton lowers a kernel to PTX and assembles it with the ``ptxas`` its wheel ship
 needed. What that reports decides, before any GPU is at hand, whether a launch fits a GPU (the
 shared memory it asks for) and how its tiles sit in registers (registers and spilled bytes per
 thread). The kernels are those the ``fused`` backend launches for each of :data:`VARIANTS`, recorded
-on ``meta`` tensors by :func:`~.relative_attention.recorded_launches`.
+on small CPU tensors by :func:`~.relative_attention.recorded_launches`.
 
 .. code-block:: text
 
@@ -145,15 +145,17 @@ def variant_launches(
     spec = dict(VARIANTS[variant])
     rows, rel = spec.pop("rows"), spec.pop("rel", None)
     b, h = 2, 4
-    meta = {"device": "meta", "requires_grad": True}
+    # Small CPU tensors (the launches are recorded, not run): on ``meta`` the kernels' operators
+    # would run their shape functions only, and launch nothing.
+    meta = {"requires_grad": True}
     q, k, v = (torch.empty(b, h, n, d, dtype=dtype, **meta) for _ in range(3))
     table = {
         "query": lambda: torch.empty(b, h, n, rows, **meta),
         "shared": lambda: torch.empty(1, h, 1, rows, **meta),
         None: lambda: None,
     }[rel]()
-    pos = torch.empty(b, n, dtype=torch.int32, device="meta")
-    lut = torch.empty(rows, dtype=torch.int32, device="meta")
+    pos = torch.zeros(b, n, dtype=torch.int32)
+    lut = torch.zeros(rows, dtype=torch.int32)
     slopes = torch.empty(h, **meta) if spec.pop("slopes", False) else None
     relk = torch.empty(b, h, n, rows, **meta) if spec.pop("relk", False) else None
     keys = torch.empty(h, rows, d, dtype=dtype, **meta) if spec.pop("keys", False) else None

@@ -66,6 +66,12 @@ table is read in half precision) the tiles every pair of which may attend run in
 own that checks nothing per pair. The
 softmax runs in base 2 (``exp2``; the logits times ``log2(e)``).
 
+The launches are two PyTorch operators, ``relpos::relative_flash_forward`` and
+``relpos::relative_flash_backward`` (``torch.library.custom_op``, with their shapes and autograd
+registered), so ``torch.compile`` takes a call whole, in one graph, and compiles the ops around
+them. The dropout seed is a tensor on the device that the kernels load, so a compiled graph draws
+a new one each call and a replayed CUDA graph reads the one drawn for it.
+
 With ``TRITON_INTERPRET=1`` the kernels run in Triton's interpreter on CPU tensors (slowly: the
 test suite checks them so on machines without a GPU).
 
@@ -628,6 +634,16 @@ def _add_by_entry(
 
 
 @triton.jit
+def _dropout_seed(SEED, DROPOUT: tl.constexpr):
+    """The dropout mask's seed, loaded from the device (so a replayed CUDA graph reads the one
+    drawn for it), or 0 without dropout."""
+    if DROPOUT:
+        return tl.load(SEED)
+    else:
+        return 0
+
+
+@triton.jit
 def _dropped(p, seed, row_at, offs_n, NJ, p_drop):
     """``p`` with attention dropout: each pair kept with probability ``1 - p_drop`` (scaled by
     its inverse), drawn by Philox from ``seed`` and the pair's index, so the backward pass and
@@ -788,13 +804,14 @@ def _forward_tiles(
 def _forward_kernel(
     Q, K, V, QPOS, QSEG, KPOS, KSEG, REL, RELK, SLOPES, KEYS, ROWB, LUT, DIST, row_base, OUT,
     LSE, MASS, sqb, sqh, sqi, skb, skh, skj, spq, spk, srb, srh, sri, seh, sch,
-    H, NI, NJ, D, R, nlut, offset, scale, seed, p_drop, RANGES, n_ranges,
+    H, NI, NJ, D, R, nlut, offset, scale, SEED, p_drop, RANGES, n_ranges,
     BM: tl.constexpr, BN: tl.constexpr, DP: tl.constexpr, RP: tl.constexpr,
     PLAIN: tl.constexpr, CAUSAL: tl.constexpr, HAS_REL: tl.constexpr, HAS_MASS: tl.constexpr,
     HAS_KREL: tl.constexpr, DROPOUT: tl.constexpr, LINEAR: tl.constexpr, PRECISION: tl.constexpr,
     ONE_ROW: tl.constexpr, SHIFTED: tl.constexpr, BY_DISTANCE: tl.constexpr,
     UNMASKED: tl.constexpr, REL_KEYS: tl.constexpr, WIN: tl.constexpr,
 ):  # fmt: skip
+    seed = _dropout_seed(SEED, DROPOUT)
     start_m, bh, b, h, offs_m, offs_d, m_ok, d_ok = _program(H, NI, D, BM, DP)
     keys_base = KEYS + h * seh
     rowb_base = ROWB + h * sch
@@ -939,7 +956,7 @@ def _backward_kv_kernel(
     Q, K, V, DO, LSE, DLT, QPOS, QSEG, KPOS, KSEG, REL, RELK, SLOPES, KEYS, ROWB, LUT, DIST,
     row_base, DMASS, DK, DV, DRELK,
     sqb, sqh, sqi, skb, skh, skj, spq, spk, srb, srh, sri, seh, sch,
-    H, NI, NJ, D, R, nlut, offset, scale, seed, p_drop, RANGES, n_ranges,
+    H, NI, NJ, D, R, nlut, offset, scale, SEED, p_drop, RANGES, n_ranges,
     BM: tl.constexpr, BN: tl.constexpr, DP: tl.constexpr, RP: tl.constexpr,
     PLAIN: tl.constexpr, CAUSAL: tl.constexpr, HAS_REL: tl.constexpr, HAS_MASS: tl.constexpr,
     HAS_KREL: tl.constexpr, DROPOUT: tl.constexpr, LINEAR: tl.constexpr,
@@ -947,6 +964,7 @@ def _backward_kv_kernel(
     ONE_ROW: tl.constexpr, SHIFTED: tl.constexpr, BY_DISTANCE: tl.constexpr,
     UNMASKED: tl.constexpr, REL_KEYS: tl.constexpr, WIN: tl.constexpr,
 ):  # fmt: skip
+    seed = _dropout_seed(SEED, DROPOUT)
     start_n, bh, b, h, offs_n, offs_d, n_ok, d_ok = _program(H, NJ, D, BN, DP)
     keys_base = KEYS + h * seh
     rowb_base = ROWB + h * sch
@@ -1053,7 +1071,7 @@ def _backward_q_kernel(
     Q, K, V, DO, LSE, DLT, OUT, QPOS, QSEG, KPOS, KSEG, REL, RELK, SLOPES, KEYS, ROWB, LUT, DIST,
     row_base, DMASS, DQ, DREL, DSLOPE,
     sqb, sqh, sqi, skb, skh, skj, spq, spk, srb, srh, sri, seh, sch,
-    H, NI, NJ, D, R, nlut, offset, scale, seed, p_drop, RANGES, n_ranges,
+    H, NI, NJ, D, R, nlut, offset, scale, SEED, p_drop, RANGES, n_ranges,
     BM: tl.constexpr, BN: tl.constexpr, DP: tl.constexpr, RP: tl.constexpr,
     PLAIN: tl.constexpr, CAUSAL: tl.constexpr, HAS_REL: tl.constexpr, HAS_MASS: tl.constexpr,
     HAS_KREL: tl.constexpr, DROPOUT: tl.constexpr, LINEAR: tl.constexpr, REL_GRAD: tl.constexpr,
@@ -1062,6 +1080,7 @@ def _backward_q_kernel(
     UNMASKED: tl.constexpr, OWN_ROWS: tl.constexpr, REL_KEYS: tl.constexpr, WIN: tl.constexpr,
     BY_ENTRY: tl.constexpr,
 ):  # fmt: skip
+    seed = _dropout_seed(SEED, DROPOUT)
     start_m, bh, b, h, offs_m, offs_d, m_ok, d_ok = _program(H, NI, D, BM, DP)
     keys_base = KEYS + h * seh
     rowb_base = ROWB + h * sch
@@ -1160,11 +1179,13 @@ def block_ranges(
     return torch.stack([start, end], -1).to(torch.int32).contiguous()
 
 
-def _ranges(geometry: tuple, batch: int, tiles: Tiles, *, queries: bool) -> Tensor:
+def _ranges(
+    qpos: Tensor, qseg: Tensor, kpos: Tensor, kseg: Tensor, causal: bool, plain: bool, batch: int,
+    tiles: Tiles, *, queries: bool,
+) -> Tensor:  # fmt: skip
     """Each query block's key range (``queries``; the forward and the queries' backward kernel)
     or each key block's query range (the keys' backward kernel) for ``tiles``:
     :func:`block_ranges`, empty for plain positions, whose kernels bound their loops by index."""
-    qpos, qseg, kpos, kseg, *_, causal, plain = geometry[:8]
     if plain:
         return qpos.new_zeros(batch, 0, 2)
     bm, bn = tiles.bm, tiles.bn
@@ -1207,144 +1228,254 @@ def _padded(q: Tensor, rows: int) -> tuple[int, int, bool]:
     return dp, rp, rp <= MAX_LOOP_ROWS
 
 
-class _RelativeFlash(torch.autograd.Function):
-    """``(out, mass)`` from ``q, k, v``, ``rel``, ``relk`` and ``slopes``; see the module
-    docstring. ``out`` is in ``q``'s dtype (float32 with the mass: a value term is added to it),
-    ``mass`` float32; the gradients come out of the kernels in their inputs' dtypes."""
+class _Settings(NamedTuple):
+    """What one call fixes besides its tensors, as the two ops take it (keyword arguments):
+    ``row_base`` -1 for none (:func:`relative_flash_attention`'s None), ``linear`` 0 (no slopes),
+    1 (``slope·δ``) or 2 (``-slope·|δ|``), ``tiles`` the three kernels' launches flattened
+    (:func:`_flat_tiles`)."""
 
-    @staticmethod
-    def forward(ctx, q, k, v, rel, relk, slopes, keys, row_bias, geometry, want_mass, tiles):
-        qpos, qseg, kpos, kseg, lut, offset, causal, plain = geometry[:8]
-        r, p_drop, seed, linear, dist, row_base, _, unmasked = geometry[8:]
-        b, h, i, d = q.shape
-        j = k.shape[2]
-        has_rel = rel is not None or keys is not None
-        one_row = lut.shape[0] == 2  # with its runs (relative_flash_attention)
-        dp, rp, _ = _padded(q, r)
-        out = q.new_empty(b, h, i, d, dtype=torch.float32 if want_mass else q.dtype)
-        lse = q.new_empty(b, h, i, dtype=torch.float32)
-        mass = q.new_zeros(b, h, i, r if want_mass else 0, dtype=torch.float32)
-        tables = [t if t is not None else out for t in (rel, relk, slopes)]  # None: never read
-        tables += _keyed_tables(keys, row_bias, r, out)
-        rows_from = _rows_from(lut, dist, row_base, out)
-        q_ranges = _ranges(geometry, b, tiles.forward, queries=True)
-        _launch(
-            _forward_kernel, (_cdiv(i, tiles.forward.bm), b * h),
-            q, k, v, qpos, qseg, kpos, kseg, *tables, *rows_from, out, lse, mass,
-            *_strides(q, k, qpos, kpos, rel), *_keyed_strides(keys, row_bias),
-            h, i, j, d, r, lut.shape[1], offset, 1.0 / math.sqrt(d), seed, p_drop, q_ranges,
-            q_ranges.shape[1],
-            tiles=tiles.forward, DP=dp, RP=rp, PLAIN=plain, CAUSAL=causal, HAS_REL=has_rel,
-            HAS_MASS=want_mass, HAS_KREL=relk is not None, DROPOUT=p_drop > 0, LINEAR=linear,
-            PRECISION=_precision(q), ONE_ROW=one_row, SHIFTED=row_base is not None,
-            BY_DISTANCE=dist is not None, UNMASKED=unmasked, REL_KEYS=keys is not None,
-            WIN=_window(tiles.forward),
-        )  # fmt: skip
-        ctx.save_for_backward(q, k, v, rel, relk, slopes, keys, row_bias, out, lse, mass, q_ranges)
-        # The backward pass keeps these launches, launch_config or not, and q_ranges, cut for
-        # the forward's tiles, where the queries' backward has the same.
-        ctx.geometry, ctx.want_mass, ctx.tiles = geometry, want_mass, (tiles, unmasked)
-        if not want_mass:
-            ctx.mark_non_differentiable(mass)
-        return out, mass
+    offset: int
+    rows: int
+    causal: bool
+    plain: bool
+    linear: int
+    row_base: int
+    own_rows: bool
+    unmasked: bool
+    want_mass: bool
+    p_drop: float
+    tiles: list[int]
 
-    @staticmethod
-    def backward(ctx, dout, dmass):
-        q, k, v, rel, relk, slopes, keys, row_bias, out, lse, mass, q_ranges = ctx.saved_tensors
-        qpos, qseg, kpos, kseg, lut, offset, causal, plain = ctx.geometry[:8]
-        r, p_drop, seed, linear, dist, row_base, own_rows, _ = ctx.geometry[8:]
-        b, h, i, d = q.shape
-        j = k.shape[2]
-        dp, rp, loop_rows = _padded(q, r)
-        tiles, unmasked = ctx.tiles
-        one_row = lut.shape[0] == 2
-        # The products read d out in q's dtype (out's, but with the mass): cast once here if at
-        # all, not in every program that loads it.
-        do = dout.to(q.dtype).contiguous()
-        has_mass = ctx.want_mass and dmass is not None
-        if has_mass:  # the queries' backward adds Σ_d d out·out (_output_grads_with_delta)
-            dmass = dmass.float().contiguous()
-            dlt = (dmass * mass).sum(-1)
-        else:
-            dmass = do  # any pointer: never read
-            dlt = lse.new_empty(b, h, i)
-        # With the keys, d rel (computed, then multiplied out below) serves q's gradient too.
-        needs = ctx.needs_input_grad
-        keyed = keys is not None
-        rel_grad = (rel is not None and needs[3]) or (keyed and (needs[0] or any(needs[6:8])))
-        relk_grad = relk is not None and ctx.needs_input_grad[4]
-        slope_grad = slopes is not None and ctx.needs_input_grad[5]
-        # A table shared by every query past the register rows: its gradient by lut entry.
-        by_entry = rel_grad and not loop_rows and rel is not None and _shared(rel)
-        # With the keys, d rel is stored, not added to (register rows, or each query's own rows),
-        # and then multiplied out on the tensor cores: in q's dtype, as dS is for d q and d k.
-        stored = loop_rows or own_rows
-        drel_dtype = q.dtype if keyed and stored else torch.float32
-        if by_entry:
-            drel = q.new_zeros(h, lut.shape[1], dtype=torch.float32)
-        else:
-            drel = q.new_zeros(b, h, i, r if rel_grad else 0, dtype=drel_dtype)
-        drelk = q.new_zeros(b, h, j, r if relk_grad else 0, dtype=torch.float32)
-        dslope = q.new_zeros(b, h, i if slope_grad else 0, dtype=torch.float32)
-        keyed_dq = rel_grad and keyed  # d rel·E is added to dq below, in float32
-        dq = q.new_empty(b, h, i, d, dtype=torch.float32 if keyed_dq else q.dtype)
-        dk = q.new_empty(b, h, j, d)
-        dv = torch.empty_like(dk)
-        tables = [t if t is not None else out for t in (rel, relk, slopes)]  # None: never read
-        tables += _keyed_tables(keys, row_bias, r, out)
-        tables += _rows_from(lut, dist, row_base, out)
-        strides = (*_strides(q, k, qpos, kpos, rel), *_keyed_strides(keys, row_bias))
-        common = (h, i, j, d, r, lut.shape[1], offset, 1.0 / math.sqrt(d), seed, p_drop)
-        k_ranges = _ranges(ctx.geometry, b, tiles.keys, queries=False)
-        if tiles.queries[:2] != tiles.forward[:2]:
-            q_ranges = _ranges(ctx.geometry, b, tiles.queries, queries=True)
-        flags = dict(
-            DP=dp, RP=rp if loop_rows else 2, PLAIN=plain, CAUSAL=causal,
-            HAS_REL=rel is not None or keyed, HAS_MASS=has_mass, HAS_KREL=relk is not None,
-            DROPOUT=p_drop > 0, LINEAR=linear, LOOP_ROWS=loop_rows, PRECISION=_precision(q),
-            ONE_ROW=one_row, SHIFTED=row_base is not None, BY_DISTANCE=dist is not None,
-            UNMASKED=unmasked, REL_KEYS=keyed,
-        )  # fmt: skip
-        # The queries' backward first: it computes dlt, which the keys' backward reads.
-        _launch(
-            _backward_q_kernel, (_cdiv(i, tiles.queries.bm), b * h),
-            q, k, v, do, lse, dlt, out, qpos, qseg, kpos, kseg, *tables, dmass, dq, drel,
-            dslope, *strides, *common, q_ranges, q_ranges.shape[1], REL_GRAD=rel_grad,
-            SLOPE_GRAD=slope_grad, OWN_ROWS=own_rows and not loop_rows, tiles=tiles.queries,
-            WIN=_window(tiles.queries), BY_ENTRY=by_entry, **flags,
-        )  # fmt: skip
-        _launch(
-            _backward_kv_kernel, (_cdiv(j, tiles.keys.bn), b * h),
-            q, k, v, do, lse, dlt, qpos, qseg, kpos, kseg, *tables, dmass, dk, dv, drelk,
-            *strides, *common, k_ranges, k_ranges.shape[1], KREL_GRAD=relk_grad,
-            tiles=tiles.keys, WIN=_window(tiles.keys), **flags,
-        )  # fmt: skip
-        dkeys = drow_bias = None
-        if rel_grad and keyed:  # rel = q·Eᵀ + c, differentiated here, in the keys' dtype (q's)
-            rows_grad = drel.to(keys.dtype)
-            dq = dq + torch.matmul(rows_grad, keys)
-            dkeys = _head_sum(torch.einsum("bhir,bhid->hrd", rows_grad, q), keys)
-            drow_bias = _head_sum(drel.sum((0, 2), dtype=torch.float32), row_bias)
-            drel = None
-        elif by_entry:  # entries to rows: lut[e] is entry e's row
-            rows = drel.new_zeros(h, r).index_add_(1, lut[0].long(), drel)
-            drel = rows.view(1, h, 1, r)
-        elif rel_grad:  # back to rel's broadcast shape (b|1, h, i|1, R)
-            dims = [n for n in (0, 2) if rel.shape[n] == 1]
-            drel = drel.sum(dims, keepdim=True) if dims else drel
-        return (
-            dq.to(q.dtype),  # float32 only where the keys' terms were added
-            dk,
-            dv,
-            drel if rel_grad else None,
-            drelk if relk_grad else None,
-            dslope.sum((0, 2)) if slope_grad else None,
-            None if dkeys is None else dkeys.to(keys.dtype),
-            drow_bias,
-            None,
-            None,
-            None,
-        )
+
+def _flat_tiles(tiles: KernelTiles) -> list[int]:
+    """``bm, bn, warps, stages`` per kernel (stages 0: Triton's default), as an op takes them."""
+    return [n for t in tiles for n in (t.bm, t.bn, t.warps, t.stages or 0)]
+
+
+def _kernel_tiles(flat: list[int]) -> KernelTiles:
+    """The inverse of :func:`_flat_tiles`."""
+    kernels = [flat[n : n + 4] for n in range(0, 12, 4)]
+    return KernelTiles(*(Tiles(bm, bn, w, s or None) for bm, bn, w, s in kernels))
+
+
+def _seed_of(seed: Tensor | None, unread: Tensor) -> Tensor:
+    """The kernels' ``SEED``: the dropout seed, an int64 tensor of one value on the inputs'
+    device, which they load (a tensor, so that a compiled graph draws a new one each call, and a
+    replayed CUDA graph reads the one drawn for it); ``unread`` without dropout."""
+    return unread if seed is None else seed
+
+
+def _forward_outputs(q: Tensor, rows: int, want_mass: bool) -> tuple[Tensor, Tensor, Tensor]:
+    """``out`` (q's dtype; float32 with the mass), ``lse`` and ``mass``, allocated."""
+    b, h, i, d = q.shape
+    out = q.new_empty(b, h, i, d, dtype=torch.float32 if want_mass else q.dtype)
+    lse = q.new_empty(b, h, i, dtype=torch.float32)
+    mass = q.new_zeros(b, h, i, rows if want_mass else 0, dtype=torch.float32)
+    return out, lse, mass
+
+
+@torch.library.custom_op("relpos::relative_flash_forward", mutates_args=())
+def _forward_op(
+    q: Tensor, k: Tensor, v: Tensor, rel: Tensor | None, relk: Tensor | None,
+    slopes: Tensor | None, keys: Tensor | None, row_bias: Tensor | None, qpos: Tensor,
+    qseg: Tensor, kpos: Tensor, kseg: Tensor, lut: Tensor, dist: Tensor | None, q_ranges: Tensor,
+    seed: Tensor | None, *, offset: int, rows: int, causal: bool, plain: bool, linear: int,
+    row_base: int, own_rows: bool, unmasked: bool, want_mass: bool, p_drop: float,
+    tiles: list[int],
+) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
+    """``(out, lse, mass)``: the forward kernel's launch, one operator to PyTorch (so that
+    ``torch.compile`` takes it whole, with :func:`_forward_shapes` for its shapes)."""
+    b, h, i, d = q.shape
+    j = k.shape[2]
+    launch = _kernel_tiles(tiles).forward
+    dp, rp, _ = _padded(q, rows)
+    out, lse, mass = _forward_outputs(q, rows, want_mass)
+    tables = [t if t is not None else out for t in (rel, relk, slopes)]  # None: never read
+    tables += _keyed_tables(keys, row_bias, rows, out)
+    rows_from = _rows_from(lut, dist, row_base, out)
+    _launch(
+        _forward_kernel, (_cdiv(i, launch.bm), b * h),
+        q, k, v, qpos, qseg, kpos, kseg, *tables, *rows_from, out, lse, mass,
+        *_strides(q, k, qpos, kpos, rel), *_keyed_strides(keys, row_bias),
+        h, i, j, d, rows, lut.shape[1], offset, 1.0 / math.sqrt(d), _seed_of(seed, out), p_drop,
+        q_ranges, q_ranges.shape[1],
+        tiles=launch, DP=dp, RP=rp, PLAIN=plain, CAUSAL=causal,
+        HAS_REL=rel is not None or keys is not None, HAS_MASS=want_mass,
+        HAS_KREL=relk is not None, DROPOUT=p_drop > 0, LINEAR=linear, PRECISION=_precision(q),
+        ONE_ROW=lut.shape[0] == 2, SHIFTED=row_base >= 0, BY_DISTANCE=dist is not None,
+        UNMASKED=unmasked, REL_KEYS=keys is not None, WIN=_window(launch),
+    )  # fmt: skip
+    return out, lse, mass
+
+
+@_forward_op.register_fake
+def _forward_shapes(q, k, v, rel, relk, slopes, keys, row_bias, *args, rows, want_mass, **kw):
+    return _forward_outputs(q, rows, want_mass)
+
+
+def _gradient_buffers(
+    q: Tensor, k: Tensor, lut: Tensor, s: _Settings, rel_grad: bool, relk_grad: bool,
+    slope_grad: bool, by_entry: bool, keyed: bool,
+) -> tuple[Tensor, ...]:  # fmt: skip
+    """``dq, dk, dv, drel, drelk, dslope`` as the backward kernels write them, zeroed where they
+    add to them. ``d rel`` by entry ``(h, n)`` (a table shared by every query past the register
+    rows), else per query ``(b, h, i, R|0)``: with the keys in q's dtype where stored (register
+    rows, or each query's own rows: then multiplied out on the tensor cores), else float32.
+    ``dq`` in float32 where ``d rel·E`` is added to it after the kernels."""
+    b, h, i, _ = q.shape
+    j, r = k.shape[2], s.rows
+    _, _, loop_rows = _padded(q, r)
+    drel_dtype = q.dtype if keyed and (loop_rows or s.own_rows) else torch.float32
+    if by_entry:
+        drel = q.new_zeros(h, lut.shape[1], dtype=torch.float32)
+    else:
+        drel = q.new_zeros(b, h, i, r if rel_grad else 0, dtype=drel_dtype)
+    drelk = q.new_zeros(b, h, j, r if relk_grad else 0, dtype=torch.float32)
+    dslope = q.new_zeros(b, h, i if slope_grad else 0, dtype=torch.float32)
+    dq = q.new_empty(b, h, i, q.shape[3], dtype=torch.float32 if rel_grad and keyed else q.dtype)
+    dk = q.new_empty(b, h, j, q.shape[3])
+    return dq, dk, torch.empty_like(dk), drel, drelk, dslope
+
+
+@torch.library.custom_op("relpos::relative_flash_backward", mutates_args=())
+def _backward_op(
+    do: Tensor, dmass: Tensor | None, q: Tensor, k: Tensor, v: Tensor, rel: Tensor | None,
+    relk: Tensor | None, slopes: Tensor | None, keys: Tensor | None, row_bias: Tensor | None,
+    out: Tensor, lse: Tensor, mass: Tensor, qpos: Tensor, qseg: Tensor, kpos: Tensor,
+    kseg: Tensor, lut: Tensor, dist: Tensor | None, q_ranges: Tensor, k_ranges: Tensor,
+    seed: Tensor | None, *, offset: int, rows: int, causal: bool, plain: bool, linear: int,
+    row_base: int, own_rows: bool, unmasked: bool, want_mass: bool, p_drop: float,
+    tiles: list[int], rel_grad: bool, relk_grad: bool, slope_grad: bool, by_entry: bool,
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:  # fmt: skip
+    """``dq, dk, dv, drel, drelk, dslope`` as the two backward kernels write them
+    (:func:`_gradient_buffers`); ``dmass`` None without the mass. The queries' kernel runs
+    first: it computes each query's ``Σ d out·out`` (plus the mass's term), which the keys'
+    kernel reads."""
+    s = _Settings(
+        offset, rows, causal, plain, linear, row_base, own_rows, unmasked, want_mass, p_drop, tiles
+    )
+    b, h, i, d = q.shape
+    j = k.shape[2]
+    dp, rp, loop_rows = _padded(q, rows)
+    launches = _kernel_tiles(tiles)
+    keyed = keys is not None
+    grads = _gradient_buffers(q, k, lut, s, rel_grad, relk_grad, slope_grad, by_entry, keyed)
+    dq, dk, dv, drel, drelk, dslope = grads
+    has_mass = dmass is not None
+    if has_mass:  # the queries' backward adds Σ_d d out·out (_output_grads_with_delta)
+        dmass = dmass.float().contiguous()
+        dlt = (dmass * mass).sum(-1)
+    else:
+        dmass = do  # any pointer: never read
+        dlt = lse.new_empty(b, h, i)
+    tables = [t if t is not None else out for t in (rel, relk, slopes)]  # None: never read
+    tables += _keyed_tables(keys, row_bias, rows, out)
+    tables += _rows_from(lut, dist, row_base, out)
+    strides = (*_strides(q, k, qpos, kpos, rel), *_keyed_strides(keys, row_bias))
+    scale = 1.0 / math.sqrt(d)
+    common = (h, i, j, d, rows, lut.shape[1], offset, scale, _seed_of(seed, out), p_drop)
+    flags = dict(
+        DP=dp, RP=rp if loop_rows else 2, PLAIN=plain, CAUSAL=causal,
+        HAS_REL=rel is not None or keyed, HAS_MASS=has_mass, HAS_KREL=relk is not None,
+        DROPOUT=p_drop > 0, LINEAR=linear, LOOP_ROWS=loop_rows, PRECISION=_precision(q),
+        ONE_ROW=lut.shape[0] == 2, SHIFTED=row_base >= 0, BY_DISTANCE=dist is not None,
+        UNMASKED=unmasked, REL_KEYS=keyed,
+    )  # fmt: skip
+    _launch(
+        _backward_q_kernel, (_cdiv(i, launches.queries.bm), b * h),
+        q, k, v, do, lse, dlt, out, qpos, qseg, kpos, kseg, *tables, dmass, dq, drel,
+        dslope, *strides, *common, q_ranges, q_ranges.shape[1], REL_GRAD=rel_grad,
+        SLOPE_GRAD=slope_grad, OWN_ROWS=own_rows and not loop_rows, tiles=launches.queries,
+        WIN=_window(launches.queries), BY_ENTRY=by_entry, **flags,
+    )  # fmt: skip
+    _launch(
+        _backward_kv_kernel, (_cdiv(j, launches.keys.bn), b * h),
+        q, k, v, do, lse, dlt, qpos, qseg, kpos, kseg, *tables, dmass, dk, dv, drelk,
+        *strides, *common, k_ranges, k_ranges.shape[1], KREL_GRAD=relk_grad,
+        tiles=launches.keys, WIN=_window(launches.keys), **flags,
+    )  # fmt: skip
+    return dq, dk, dv, drel, drelk, dslope
+
+
+@_backward_op.register_fake
+def _backward_shapes(do, dmass, q, k, v, rel, relk, slopes, keys, *args, **kw):
+    lut = args[8]
+    flags = {name: kw.pop(name) for name in ("rel_grad", "relk_grad", "slope_grad", "by_entry")}
+    return _gradient_buffers(q, k, lut, _Settings(**kw), keyed=keys is not None, **flags)
+
+
+def _save(ctx, inputs: tuple, keyword_only_inputs: dict, output: tuple) -> None:
+    """The forward op's autograd context: its tensors, outputs and settings."""
+    ctx.save_for_backward(*inputs, *output)  # q … seed (16), then out, lse, mass
+    ctx.settings = _Settings(**keyword_only_inputs)
+    lse, mass = output[1:]
+    ctx.mark_non_differentiable(lse)
+    if not ctx.settings.want_mass:
+        ctx.mark_non_differentiable(mass)
+
+
+def _backward(ctx, dout: Tensor, _dlse: Tensor, dmass: Tensor) -> tuple:
+    """The gradients of the forward op's inputs: the backward op's, then what is left in
+    PyTorch (``d rel`` back to ``rel``'s shape, the keys' products)."""
+    q, k, v, rel, relk, slopes, keys, row_bias, qpos, qseg, kpos, kseg, lut, dist = (
+        ctx.saved_tensors[:14]
+    )
+    q_ranges, seed, out, lse, mass = ctx.saved_tensors[14:]
+    s = ctx.settings
+    b = q.shape[0]
+    _, _, loop_rows = _padded(q, s.rows)
+    needs = ctx.needs_input_grad
+    keyed = keys is not None
+    # With the keys, d rel (computed, then multiplied out below) serves q's gradient too.
+    rel_grad = (rel is not None and needs[3]) or (keyed and (needs[0] or any(needs[6:8])))
+    relk_grad = relk is not None and needs[4]
+    slope_grad = slopes is not None and needs[5]
+    # A table shared by every query past the register rows: its gradient by lut entry.
+    by_entry = rel_grad and not loop_rows and rel is not None and _shared(rel)
+    # The backward keeps the forward's launches and, where the queries' backward has the same
+    # tiles, its query ranges.
+    tiles = _kernel_tiles(s.tiles)
+    geometry = (qpos, qseg, kpos, kseg, s.causal, s.plain, b)
+    k_ranges = _ranges(*geometry, tiles.keys, queries=False)
+    if tiles.queries[:2] != tiles.forward[:2]:
+        q_ranges = _ranges(*geometry, tiles.queries, queries=True)
+    # The products read d out in q's dtype (out's, but with the mass): cast once here if at
+    # all, not in every program that loads it.
+    do = dout.to(q.dtype).contiguous()
+    dmass = dmass.contiguous() if s.want_mass and dmass is not None else None
+    dq, dk, dv, drel, drelk, dslope = _backward_op(
+        do, dmass, q, k, v, rel, relk, slopes, keys, row_bias, out, lse, mass, qpos, qseg, kpos,
+        kseg, lut, dist, q_ranges, k_ranges, seed, **s._asdict(), rel_grad=rel_grad,
+        relk_grad=relk_grad, slope_grad=slope_grad, by_entry=by_entry,
+    )  # fmt: skip
+    dkeys = drow_bias = None
+    if rel_grad and keyed:  # rel = q·Eᵀ + c, differentiated here, in the keys' dtype (q's)
+        rows_grad = drel.to(keys.dtype)
+        dq = dq + torch.matmul(rows_grad, keys)
+        dkeys = _head_sum(torch.einsum("bhir,bhid->hrd", rows_grad, q), keys)
+        drow_bias = _head_sum(drel.sum((0, 2), dtype=torch.float32), row_bias)
+        drel = None
+    elif by_entry:  # entries to rows: lut[e] is entry e's row
+        h = q.shape[1]
+        rows = drel.new_zeros(h, s.rows).index_add_(1, lut[0].long(), drel)
+        drel = rows.view(1, h, 1, s.rows)
+    elif rel_grad:  # back to rel's broadcast shape (b|1, h, i|1, R)
+        dims = [n for n in (0, 2) if rel.shape[n] == 1]
+        drel = drel.sum(dims, keepdim=True) if dims else drel
+    return (
+        dq.to(q.dtype),  # float32 only where the keys' terms were added
+        dk,
+        dv,
+        drel if rel_grad else None,
+        drelk if relk_grad else None,
+        dslope.sum((0, 2)) if slope_grad else None,
+        None if dkeys is None else dkeys.to(keys.dtype),
+        drow_bias,
+        *[None] * 8,  # the geometry, the ranges, the seed
+    )
+
+
+torch.library.register_autograd("relpos::relative_flash_forward", _backward, setup_context=_save)
 
 
 def _shared(rel: Tensor) -> bool:
@@ -1379,9 +1510,10 @@ def _head_sum(grad: Tensor, like: Tensor | None) -> Tensor | None:
     return grad.sum(0, keepdim=True) if like.shape[0] == 1 else grad
 
 
-def _rows_from(lut: Tensor, dist: Tensor | None, row_base: int | None, unread: Tensor) -> tuple:
-    """The kernels' ``LUT, DIST, row_base`` arguments (``unread`` for an absent table)."""
-    return lut, unread if dist is None else dist, 0 if row_base is None else row_base
+def _rows_from(lut: Tensor, dist: Tensor | None, row_base: int, unread: Tensor) -> tuple:
+    """The kernels' ``LUT, DIST, row_base`` arguments (``unread`` for an absent table; a
+    ``row_base`` of -1, none, as 0)."""
+    return lut, unread if dist is None else dist, max(row_base, 0)
 
 
 def _strides(q: Tensor, k: Tensor, qpos: Tensor, kpos: Tensor, rel: Tensor | None) -> tuple:
@@ -1422,7 +1554,7 @@ def relative_flash_attention(
     plain: bool,
     mass: bool = False,
     dropout_p: float = 0.0,
-    seed: int = 0,
+    seed: int | Tensor = 0,
     slopes: Tensor | None = None,
     symmetric: bool = False,
     relk: Tensor | None = None,
@@ -1447,7 +1579,9 @@ def relative_flash_attention(
         dropout_p: attention dropout on the probabilities (``out`` and ``mass`` read the dropped
             ones; the softmax's normaliser does not), each pair's draw from ``seed`` and its
             index (:func:`dropout_keep` gives the mask).
-        seed: the dropout mask's Philox seed.
+        seed: the dropout mask's Philox seed: an int, or an integer tensor of one value on
+            ``q``'s device, which the kernels read there (no device sync; drawn inside a compiled
+            graph, a tensor is new each call, where an int would be fixed into the graph).
         slopes: float32 ``(h,)``, a linear bias (ALiBi) added to the logits: ``slope_h·δ``, or
             ``-slope_h·|δ|`` when ``symmetric``; differentiable (learned slopes).
         relk: float32 ``(b, h, j, R)``, a logit term of each key and relative row, read by every
@@ -1503,36 +1637,48 @@ def relative_flash_attention(
     has_table = any(t is not None for t in (rel, relk, keys))
     tiles = _blocks(q.device, q.dtype, q.shape[-1])  # every kernel of this call, and backward
     one_row, unmasked = tile_options(has_table, want_mass, q.dtype, tiles.queries)
-    geometry = (
-        q_pos.contiguous(),
-        q_seg.contiguous(),
-        k_pos.contiguous(),
-        k_seg.contiguous(),
-        # (2, n) with its runs where one-row tiles are on (tile_options), else (1, n): the
-        # runs cost a few launches per call, which the other kernels would not read.
-        (lut_with_runs(lut.contiguous()) if runs is None else runs.contiguous())
-        if one_row
-        else lut.contiguous()[None],
-        int(offset),
-        bool(causal),
-        bool(plain),
-        int(rows),
-        float(dropout_p),
-        int(seed),
-        0 if slopes is None else (2 if symmetric else 1),
-        *_one_load_form(rel, relk, want_mass, lut, row_base, q.dtype, tiles),
-        own_rows,
-        unmasked,
+    # (2, n) with its runs where one-row tiles are on (tile_options), else (1, n): the runs
+    # cost a few launches per call, which the other kernels would not read.
+    if one_row:
+        lut = lut_with_runs(lut.contiguous()) if runs is None else runs.contiguous()
+    else:
+        lut = lut.contiguous()[None]
+    dist, row_base = _one_load_form(rel, relk, want_mass, lut[0], row_base, q.dtype, tiles)
+    settings = _Settings(
+        offset=int(offset),
+        rows=int(rows),
+        causal=bool(causal),
+        plain=bool(plain),
+        linear=0 if slopes is None else (2 if symmetric else 1),
+        row_base=-1 if row_base is None else row_base,
+        own_rows=own_rows,
+        unmasked=unmasked,
+        want_mass=want_mass,
+        p_drop=float(dropout_p),
+        tiles=_flat_tiles(tiles),
     )
+    q_pos, q_seg, k_pos, k_seg = (t.contiguous() for t in (q_pos, q_seg, k_pos, k_seg))
+    q_ranges = _ranges(
+        q_pos, q_seg, k_pos, k_seg, settings.causal, settings.plain, q.shape[0], tiles.forward,
+        queries=True,
+    )  # fmt: skip
+    if dropout_p == 0:
+        seed = None
+    elif isinstance(seed, Tensor):
+        seed = seed.to(device=q.device, dtype=torch.int64).reshape(())
+    else:
+        seed = torch.tensor(int(seed), dtype=torch.int64, device=q.device)
     q, k, v = (t.contiguous() for t in (q, k, v))
     rel = None if rel is None else rel.contiguous()  # the kernels read its rows with stride 1
     slopes = None if slopes is None else slopes.float().contiguous()
     relk = None if relk is None else relk.float().contiguous()
     keys = None if keys is None else keys.to(q.dtype).contiguous()
     row_bias = None if row_bias is None else row_bias.float().contiguous()
-    return _RelativeFlash.apply(
-        q, k, v, rel, relk, slopes, keys, row_bias, geometry, want_mass, tiles
-    )
+    out, _, mass = _forward_op(
+        q, k, v, rel, relk, slopes, keys, row_bias, q_pos, q_seg, k_pos, k_seg, lut, dist,
+        q_ranges, seed, **settings._asdict(),
+    )  # fmt: skip
+    return out, mass
 
 
 def _one_load_form(
