@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from relpos import Positions
-from relpos.positions import distance_range
+from relpos.positions import distance_range, promised_distance_range
 
 lengths = st.lists(st.integers(0, 7), min_size=1, max_size=4)
 
@@ -134,3 +134,17 @@ def test_distance_range_is_per_row():
     keys = Positions.from_padding_mask(torch.tensor([[True, True], [False, False]]), offset=5)
     queries = Positions.from_length(1, offset=torch.tensor([6, 10**9]))
     assert distance_range(queries, keys) == (-1, 0)
+
+
+def test_promised_distance_range_is_self_attention_s_only():
+    """What the positions promise without their values: self-attention's ``±span`` (every
+    constructor's), the length's for hand-built contiguous positions, nothing for two
+    ``Positions`` (a cache's queries and keys) or for hand-built ones without a promise."""
+    p = Positions.from_segments(torch.tensor([[0, 0, 1, 1, -1]]))
+    assert promised_distance_range(p, p) == (-4, 4)
+    assert promised_distance_range(p, p[1:]) is None
+    contiguous = Positions(p.pos, p.seg, contiguous=True)
+    assert promised_distance_range(contiguous, contiguous) == (-4, 4)
+    bare = Positions(p.pos, p.seg)
+    assert promised_distance_range(bare, bare) is None
+    assert distance_range(bare, bare) == (-1, 1)  # read from the values: one row's documents

@@ -35,6 +35,7 @@ __all__ = [
     "as_offset",
     "dense_segment_ids",
     "distance_range",
+    "promised_distance_range",
     "resolve_positions",
     "sequence_lengths",
 ]
@@ -544,6 +545,19 @@ def _segment_cumsum(
     return runs.new_zeros(b, n, c).scatter(1, wide, runs)
 
 
+def promised_distance_range(queries: Positions, keys: Positions) -> tuple[int, int] | None:
+    """The range of :func:`distance_range` that the positions promise, with no device value
+    read: self-attention's ``(-span, span)`` (:attr:`Positions.span`) or, for contiguous
+    positions, ``(1 - n, n - 1)``; None for queries and keys of two ``Positions``."""
+    if queries is not keys:
+        return None
+    if queries.span is not None:  # |p_j - p_i| <= span within a row
+        return -queries.span, queries.span
+    if queries.contiguous:  # p_j - p_i = j - i
+        return 1 - len(queries), len(queries) - 1
+    return None
+
+
 def distance_range(queries: Positions, keys: Positions) -> tuple[int, int]:
     """``(lo, hi)`` with every ``k_pos - q_pos`` between real tokens of one row of these queries
     and keys in ``[lo, hi]``; ``(0, 0)`` when no row has both.
@@ -560,10 +574,9 @@ def distance_range(queries: Positions, keys: Positions) -> tuple[int, int]:
     """
     if queries.pos.numel() == 0 or keys.pos.numel() == 0:  # no tokens, or an empty batch
         return 0, 0
-    if queries is keys and queries.span is not None:  # |p_j - p_i| <= span within a row
-        return -queries.span, queries.span
-    if queries is keys and queries.contiguous:  # p_j - p_i = j - i
-        return 1 - len(queries), len(queries) - 1
+    promised = promised_distance_range(queries, keys)
+    if promised is not None:
+        return promised
     far = torch.iinfo(torch.int64).max // 4  # beyond any position; differences stay in range
 
     def extremes(p: Positions) -> tuple[Tensor, Tensor]:  # (b|1,) each

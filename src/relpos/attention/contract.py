@@ -22,7 +22,13 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
-from ..positions import PAD_SEGMENT, Positions, dense_segment_ids, distance_range
+from ..positions import (
+    PAD_SEGMENT,
+    Positions,
+    dense_segment_ids,
+    distance_range,
+    promised_distance_range,
+)
 from ..schemes.base import RelativeScheme, Scheme
 from .memo import BoundedCache
 
@@ -100,14 +106,20 @@ def relative_rows(
     """``(lut, offset)``: the relative row of distance ``δ = p_j - p_i`` is ``lut[δ + offset]``,
     for every distance between real tokens of these queries and keys (callers clamp
     ``δ + offset`` to the table: a pair with padding may fall outside, and is masked). The range
-    is :func:`~relpos.positions.distance_range`'s (from the length for plain positions, no device
-    sync; one otherwise).
+    is :func:`~relpos.positions.distance_range`'s (self-attention's from the positions' promise,
+    no device sync; one sync otherwise).
 
     With ``clipped``, for a caller that clamps ``δ + offset`` to the table's ends: the table
     stops at the scheme's :attr:`~relpos.schemes.RelativeScheme.distance_clip` (rows past it
-    repeat), so it holds at most ``hi - lo + 1`` entries whatever the length."""
-    lo, hi = distance_range(q_positions, k_positions)
+    repeat), so it holds at most ``hi - lo + 1`` entries whatever the length; where the
+    positions promise no range (a KV cache's queries and keys) it is the clip's whole, with no
+    device sync."""
     clip = scheme.distance_clip if clipped else None
+    promised = promised_distance_range(q_positions, k_positions)
+    if clip is not None and promised is None:  # every row: no value read
+        lo, hi = clip.lo, clip.hi
+    else:
+        lo, hi = distance_range(q_positions, k_positions)
     if clip is not None:
         lo, hi = (min(max(x, clip.lo), clip.hi) for x in (lo, hi))
     return _rows_by_distance(scheme, lo, hi, torch.device(device)), -lo
