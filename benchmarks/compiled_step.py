@@ -1,10 +1,11 @@
-"""A ``fused`` forward+backward step, uncompiled and under ``torch.compile``, against SDPA with
-no positions (flash on a GPU) run the same way in the same process (docs/performance.md, "On a
-GPU"): how much of a step's cost compiling takes out (the ops around the kernels fused, and with
-CUDA graphs, ``reduce-overhead``, the host's per-call cost).
+"""A ``fused`` (or ``flex``) forward+backward step, uncompiled and under ``torch.compile``,
+against SDPA with no positions (flash on a GPU) run the same way in the same process
+(docs/performance.md, "On a GPU"): how much of a step's cost compiling takes out (the ops around
+the kernels fused, and with CUDA graphs, ``reduce-overhead``, the host's per-call cost).
 
     PYTHONPATH=src python benchmarks/compiled_step.py --device cuda [--schemes alibi,t5,music]
-        [--length 4096] [--tokens 16384] [--modes eager,default,reduce-overhead] [--out FILE]
+        [--impls fused,flex] [--length 4096] [--tokens 16384]
+        [--modes eager,default,reduce-overhead] [--out FILE]
 
 Modes: ``eager`` (not compiled), ``aot_eager`` (AOTAutograd's graphs run op by op), ``default``
 (Inductor) and ``reduce-overhead`` (Inductor with CUDA graphs). Each compiled step is first
@@ -28,10 +29,13 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from relpos.attention.flex import flex_attention_backend
 from relpos.attention.fused import fused_attention
 from relpos.cli import bench
 
 MODES = ("eager", "aot_eager", "default", "reduce-overhead")
+#: The backends a step can take (``flex`` needs CUDA for gradients).
+IMPLS = {"fused": fused_attention, "flex": flex_attention_backend}
 #: Tolerances of a compiled step against the uncompiled one, by input dtype: the same kernels,
 #: with the ops around them fused (in other orders of summation).
 TOLERANCE = {torch.float32: 1e-4, torch.bfloat16: 2e-2, torch.float16: 2e-3}
@@ -87,6 +91,36 @@ def mismatch(got: list[torch.Tensor], want: list[torch.Tensor], tol: float) -> s
     return None
 
 
+def _modes(
+    args: argparse.Namespace, attend: Callable, plain: Callable, s: bench.Setup,
+    dtype: torch.dtype, row: dict, log: Callable[[str], None],
+) -> list[dict]:  # fmt: skip
+    """A row per mode of ``attend``'s step: checked against its uncompiled step, then timed
+    beside ``plain``'s compiled alike."""
+    rows = []
+    want = _step(attend, s, "eager")()
+    for mode in args.modes:
+        row = {**row, "mode": mode, "L": args.length, "B": s.q.shape[0]}
+        try:
+            steps = {
+                "step": _step(_compiled(attend, mode), s, mode),
+                "plain": _step(_compiled(plain, mode), s, mode),
+            }
+            for step in steps.values():  # compiles, then the steady state
+                for _ in range(args.warmup):
+                    step()
+            row["error"] = mismatch(steps["step"](), want, TOLERANCE[dtype])
+        except Exception as e:  # a mode that does not compile is a result, not a crash
+            row["error"] = f"{type(e).__name__}: {' '.join(str(e).split())[:160]}"
+        if row["error"] is None:
+            for key, step in steps.items():
+                row[f"{key}_ms"] = _queued_ms(step, args.steps, args.repeats, args.device)
+            row["ratio"] = row["step_ms"] / row["plain_ms"]
+        log(_line(row))
+        rows.append(row)
+    return rows
+
+
 def run(args: argparse.Namespace, log: Callable[[str], None]) -> list[dict]:
     dtype = getattr(torch, args.dtype)
     b = max(1, args.tokens // args.length)
@@ -98,62 +132,44 @@ def run(args: argparse.Namespace, log: Callable[[str], None]) -> list[dict]:
         )  # fmt: skip
         p = s.positions
 
-        def fused(q, k, v, s=s, p=p):
-            q, k = s.scheme.rotate(q, k, p, p)
-            return fused_attention(q, k, v, s.scheme, p, p, causal=True)
-
         def plain(q, k, v):
             return F.scaled_dot_product_attention(q, k, v, is_causal=True)
 
-        want = _step(fused, s, "eager")()
-        for mode in args.modes:
-            row = {"scheme": name, "mode": mode, "L": args.length, "B": b}
-            try:
-                steps = {
-                    "fused": _step(_compiled(fused, mode), s, mode),
-                    "plain": _step(_compiled(plain, mode), s, mode),
-                }
-                for step in steps.values():  # compiles, then the steady state
-                    for _ in range(args.warmup):
-                        step()
-                row["error"] = mismatch(steps["fused"](), want, TOLERANCE[dtype])
-            except Exception as e:  # a mode that does not compile is a result, not a crash
-                row["error"] = f"{type(e).__name__}: {' '.join(str(e).split())[:160]}"
-            if row["error"] is None:
-                for key, step in steps.items():
-                    row[f"{key}_ms"] = _queued_ms(step, args.steps, args.repeats, args.device)
-                row["ratio"] = row["fused_ms"] / row["plain_ms"]
-            log(_line(row))
-            rows.append(row)
+        for impl in args.impls:
+
+            def attend(q, k, v, s=s, p=p, backend=IMPLS[impl]):
+                q, k = s.scheme.rotate(q, k, p, p)
+                return backend(q, k, v, s.scheme, p, p, causal=True)
+
+            rows += _modes(args, attend, plain, s, dtype, {"scheme": name, "impl": impl}, log)
         del s
         torch._dynamo.reset()
     return rows
 
 
 def _line(row: dict) -> str:
+    first = f"| {row['scheme']} | {row['impl']} | {row['mode']} "
     if row.get("error"):
-        return f"| {row['scheme']} | {row['mode']} | – | – | – | {row['error']} |"
-    return (
-        f"| {row['scheme']} | {row['mode']} | {row['fused_ms']:.3g} | {row['plain_ms']:.3g} "
-        f"| {row['ratio']:.2f} | |"
-    )
+        return first + f"| – | – | – | {row['error']} |"
+    return first + f"| {row['step_ms']:.3g} | {row['plain_ms']:.3g} | {row['ratio']:.2f} | |"
 
 
 def _header(args: argparse.Namespace) -> str:
     device = torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu"
     return (
-        f"fused fwd+bwd step, queued ({args.steps} steps, one sync), {device}, torch "
+        f"fwd+bwd step, queued ({args.steps} steps, one sync), {device}, torch "
         f"{torch.__version__}, {args.dtype}, causal, L={args.length}, B·L={args.tokens}, "
         f"H={args.heads}, d={args.head_dim}\n`python benchmarks/compiled_step.py "
         f"{' '.join(args.argv)}`\n\n"
-        "| scheme | mode | fused ms | SDPA ms | × SDPA | not timed: why |\n"
-        "|---|---|---:|---:|---:|---|"
+        "| scheme | backend | mode | ms | SDPA ms | × SDPA | not timed: why |\n"
+        "|---|---|---|---:|---:|---:|---|"
     )
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--schemes", default="alibi,t5,music")
+    parser.add_argument("--impls", default="fused", help="fused, flex (CUDA)")
     parser.add_argument("--modes", default="eager,default,reduce-overhead")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"])
@@ -169,6 +185,9 @@ def main(argv: list[str] | None = None) -> int:
     args.argv = sys.argv[1:] if argv is None else argv
     args.schemes = args.schemes.split(",")
     args.modes = args.modes.split(",")
+    args.impls = args.impls.split(",")
+    if unknown := set(args.impls) - set(IMPLS):
+        parser.error(f"--impls: unknown {sorted(unknown)}; choose from {', '.join(IMPLS)}")
     if unknown := set(args.modes) - set(MODES):
         parser.error(f"--modes: unknown {sorted(unknown)}; choose from {', '.join(MODES)}")
     print(_header(args), flush=True)

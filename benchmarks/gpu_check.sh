@@ -16,7 +16,7 @@
 # configs/jsb-music-paper.json for TRAIN_S seconds (0: no training), then `relpos eval`. Phase 2,
 # with nothing else on the GPU: benchmarks/fused_tiles.py (the fused kernel's TILE_CONFIGS against
 # flash SDPA at L=4096), then `relpos bench --device cuda` of BENCH_IMPLS, then
-# benchmarks/compiled_step.py (a fused step under torch.compile) of COMPILED_SCHEMES.
+# benchmarks/compiled_step.py (COMPILED_IMPLS' steps under torch.compile) of COMPILED_SCHEMES.
 # Budgets (seconds): TEST_S (0: no tests, no cold compiles), TRAIN_S, TILES_S (0: no tiles),
 # BENCH_S (0: no bench), COMPILED_S (0, the default: no compiled steps). LAYOUT: the bench's positions (plain, padded, packed); MASK: causal, bidirectional or both. DATA: the JSB JSON where the config's
 # ../shared path does not exist (a GPU machine gets only the checkout: carry a copy in it).
@@ -30,6 +30,7 @@ export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 TEST_S=${TEST_S:-240} TRAIN_S=${TRAIN_S:-210} TILES_S=${TILES_S:-90} BENCH_S=${BENCH_S:-230}
 COMPILED_S=${COMPILED_S:-0}  # benchmarks/compiled_step.py (0: not run)
 COMPILED_SCHEMES=${COMPILED_SCHEMES:-alibi,t5,music}
+COMPILED_IMPLS=${COMPILED_IMPLS:-fused,flex}
 TILE_CONFIGS=${TILE_CONFIGS:-}  # benchmarks/fused_tiles.py --configs (empty: its default candidates)
 TILE_SCHEMES=${TILE_SCHEMES:-alibi t5 shaw music kerple}  # fused_tiles.py --schemes
 WORKERS=${WORKERS:-8}  # 0: no pytest-xdist
@@ -117,9 +118,11 @@ echo "bench: exit ${PIPESTATUS[0]}"
 fi
 # A fused step uncompiled and under torch.compile (Inductor; CUDA graphs), each mode checked
 # against the uncompiled step, then timed queued beside flash SDPA run the same way.
+# compiled.log has each row as it is timed; compiled.md the table, once all are.
 [ "$COMPILED_S" -gt 0 ] && timeout "$COMPILED_S" $PY benchmarks/compiled_step.py --device "$DEVICE" \
-  --schemes "$COMPILED_SCHEMES" --length 4096 --tokens "$TOKENS" --out "$OUT/compiled.md" \
-  > "$OUT/compiled.log" 2>&1; [ "$COMPILED_S" -gt 0 ] && cat "$OUT/compiled.log"
+  --schemes "$COMPILED_SCHEMES" --impls "$COMPILED_IMPLS" --length 4096 --tokens "$TOKENS" \
+  --out "$OUT/compiled.md" > "$OUT/compiled.log" 2>&1
+[ "$COMPILED_S" -gt 0 ] && cat "$OUT/compiled.log"
 
 # ---- everything but checkpoints in one archive, beside the logs
 tar --exclude='*.pt' -czf "$OUT/results.tgz" -C "$WORK" . 2>/dev/null

@@ -157,8 +157,8 @@ def test_compiled_step_checks_each_mode_then_times_it(tmp_path, capsys):
     ]  # fmt: skip
     assert script.main(argv) == 0
     rows = [line for line in out.read_text().splitlines() if line.startswith("| alibi")]
-    assert [r.split("|")[2].strip() for r in rows] == ["eager", "aot_eager"]
-    assert all(float(r.split("|")[5]) > 0 for r in rows)  # × SDPA, timed
+    assert [r.split("|")[3].strip() for r in rows] == ["eager", "aot_eager"]
+    assert all(float(r.split("|")[6]) > 0 for r in rows)  # × SDPA, timed
     # The check it times after: a difference, and a NaN, are reported.
     t = torch.ones(3)
     assert script.mismatch([t], [t], 1e-4) is None
