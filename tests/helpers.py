@@ -19,6 +19,18 @@ from tests.specs import length_dependent as length_dependent
 DEVICES: list[str] = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
 
+def fused_device() -> str:
+    """Where ``tests/fused`` runs the Triton kernels: the CPU in Triton's interpreter
+    (``TRITON_INTERPRET=1``), else CUDA; a module without either is skipped."""
+    from relpos.kernels import interpreted
+
+    if interpreted():
+        return "cpu"
+    if torch.cuda.is_available():
+        return "cuda"
+    pytest.skip("needs a CUDA device or TRITON_INTERPRET=1", allow_module_level=True)
+
+
 def contextual(spec: dict) -> bool:
     """Whether a spec's scheme computes positions from the layer's input (``contextualize``)."""
     return "contextualize" in relpos.SCHEMES[spec["name"]].hooks

@@ -34,7 +34,6 @@ from relpos.attention.fused import (
     fused_supports,
     fused_takes_keys,
 )
-from relpos.kernels import interpreted
 from relpos.kernels.aot import variant_launches
 from relpos.kernels.relative_attention import (
     MAX_LOOP_ROWS,
@@ -50,14 +49,15 @@ from relpos.kernels.relative_attention import (
 )
 from relpos.schemes.base import RelativeScheme
 from tests import oracles
-from tests.helpers import BACKEND_SPECS, make_layout, randomize_parameters, spec_id
+from tests.helpers import (
+    BACKEND_SPECS,
+    fused_device,
+    make_layout,
+    randomize_parameters,
+    spec_id,
+)
 
-if interpreted():
-    DEVICE = "cpu"
-elif torch.cuda.is_available():
-    DEVICE = "cuda"
-else:
-    pytest.skip("needs a CUDA device or TRITON_INTERPRET=1", allow_module_level=True)
+DEVICE = fused_device()
 
 #: Every spec the fused backend runs (the relative schemes, ALiBi, the distance biases).
 FUSED_SPECS = [

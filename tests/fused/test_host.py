@@ -14,9 +14,13 @@ pytest.importorskip("triton")
 import relpos
 from relpos.attention import contract
 from relpos.attention.fused import fused_attention
+from relpos.kernels import interpreted
 from relpos.kernels.relative_attention import recorded_launches
 from relpos.positions import Positions, distance_range
 from relpos.schemes.base import RelativeScheme
+from tests.helpers import fused_device
+
+DEVICE = fused_device()
 
 #: The tensor methods that wait for the device to hand the host a value.
 SYNCS = {
@@ -50,9 +54,9 @@ def _self_attention_positions() -> dict[str, Positions]:
     left = torch.tensor([[False] * 3 + [True] * 37, [True] * 40])
     packed = torch.tensor([[0] * 15 + [1] * 25, [0] * 38 + [-1] * 2])
     return {
-        "plain": Positions.from_length(40),
-        "padded": Positions.from_padding_mask(left),
-        "packed": Positions.from_segments(packed),
+        "plain": Positions.from_length(40, device=DEVICE),
+        "padded": Positions.from_padding_mask(left.to(DEVICE)),
+        "packed": Positions.from_segments(packed.to(DEVICE)),
     }
 
 
@@ -68,8 +72,8 @@ def test_self_attention_issues_no_device_sync(spec, monkeypatch):
         return torch.where(bad.unsqueeze(-1), torch.nan, out)
 
     monkeypatch.setattr(relpos.attention.fused, "propagate_nonfinite", gpu_path)
-    scheme = relpos.make_scheme(spec, d_model=32, num_heads=2, causal=True)
-    q, k, v = (torch.randn(2, 2, 40, 16, requires_grad=True) for _ in range(3))
+    scheme = relpos.make_scheme(spec, d_model=32, num_heads=2, causal=True).to(DEVICE)
+    q, k, v = (torch.randn(2, 2, 40, 16, device=DEVICE, requires_grad=True) for _ in range(3))
     for kind, p in _self_attention_positions().items():
         with recorded_launches(), _Syncs() as syncs:
             out = fused_attention(q, k, v, scheme, p, p, causal=True)
@@ -78,7 +82,7 @@ def test_self_attention_issues_no_device_sync(spec, monkeypatch):
     # Queries and keys of two positions (a KV cache's) promise no range: a clipped table takes
     # its clip's whole, and a table of every distance (the distance biases, DeBERTa's) reads the
     # range from the values, the one sync due (ALiBi's slopes read no table).
-    keys = Positions.from_padding_mask(torch.tensor([[False] * 3 + [True] * 37] * 2))
+    keys = Positions.from_padding_mask(torch.tensor([[False] * 3 + [True] * 37] * 2, device=DEVICE))
     queries = keys[30:]
     with recorded_launches(), _Syncs() as syncs:
         fused_attention(q[:, :, 30:].detach(), k.detach(), v.detach(), scheme, queries, keys,
@@ -110,9 +114,12 @@ def test_distance_range_of_self_attention_reads_no_value():
 def test_output_and_gradients_come_in_the_inputs_dtype(spec, mass):
     """bf16 inputs: the kernels write ``out`` in bf16 (float32 where a value term is added to it)
     and ``d q``, ``d k``, ``d v`` in bf16: no float32 copy to convert after them."""
-    scheme = relpos.make_scheme(spec, d_model=32, num_heads=2, causal=True)
-    q, k, v = (torch.randn(1, 2, 16, 16, dtype=torch.bfloat16, requires_grad=True) for _ in "qkv")
-    p = Positions.from_length(16)
+    scheme = relpos.make_scheme(spec, d_model=32, num_heads=2, causal=True).to(DEVICE)
+    q, k, v = (
+        torch.randn(1, 2, 16, 16, dtype=torch.bfloat16, device=DEVICE, requires_grad=True)
+        for _ in "qkv"
+    )
+    p = Positions.from_length(16, device=DEVICE)
     with recorded_launches() as runs:
         out = fused_attention(q, k, v, scheme, p, p, causal=True)
         out.backward(torch.ones_like(out))
@@ -125,6 +132,7 @@ def test_output_and_gradients_come_in_the_inputs_dtype(spec, mass):
         assert keys.args[keys.kernel.arg_names.index(name)].dtype == torch.bfloat16
 
 
+@pytest.mark.skipif(not interpreted(), reason="the script counts on a CPU, in the interpreter")
 def test_host_ops_counts_each_scheme_s_ops_and_launches(capsys):
     """``benchmarks/host_ops.py``: a row per scheme, its ops (the non-finite check's GPU path
     included) and the pass's three kernel launches."""

@@ -16,6 +16,9 @@ import relpos
 from relpos.attention.fused import fused_attention
 from relpos.kernels import relative_attention as ra
 from relpos.positions import Positions
+from tests.helpers import fused_device
+
+DEVICE = fused_device()
 
 SCHEMES = [
     "alibi", "learned_alibi", "kerple", "t5", {"name": "shaw", "max_distance": 4},
@@ -25,11 +28,12 @@ SCHEMES = [
 
 def _positions(kind: str, n: int) -> Positions:
     if kind == "plain":
-        return Positions.from_length(n)
+        return Positions.from_length(n, device=DEVICE)
     if kind == "padded":  # three tokens of left padding, then a full row
-        return Positions.from_padding_mask(torch.arange(n).expand(2, n) >= torch.tensor([[3], [0]]))
+        mask = torch.arange(n).expand(2, n) >= torch.tensor([[3], [0]])
+        return Positions.from_padding_mask(mask.to(DEVICE))
     documents = [[0] * 5 + [1] * (n - 5), [0] * (n - 2) + [-1] * 2]  # two, then one and padding
-    return Positions.from_segments(torch.tensor(documents))
+    return Positions.from_segments(torch.tensor(documents, device=DEVICE))
 
 
 def _grads(scheme, *tensors) -> list:
@@ -54,8 +58,8 @@ def test_compiled_fullgraph_equals_the_call(spec, kind):
     output and every gradient (inputs and the scheme's parameters) of the uncompiled call."""
     torch._dynamo.reset()
     torch.manual_seed(0)
-    scheme = relpos.make_scheme(spec, d_model=32, num_heads=2, causal=True)
-    q, k, v = (torch.randn(2, 2, 12, 16, requires_grad=True) for _ in "qkv")
+    scheme = relpos.make_scheme(spec, d_model=32, num_heads=2, causal=True).to(DEVICE)
+    q, k, v = (torch.randn(2, 2, 12, 16, device=DEVICE, requires_grad=True) for _ in "qkv")
     p = _positions(kind, 12)
 
     def attend(q, k, v):
@@ -93,8 +97,8 @@ def test_the_operators_pass_opcheck(spec, monkeypatch):
     recording("_forward_op")
     recording("_backward_op")
     torch.manual_seed(0)
-    scheme = relpos.make_scheme(spec, d_model=32, num_heads=2, causal=True)
-    q, k, v = (torch.randn(2, 2, 12, 16, requires_grad=True) for _ in "qkv")
+    scheme = relpos.make_scheme(spec, d_model=32, num_heads=2, causal=True).to(DEVICE)
+    q, k, v = (torch.randn(2, 2, 12, 16, device=DEVICE, requires_grad=True) for _ in "qkv")
     p = _positions("padded", 12)
     out = fused_attention(q, k, v, scheme, p, p, causal=True)
     out.backward(torch.ones_like(out))
@@ -118,9 +122,9 @@ def test_a_compiled_call_draws_a_new_dropout_mask_each_time():
     compiled calls drop different entries, and each draws what the uncompiled call draws from
     the same generator state."""
     torch._dynamo.reset()
-    scheme = relpos.make_scheme("alibi", d_model=32, num_heads=2, causal=True)
-    q, k, v = (torch.randn(1, 2, 12, 16) for _ in "qkv")
-    p = Positions.from_length(12)
+    scheme = relpos.make_scheme("alibi", d_model=32, num_heads=2, causal=True).to(DEVICE)
+    q, k, v = (torch.randn(1, 2, 12, 16, device=DEVICE) for _ in "qkv")
+    p = Positions.from_length(12, device=DEVICE)
 
     def attend(q, k, v):
         return fused_attention(q, k, v, scheme, p, p, causal=True, dropout_p=0.5, training=True)
@@ -151,7 +155,7 @@ def test_compiled_step_checks_each_mode_then_times_it(tmp_path, capsys):
     script = _script("compiled_step")
     out = tmp_path / "compiled.md"
     argv = [
-        "--device", "cpu", "--dtype", "float32", "--schemes", "alibi", "--modes",
+        "--device", DEVICE, "--dtype", "float32", "--schemes", "alibi", "--modes",
         "eager,aot_eager", "--length", "12", "--tokens", "24", "--heads", "2", "--head-dim", "16",
         "--steps", "1", "--repeats", "1", "--warmup", "1", "--out", str(out),
     ]  # fmt: skip
