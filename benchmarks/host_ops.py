@@ -12,8 +12,9 @@ and the kernels' two operators (``relpos::…``) by the ops they issue.
 The non-finite check every backend ends with (``contract.propagate_nonfinite``) takes a shortcut
 on a CPU (a sum per tensor and a host sync, cheap there): its ops are replaced by those of the
 path a GPU takes (``contract.nonfinite_rows``, then one ``where``). The bench's own ops (clearing
-the gradients, the backward pass's seed) are left out. ``--by-site`` lists each op with the line
-that issued it.
+the gradients, the backward pass's seed) are left out. A step's first layer derives what it
+needs from the step's positions; each later layer finds it kept (``Positions.derived``).
+``--by-site`` lists each op of a first layer with the line that issued it.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from relpos.attention import contract
 from relpos.cli import bench
 from relpos.kernels.relative_attention import recorded_launches
+from relpos.positions import Positions
 
 #: Ops that make a view or a metadata change: no kernel, no allocation.
 VIEWS = {
@@ -60,8 +62,10 @@ class _Ops(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def count(name: str, layout: str) -> tuple[list[tuple[str, str]], int]:
-    """``(ops, launches)`` of one forward+backward pass of ``name`` through ``fused``."""
+def count(name: str, layout: str) -> tuple[list[tuple[str, str]], list[tuple[str, str]], int]:
+    """``(first, later, launches)`` of one forward+backward pass of ``name`` through ``fused``:
+    the ops of a step's first layer (positions new to it) and of each later one (the step's
+    positions, what they derive already kept: :meth:`~relpos.Positions.derived`)."""
     s = bench.make_setup(
         name, 64, 2, causal=True, heads=2, head_dim=16, device="cpu", dtype=torch.bfloat16,
         grad=True, layout=layout,
@@ -69,6 +73,16 @@ def count(name: str, layout: str) -> tuple[list[tuple[str, str]], int]:
     step = bench.step_of(bench.backend_call("fused"), s, backward=True)
     with recorded_launches():
         step()  # caches filled, as in a warm training loop
+    p = s.positions
+    contract.nonfinite_rows(s.q, s.k, s.scheme, p, p, s.causal)  # the GPU path's, kept too
+    later, launches = _pass_ops(s, step)
+    s.positions = Positions(p.pos, p.seg, p.contiguous, p.span)  # a new step's: nothing kept
+    first, _ = _pass_ops(s, step)
+    return first, later, launches
+
+
+def _pass_ops(s: bench.Setup, step) -> tuple[list[tuple[str, str]], int]:
+    """The ops and launches of ``step``, the non-finite check's GPU path in place of its own."""
     with recorded_launches() as launches, _Ops() as seen:
         step()
     ops = [
@@ -80,8 +94,7 @@ def count(name: str, layout: str) -> tuple[list[tuple[str, str]], int]:
         p = s.positions
         bad = contract.nonfinite_rows(s.q, s.k, s.scheme, p, p, s.causal)
         torch.where(bad.unsqueeze(-1), torch.nan, s.q)
-    ops += [(op, site) for op, site, _ in check.ops]
-    return ops, len(launches)
+    return ops + [(op, site) for op, site, _ in check.ops], len(launches)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -91,12 +104,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--by-site", action="store_true")
     args = parser.parse_args(argv)
     print(f"fused, one forward+backward pass, {args.layout} positions, torch {torch.__version__}")
-    print("| scheme | PyTorch ops | Triton launches |\n|---|---:|---:|")
+    print(
+        "| scheme | PyTorch ops, a step's first layer | each later layer | Triton launches |\n"
+        "|---|---:|---:|---:|"
+    )
     listed = []
     for name in args.schemes.split(","):
-        ops, launches = count(name, args.layout)
-        print(f"| {name} | {len(ops)} | {launches} |")
-        listed.append((name, ops))
+        first, later, launches = count(name, args.layout)
+        print(f"| {name} | {len(first)} | {len(later)} | {launches} |")
+        listed.append((name, first))
     if args.by_site:
         for name, ops in listed:
             sites = collections.Counter(f"{op} {site}" for op, site in ops)

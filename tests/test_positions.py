@@ -148,3 +148,35 @@ def test_promised_distance_range_is_self_attention_s_only():
     bare = Positions(p.pos, p.seg)
     assert promised_distance_range(bare, bare) is None
     assert distance_range(bare, bare) == (-1, 1)  # read from the values: one row's documents
+
+
+def test_derived_values_are_built_once_while_the_positions_live():
+    """``derived`` keeps a value per key and keys' ``Positions``: built once, rebuilt after an
+    in-place change of either's tensors, never handed to another object (a reused id), and left
+    out of a pickle or a deep copy."""
+    import copy
+    import pickle
+
+    p = Positions.from_segments(torch.tensor([[0, 0, 1, -1]]))
+    other = Positions.from_length(4)
+    built = []
+
+    def build():
+        built.append(1)
+        return torch.ones(len(built))
+
+    first = p.derived(None, "k", build)
+    assert p.derived(p, "k", build) is first and len(built) == 1  # None: these positions
+    assert p.derived(other, "k", build) is not first and len(built) == 2  # another keys object
+    assert p.derived(None, "another key", build) is not first and len(built) == 3
+    other.pos.add_(0)  # an in-place change bumps its version: rebuilt
+    p.derived(other, "k", build)
+    assert len(built) == 4
+    for twin in (pickle.loads(pickle.dumps(p)), copy.deepcopy(p)):
+        assert torch.equal(twin.pos, p.pos) and twin.span == p.span
+        before = len(built)
+        twin.derived(None, "k", build)  # nothing kept came along: built for the twin
+        assert len(built) == before + 1
+    with torch.inference_mode():  # built outside inference mode: usable with autograd later
+        kept = p.derived(None, "under inference", lambda: torch.zeros(2))
+    assert not kept.is_inference()

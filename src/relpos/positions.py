@@ -23,8 +23,10 @@ broadcast.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from dataclasses import dataclass
+import weakref
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -112,6 +114,8 @@ class Positions:
     span: int | None = None
     coords: Tensor | None = None
     log_decay: Tensor | None = None
+    #: What :meth:`derived` keeps: by key, the keys' ``Positions`` (weakly) and the value.
+    _derived: dict = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self) -> None:
         _check_int_tensor("pos", self.pos, 2)
@@ -473,6 +477,32 @@ class Positions:
             coords = (first + new).unsqueeze(-1).expand(-1, -1, self.coords.shape[-1]).clone()
         return Positions(start + new, seg.expand(-1, n).clone(), coords=coords)
 
+    def __getstate__(self) -> dict:  # pickle and deepcopy: what derived() keeps is left out
+        return {**self.__dict__, "_derived": {}}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+
+    def derived(self, keys: Positions | None, key: Hashable, build: Callable[[], Any]) -> Any:
+        """The value ``build()`` gives, a function of these positions and ``keys`` (None: these)
+        alone: built once and kept as long as both live, so the layers of a model, which share
+        one ``Positions`` a step, build it once (a backend's renumbered positions, its kernels'
+        block ranges). Rebuilt when a tensor of either was changed in place; built anew, not
+        kept, under ``torch.compile`` (the graph computes it). Built outside inference mode, so
+        that a value kept from an inference call serves calls with autograd too.
+        """
+        if torch.compiler.is_compiling():
+            return build()
+        keys = self if keys is None else keys
+        stamp = (key, id(keys), _versions(self), _versions(keys))
+        hit = self._derived.get(stamp)
+        if hit is not None and hit[0]() is keys:  # not another object at a reused id
+            return hit[1]
+        with torch.inference_mode(False):
+            value = build()
+        self._derived[stamp] = (weakref.ref(keys), value)
+        return value
+
     # ------------------------------------------------------------------ pairs
     def distance(self, keys: Positions | None = None) -> Tensor:
         """Relative distance ``k_pos - q_pos`` for every query/key pair, shape ``(b, i, j)``."""
@@ -497,6 +527,12 @@ class Positions:
         if self.log_decay is not None:
             coords += f", log_decay=<{tuple(self.log_decay.shape)} {self.log_decay.dtype}>"
         return f"Positions(pos={self.pos.tolist()}, seg={self.seg.tolist()}{coords})"
+
+
+def _versions(p: Positions) -> tuple[int, int]:
+    """The in-place version counters of ``p``'s ``pos`` and ``seg`` (an inference tensor keeps
+    none: -1)."""
+    return tuple(-1 if t.is_inference() else t._version for t in (p.pos, p.seg))
 
 
 def _check_decay(name: str, t: Tensor, shape: tuple[int, ...] | None) -> None:

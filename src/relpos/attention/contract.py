@@ -16,6 +16,7 @@ Shape legend: ``b`` batch, ``h`` heads, ``i`` queries, ``j`` keys, ``d`` head di
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Protocol
 
@@ -166,8 +167,14 @@ def rows_with_keys(q_positions: Positions, k_positions: Positions, causal: bool)
     """``(b, i)`` bool: queries with at least one key to attend to, in ``O(i + j)`` memory.
 
     A query needs a real key of its own segment (at a position ``<=`` its own when causal): the
-    smallest key position of each segment decides. ``b`` is the larger of the two batches.
+    smallest key position of each segment decides. ``b`` is the larger of the two batches. Kept
+    while the positions live (:meth:`~relpos.Positions.derived`: once a step for a model).
     """
+    build = functools.partial(_rows_with_keys, q_positions, k_positions, causal)
+    return q_positions.derived(k_positions, ("rows with keys", causal), build)
+
+
+def _rows_with_keys(q_positions: Positions, k_positions: Positions, causal: bool) -> Tensor:
     b = max(q_positions.batch, k_positions.batch)
     qp, kp = q_positions.expand(b), k_positions.expand(b)
     if len(qp) == 0 or len(kp) == 0:
@@ -224,7 +231,11 @@ def nonfinite_rows(
     nb = max(q_positions.batch, k_positions.batch)
     qp, kp = q_positions.expand(nb), k_positions.expand(nb)
     # Per row, head and segment: the smallest position of a non-finite real key (big: none).
-    dense = dense_segment_ids(torch.cat([qp.seg, kp.seg], 1))
+    dense = q_positions.derived(
+        k_positions,
+        "dense segment ids",
+        lambda: dense_segment_ids(torch.cat([qp.seg, kp.seg], 1)),
+    )
     q_seg, k_seg = dense[:, None, :i].expand(b, h, i), dense[:, None, i:].expand_as(bad_k)
     big = torch.iinfo(torch.int64).max
     k_pos = kp.pos[:, None].expand_as(bad_k)
@@ -234,7 +245,7 @@ def nonfinite_rows(
     lowest = torch.gather(first, -1, q_seg)  # (b, h, i)
     real = (qp.seg != PAD_SEGMENT)[:, None]
     reach = real & (lowest <= qp.pos[:, None] if causal else lowest != big)
-    return reach | (bad_q & rows_with_keys(qp, kp, causal)[:, None])
+    return reach | (bad_q & rows_with_keys(q_positions, k_positions, causal)[:, None])
 
 
 def propagate_nonfinite(

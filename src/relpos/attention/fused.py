@@ -188,7 +188,8 @@ def _with_runs(lut: Callable[[], Tensor], key: tuple | None) -> Tensor:
 def _kernel_positions(q_positions: Positions, k_positions: Positions) -> tuple[Tensor, ...]:
     """int32 ``q_pos, q_seg (b|1, i), k_pos, k_seg (b|1, j)`` for the kernel (each pair of one
     shape: one stride reads both). Plain positions: ``0..n-1`` in one segment, kept between
-    calls (:data:`_GEOMETRY`; the kernels read indices).
+    calls (:data:`_GEOMETRY`; the kernels read indices). Otherwise kept while the positions
+    live (:meth:`~relpos.Positions.derived`: once a step for a model's layers).
 
     Otherwise both are renumbered per row, queries and keys together, keeping their order, so
     that int64 values (document ids, offsets past ``2**31``) neither wrap in int32 nor pass the
@@ -198,15 +199,19 @@ def _kernel_positions(q_positions: Positions, k_positions: Positions) -> tuple[T
     if is_contiguous_self(q_positions, k_positions):
         pos, seg = _plain_positions(len(q_positions), q_positions.pos.device)
         return pos, seg, pos, seg
-    b = max(q_positions.batch, k_positions.batch)
-    q, k = q_positions.expand(b), k_positions.expand(b)
-    seg, pos = torch.cat([q.seg, k.seg], 1), torch.cat([q.pos, k.pos], 1)
-    real = seg != PAD_SEGMENT
-    dense = torch.where(real, dense_segment_ids(seg), PAD_SEGMENT).to(torch.int32)
-    first = torch.where(real, pos, torch.iinfo(torch.int64).max).amin(1, keepdim=True)
-    pos = torch.where(real, pos - first, 0).to(torch.int32)
-    i = len(q_positions)
-    return pos[:, :i], dense[:, :i], pos[:, i:], dense[:, i:]
+
+    def build() -> tuple[Tensor, ...]:
+        b = max(q_positions.batch, k_positions.batch)
+        q, k = q_positions.expand(b), k_positions.expand(b)
+        seg, pos = torch.cat([q.seg, k.seg], 1), torch.cat([q.pos, k.pos], 1)
+        real = seg != PAD_SEGMENT
+        dense = torch.where(real, dense_segment_ids(seg), PAD_SEGMENT).to(torch.int32)
+        first = torch.where(real, pos, torch.iinfo(torch.int64).max).amin(1, keepdim=True)
+        pos = torch.where(real, pos - first, 0).to(torch.int32)
+        i = len(q_positions)
+        return pos[:, :i], dense[:, :i], pos[:, i:], dense[:, i:]
+
+    return q_positions.derived(k_positions, "fused kernel positions", build)
 
 
 @outside_autocast
@@ -297,6 +302,7 @@ def fused_attention(
         row_base=row_base,
         keys=keys,
         row_bias=row_bias,
+        memo=functools.partial(q_positions.derived, k_positions),
     )
     if value:
         out = out + scheme.relative_value(mass).float()

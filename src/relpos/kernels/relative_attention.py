@@ -86,7 +86,7 @@ import contextlib
 import functools
 import math
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Hashable, Iterator
 from typing import NamedTuple
 
 import torch
@@ -1279,12 +1279,14 @@ def _forward_op(
     q: Tensor, k: Tensor, v: Tensor, rel: Tensor | None, relk: Tensor | None,
     slopes: Tensor | None, keys: Tensor | None, row_bias: Tensor | None, qpos: Tensor,
     qseg: Tensor, kpos: Tensor, kseg: Tensor, lut: Tensor, dist: Tensor | None, q_ranges: Tensor,
-    seed: Tensor | None, *, offset: int, rows: int, causal: bool, plain: bool, linear: int,
-    row_base: int, own_rows: bool, unmasked: bool, want_mass: bool, p_drop: float,
-    tiles: list[int],
+    k_ranges: Tensor | None, qb_ranges: Tensor | None, seed: Tensor | None, *, offset: int,
+    rows: int, causal: bool, plain: bool, linear: int, row_base: int, own_rows: bool,
+    unmasked: bool, want_mass: bool, p_drop: float, tiles: list[int],
 ) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
     """``(out, lse, mass)``: the forward kernel's launch, one operator to PyTorch (so that
-    ``torch.compile`` takes it whole, with :func:`_forward_shapes` for its shapes)."""
+    ``torch.compile`` takes it whole, with :func:`_forward_shapes` for its shapes).
+    ``k_ranges`` and ``qb_ranges``, the block ranges of the keys' and the queries' backward
+    (None: not needed, or the forward's), are only kept for the backward pass."""
     b, h, i, d = q.shape
     j = k.shape[2]
     launch = _kernel_tiles(tiles).forward
@@ -1406,7 +1408,7 @@ def _backward_shapes(do, dmass, q, k, v, rel, relk, slopes, keys, *args, **kw):
 
 def _save(ctx, inputs: tuple, keyword_only_inputs: dict, output: tuple) -> None:
     """The forward op's autograd context: its tensors, outputs and settings."""
-    ctx.save_for_backward(*inputs, *output)  # q … seed (16), then out, lse, mass
+    ctx.save_for_backward(*inputs, *output)  # q … seed (18), then out, lse, mass
     ctx.settings = _Settings(**keyword_only_inputs)
     lse, mass = output[1:]
     ctx.mark_non_differentiable(lse)
@@ -1420,7 +1422,7 @@ def _backward(ctx, dout: Tensor, _dlse: Tensor, dmass: Tensor) -> tuple:
     q, k, v, rel, relk, slopes, keys, row_bias, qpos, qseg, kpos, kseg, lut, dist = (
         ctx.saved_tensors[:14]
     )
-    q_ranges, seed, out, lse, mass = ctx.saved_tensors[14:]
+    q_ranges, k_ranges, qb_ranges, seed, out, lse, mass = ctx.saved_tensors[14:]
     s = ctx.settings
     b = q.shape[0]
     _, _, loop_rows = _padded(q, s.rows)
@@ -1432,13 +1434,17 @@ def _backward(ctx, dout: Tensor, _dlse: Tensor, dmass: Tensor) -> tuple:
     slope_grad = slopes is not None and needs[5]
     # A table shared by every query past the register rows: its gradient by lut entry.
     by_entry = rel_grad and not loop_rows and rel is not None and _shared(rel)
-    # The backward keeps the forward's launches and, where the queries' backward has the same
-    # tiles, its query ranges.
+    # The backward keeps the forward's launches and their block ranges, computed beside the
+    # forward's (relative_flash_attention); the queries' backward has the forward's where its
+    # tiles are the same.
     tiles = _kernel_tiles(s.tiles)
     geometry = (qpos, qseg, kpos, kseg, s.causal, s.plain, b)
-    k_ranges = _ranges(*geometry, tiles.keys, queries=False)
+    if k_ranges is None:  # no input needed a gradient at the forward pass
+        k_ranges = _ranges(*geometry, tiles.keys, queries=False)
     if tiles.queries[:2] != tiles.forward[:2]:
-        q_ranges = _ranges(*geometry, tiles.queries, queries=True)
+        q_ranges = qb_ranges
+        if q_ranges is None:
+            q_ranges = _ranges(*geometry, tiles.queries, queries=True)
     # The products read d out in q's dtype (out's, but with the mass): cast once here if at
     # all, not in every program that loads it.
     do = dout.to(q.dtype).contiguous()
@@ -1471,7 +1477,7 @@ def _backward(ctx, dout: Tensor, _dlse: Tensor, dmass: Tensor) -> tuple:
         dslope.sum((0, 2)) if slope_grad else None,
         None if dkeys is None else dkeys.to(keys.dtype),
         drow_bias,
-        *[None] * 8,  # the geometry, the ranges, the seed
+        *[None] * 10,  # the geometry, the ranges, the seed
     )
 
 
@@ -1561,6 +1567,7 @@ def relative_flash_attention(
     row_base: int | None = None,
     keys: Tensor | None = None,
     row_bias: Tensor | None = None,
+    memo: Callable[[Hashable, Callable[[], Tensor]], Tensor] | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Attention with a relative logit table, fused (see the module docstring).
 
@@ -1596,6 +1603,10 @@ def relative_flash_attention(
             ``row_bias``), computed tile by tile on the tensor cores (:func:`keyed_logits`);
             differentiable. Plain positions only.
         row_bias: float32 ``(1|h, R)``, ``c`` of ``q·Eᵀ + c`` (Transformer-XL's), or None.
+        memo: ``memo(key, build)``, a store for values of the positions alone (each kernel's
+            block ranges) that returns what ``build()`` gave for ``key`` before, where the
+            positions tensors are the same function of what it keeps them for (the ``fused``
+            backend: :meth:`~relpos.Positions.derived`); None builds them every call.
 
     Returns:
         ``(out, mass)``: ``(b, h, i, d)`` in ``q``'s dtype (float32 with ``mass``, to which a
@@ -1658,10 +1669,21 @@ def relative_flash_attention(
         tiles=_flat_tiles(tiles),
     )
     q_pos, q_seg, k_pos, k_seg = (t.contiguous() for t in (q_pos, q_seg, k_pos, k_seg))
-    q_ranges = _ranges(
-        q_pos, q_seg, k_pos, k_seg, settings.causal, settings.plain, q.shape[0], tiles.forward,
-        queries=True,
-    )  # fmt: skip
+    remember = memo if memo is not None else _build_now
+
+    def ranges(launch: Tiles, queries: bool) -> Tensor:  # kept by memo: the positions' alone
+        geometry = (q_pos, q_seg, k_pos, k_seg, settings.causal, settings.plain, q.shape[0])
+        key = ("block ranges", launch.bm, launch.bn, queries, *geometry[4:])
+        return remember(key, lambda: _ranges(*geometry, launch, queries=queries))
+
+    q_ranges = ranges(tiles.forward, True)
+    differentiable = (q, k, v, rel, relk, slopes, keys, row_bias)
+    backward = torch.is_grad_enabled() and any(
+        t is not None and t.requires_grad for t in differentiable
+    )
+    k_ranges = ranges(tiles.keys, False) if backward else None
+    own_queries = backward and tiles.queries[:2] != tiles.forward[:2]
+    qb_ranges = ranges(tiles.queries, True) if own_queries else None
     if dropout_p == 0:
         seed = None
     elif isinstance(seed, Tensor):
@@ -1676,9 +1698,14 @@ def relative_flash_attention(
     row_bias = None if row_bias is None else row_bias.float().contiguous()
     out, _, mass = _forward_op(
         q, k, v, rel, relk, slopes, keys, row_bias, q_pos, q_seg, k_pos, k_seg, lut, dist,
-        q_ranges, seed, **settings._asdict(),
+        q_ranges, k_ranges, qb_ranges, seed, **settings._asdict(),
     )  # fmt: skip
     return out, mass
+
+
+def _build_now(_key: Hashable, build: Callable[[], Tensor]) -> Tensor:
+    """The ``memo`` of a caller that keeps nothing between calls."""
+    return build()
 
 
 def _one_load_form(
