@@ -152,10 +152,12 @@ def test_promised_distance_range_is_self_attention_s_only():
 
 def test_derived_values_are_built_once_while_the_positions_live():
     """``derived`` keeps a value per key and keys' ``Positions``: built once, rebuilt after an
-    in-place change of either's tensors, never handed to another object (a reused id), and left
-    out of a pickle or a deep copy."""
+    in-place change of either's tensors, never handed to another object (a reused id), dropped
+    when the keys die, and left out of a pickle or a deep copy."""
     import copy
+    import gc
     import pickle
+    import weakref
 
     p = Positions.from_segments(torch.tensor([[0, 0, 1, -1]]))
     other = Positions.from_length(4)
@@ -177,6 +179,11 @@ def test_derived_values_are_built_once_while_the_positions_live():
         before = len(built)
         twin.derived(None, "k", build)  # nothing kept came along: built for the twin
         assert len(built) == before + 1
+    context = Positions.from_length(3)  # keys that die (a cross-attention call's context)
+    value = weakref.ref(p.derived(context, "k", lambda: torch.ones(3)))
+    del context
+    gc.collect()
+    assert value() is None  # dropped with its keys: nothing kept for them
     with torch.inference_mode():  # built outside inference mode: usable with autograd later
         kept = p.derived(None, "under inference", lambda: torch.zeros(2))
     assert not kept.is_inference()

@@ -22,6 +22,7 @@ broadcast.
 
 from __future__ import annotations
 
+import functools
 import math
 import weakref
 from collections.abc import Callable, Hashable, Sequence
@@ -494,13 +495,15 @@ class Positions:
         if torch.compiler.is_compiling():
             return build()
         keys = self if keys is None else keys
-        stamp = (key, id(keys), _versions(self), _versions(keys))
-        hit = self._derived.get(stamp)
-        if hit is not None and hit[0]() is keys:  # not another object at a reused id
-            return hit[1]
+        slot, versions = (key, id(keys)), (_versions(self), _versions(keys))
+        hit = self._derived.get(slot)
+        if hit is not None and hit[0]() is keys and hit[1] == versions:  # not a reused id
+            return hit[2]
         with torch.inference_mode(False):
             value = build()
-        self._derived[stamp] = (weakref.ref(keys), value)
+        # One entry per key and keys object, dropped with the keys (a cache's, a context's).
+        dropped = functools.partial(_forget, self._derived, slot)
+        self._derived[slot] = (weakref.ref(keys, dropped), versions, value)
         return value
 
     # ------------------------------------------------------------------ pairs
@@ -527,6 +530,13 @@ class Positions:
         if self.log_decay is not None:
             coords += f", log_decay=<{tuple(self.log_decay.shape)} {self.log_decay.dtype}>"
         return f"Positions(pos={self.pos.tolist()}, seg={self.seg.tolist()}{coords})"
+
+
+def _forget(derived: dict, slot: tuple, ref: weakref.ref) -> None:
+    """Drop ``slot``'s entry once its keys are gone (unless a newer entry took the slot)."""
+    entry = derived.get(slot)
+    if entry is not None and entry[0] is ref:
+        del derived[slot]
 
 
 def _versions(p: Positions) -> tuple[int, int]:
