@@ -39,6 +39,7 @@ __all__ = [
     "is_contiguous_self",
     "is_empty",
     "needs_grad",
+    "pair_segment_ids",
     "propagate_nonfinite",
     "relative_rows",
     "rows_with_keys",
@@ -179,10 +180,8 @@ def _rows_with_keys(q_positions: Positions, k_positions: Positions, causal: bool
     qp, kp = q_positions.expand(b), k_positions.expand(b)
     if len(qp) == 0 or len(kp) == 0:
         return torch.zeros(b, len(qp), dtype=torch.bool, device=qp.device)
-    # Segment ids renumbered per row over queries and keys together: i + j slots, whatever the
-    # ids' values (document ids may be large).
     i = len(qp)
-    dense = dense_segment_ids(torch.cat([qp.seg, kp.seg], 1))
+    dense = pair_segment_ids(q_positions, k_positions)
     q_seg, k_seg = dense[:, :i], dense[:, i:]
     big = torch.iinfo(torch.int64).max
     first = torch.full((b, dense.shape[1]), big, dtype=torch.long, device=kp.pos.device)
@@ -191,6 +190,21 @@ def _rows_with_keys(q_positions: Positions, k_positions: Positions, causal: bool
     lowest = torch.gather(first, 1, q_seg)  # (b, i)
     ok = (qp.seg != PAD_SEGMENT) & (lowest != big)
     return ok & (lowest <= qp.pos) if causal else ok
+
+
+def pair_segment_ids(q_positions: Positions, k_positions: Positions) -> Tensor:
+    """``(b, i + j)`` int64: the segment ids of the queries, then of the keys, renumbered per row
+    over both together (:func:`~relpos.positions.dense_segment_ids`: ``i + j`` slots, whatever
+    the ids' values; padding's -1 renumbered too), ``b`` the larger batch. Kept while the
+    positions live (:meth:`~relpos.Positions.derived`), so that the backends and the non-finite
+    check share one renumbering a step."""
+
+    def build() -> Tensor:
+        b = max(q_positions.batch, k_positions.batch)
+        seg = (q_positions.expand(b).seg, k_positions.expand(b).seg)
+        return dense_segment_ids(torch.cat(seg, 1))
+
+    return q_positions.derived(k_positions, "pair segment ids", build)
 
 
 def _nonfinite_vectors(x: Tensor) -> Tensor:
@@ -231,11 +245,7 @@ def nonfinite_rows(
     nb = max(q_positions.batch, k_positions.batch)
     qp, kp = q_positions.expand(nb), k_positions.expand(nb)
     # Per row, head and segment: the smallest position of a non-finite real key (big: none).
-    dense = q_positions.derived(
-        k_positions,
-        "dense segment ids",
-        lambda: dense_segment_ids(torch.cat([qp.seg, kp.seg], 1)),
-    )
+    dense = pair_segment_ids(q_positions, k_positions)
     q_seg, k_seg = dense[:, None, :i].expand(b, h, i), dense[:, None, i:].expand_as(bad_k)
     big = torch.iinfo(torch.int64).max
     k_pos = kp.pos[:, None].expand_as(bad_k)

@@ -43,12 +43,13 @@ from torch import Tensor
 
 from ..functional.dtypes import outside_autocast
 from ..kernels import triton_available
-from ..positions import PAD_SEGMENT, Positions, dense_segment_ids, distance_range
+from ..positions import PAD_SEGMENT, Positions, distance_range
 from ..schemes.base import DistanceBiasScheme, LinearBiasScheme, RelativeScheme, Scheme
 from .contract import (
     empty_attention,
     is_contiguous_self,
     is_empty,
+    pair_segment_ids,
     propagate_nonfinite,
     relative_rows,
     scheme_key,
@@ -205,7 +206,8 @@ def _kernel_positions(q_positions: Positions, k_positions: Positions) -> tuple[T
         q, k = q_positions.expand(b), k_positions.expand(b)
         seg, pos = torch.cat([q.seg, k.seg], 1), torch.cat([q.pos, k.pos], 1)
         real = seg != PAD_SEGMENT
-        dense = torch.where(real, dense_segment_ids(seg), PAD_SEGMENT).to(torch.int32)
+        dense = pair_segment_ids(q_positions, k_positions)
+        dense = torch.where(real, dense, PAD_SEGMENT).to(torch.int32)
         first = torch.where(real, pos, torch.iinfo(torch.int64).max).amin(1, keepdim=True)
         pos = torch.where(real, pos - first, 0).to(torch.int32)
         i = len(q_positions)
