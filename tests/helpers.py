@@ -19,6 +19,19 @@ from tests.specs import length_dependent as length_dependent
 DEVICES: list[str] = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
 
+def benchmark_script(name: str):
+    """``benchmarks/<name>.py`` loaded as a module (the scripts are not a package): its ``main``
+    and helpers, for the tests of the scripts themselves."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).parents[1] / "benchmarks" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def fused_device() -> str:
     """Where ``tests/fused`` runs the Triton kernels: the CPU in Triton's interpreter
     (``TRITON_INTERPRET=1``), else CUDA; a module without either is skipped."""

@@ -4,19 +4,9 @@ arguments that are refused (or ``--help``): nothing is measured or trained."""
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 
-BENCHMARKS = Path(__file__).parents[1] / "benchmarks"
-
-
-def script(name: str):
-    spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from tests.helpers import benchmark_script
 
 
 def exits(main, argv: list[str], capsys, status: int = 2) -> str:
@@ -29,7 +19,7 @@ def exits(main, argv: list[str], capsys, status: int = 2) -> str:
 
 
 def test_flex_kernel_options_has_a_help_and_checks_its_scheme(capsys):
-    flex_kernel_options = script("flex_kernel_options")
+    flex_kernel_options = benchmark_script("flex_kernel_options")
     text = exits(flex_kernel_options.main, ["--help"], capsys, status=0)
     assert "FlexAttention block sizes" in text and "SCHEME" in text
     err = exits(flex_kernel_options.main, ["bogus"], capsys)
@@ -37,7 +27,7 @@ def test_flex_kernel_options_has_a_help_and_checks_its_scheme(capsys):
 
 
 def test_band_engines_refuses_bad_counts_and_unknown_cases(capsys):
-    band_engines = script("band_engines")
+    band_engines = benchmark_script("band_engines")
     for flag in ("--repeats", "--length", "--batch"):
         err = exits(band_engines.main, [flag, "0"], capsys)
         assert f"argument {flag}: expected an integer >= 1, got 0" in err
@@ -46,7 +36,7 @@ def test_band_engines_refuses_bad_counts_and_unknown_cases(capsys):
 
 
 def test_chorale_study_names_the_flag_it_refuses(tmp_path, capsys):
-    study = script("chorale_study")
+    study = benchmark_script("chorale_study")
     argv = ["--data", str(tmp_path / "data.json"), "--out", str(tmp_path / "out")]
     for flag in ("--parallel", "--threads", "--steps"):
         err = exits(study.main, [*argv, flag, "0"], capsys)

@@ -33,6 +33,7 @@ from relpos.music import (
 )
 from relpos.training import evaluate_nll, load_checkpoint, save_checkpoint
 from relpos.training.evaluate import window_loss
+from tests.helpers import benchmark_script
 from tests.test_backends import MaxNumel
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -710,12 +711,7 @@ def test_the_study_script_runs_seeds_side_by_side_and_skips_finished_runs(tiny_d
     evaluation; the table has each scheme's mean and spread; a run stopped before its first
     checkpoint starts over; a second call trains nothing; a call for some seeds tabulates all;
     a cell's own flags (``music-lr10``) replace the file's scheme. Three runs in all."""
-    import importlib.util
-
-    path = Path(__file__).parents[1] / "benchmarks" / "chorale_study.py"
-    spec = importlib.util.spec_from_file_location("chorale_study", path)
-    study = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(study)
+    study = benchmark_script("chorale_study")
     cfg = tmp_path / "tiny.json"
     model = {"vocab_size": 77, "d_model": 16, "num_heads": 2, "num_layers": 1}
     model["scheme"] = {"name": "alibi", "heads": [1]}  # the file's own scheme: kept whole

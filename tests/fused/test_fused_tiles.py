@@ -4,9 +4,7 @@ table, not a timing."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 import torch
@@ -14,17 +12,10 @@ import torch
 pytest.importorskip("triton")
 
 from relpos.kernels import interpreted
+from tests.helpers import benchmark_script
 
 if not (interpreted() or torch.cuda.is_available()):
     pytest.skip("needs a CUDA device or TRITON_INTERPRET=1", allow_module_level=True)
-
-
-def _script():
-    path = Path(__file__).parents[2] / "benchmarks" / "fused_tiles.py"
-    spec = importlib.util.spec_from_file_location("fused_tiles", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_every_candidate_is_timed_against_sdpa(tmp_path):
@@ -34,7 +25,7 @@ def test_every_candidate_is_timed_against_sdpa(tmp_path):
     argv += ["--heads", "2", "--head-dim", "16"]
     argv += ["--repeats", "1"]
     argv += ["--warmup", "0"]
-    assert _script().main(argv) == 0
+    assert benchmark_script("fused_tiles").main(argv) == 0
     rows = json.loads((tmp_path / "tiles.json").read_text())
     got = [(r["scheme"], r["launch"], r["one_row"], r["lut_only"], r["unmasked"]) for r in rows]
     per_kernel = "32x16w2/16x32w4s2/16x16w4"
@@ -73,7 +64,7 @@ def test_every_candidate_is_timed_against_sdpa(tmp_path):
 )
 def test_bad_candidates_and_schemes_are_refused(tmp_path, capsys, flags, message):
     with pytest.raises(SystemExit) as stop:
-        _script().main(["--out", str(tmp_path / "out"), *flags])
+        benchmark_script("fused_tiles").main(["--out", str(tmp_path / "out"), *flags])
     assert stop.value.code == 2
     assert message in capsys.readouterr().err
     assert not (tmp_path / "out").exists()

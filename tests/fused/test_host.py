@@ -18,7 +18,7 @@ from relpos.kernels import interpreted
 from relpos.kernels.relative_attention import recorded_launches
 from relpos.positions import Positions, distance_range
 from relpos.schemes.base import RelativeScheme
-from tests.helpers import fused_device
+from tests.helpers import benchmark_script, fused_device
 
 DEVICE = fused_device()
 
@@ -137,13 +137,7 @@ def test_host_ops_counts_each_scheme_s_ops_and_launches(capsys):
     """``benchmarks/host_ops.py``: a row per scheme, its ops (the non-finite check's GPU path
     included) in a step's first layer and in each later one (fewer over padding: what the
     positions derive is kept), and the pass's three kernel launches."""
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).parents[2] / "benchmarks" / "host_ops.py"
-    spec = importlib.util.spec_from_file_location("host_ops", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = benchmark_script("host_ops")
     assert module.main(["--schemes", "alibi,kerple", "--layout", "padded", "--by-site"]) == 0
     out = capsys.readouterr().out
     rows = {

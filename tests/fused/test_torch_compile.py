@@ -16,7 +16,7 @@ import relpos
 from relpos.attention.fused import fused_attention
 from relpos.kernels import relative_attention as ra
 from relpos.positions import Positions
-from tests.helpers import fused_device
+from tests.helpers import benchmark_script, fused_device
 
 DEVICE = fused_device()
 
@@ -138,21 +138,10 @@ def test_a_compiled_call_draws_a_new_dropout_mask_each_time():
     torch.testing.assert_close(second, attend(q, k, v))
 
 
-def _script(name: str):
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).parents[2] / "benchmarks" / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_compiled_step_checks_each_mode_then_times_it(tmp_path, capsys):
     """``benchmarks/compiled_step.py``: a row per scheme and mode, each compiled step checked
     against the uncompiled one before it is timed; the table written whole to ``--out``."""
-    script = _script("compiled_step")
+    script = benchmark_script("compiled_step")
     out = tmp_path / "compiled.md"
     argv = [
         "--device", DEVICE, "--dtype", "float32", "--schemes", "alibi", "--modes",
