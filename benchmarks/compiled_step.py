@@ -32,6 +32,7 @@ import torch.nn.functional as F
 from relpos.attention.flex import flex_attention_backend
 from relpos.attention.fused import fused_attention
 from relpos.cli import bench
+from relpos.cli.profiling import wait_for_device
 
 MODES = ("eager", "aot_eager", "default", "reduce-overhead")
 #: The backends a step can take (``flex`` needs CUDA for gradients).
@@ -67,14 +68,13 @@ def _step(fn: Callable, s: bench.Setup, mode: str) -> Callable[[], list[torch.Te
 
 def _queued_ms(step: Callable, steps: int, repeats: int, device: str) -> float:
     """The median over ``repeats`` of the time per step of ``steps`` steps and one sync."""
-    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
     times = []
     for _ in range(repeats):
-        sync()
+        wait_for_device(device)
         start = time.perf_counter()
         for _ in range(steps):
             step()
-        sync()
+        wait_for_device(device)
         times.append((time.perf_counter() - start) / steps)
     return statistics.median(times) * 1e3
 

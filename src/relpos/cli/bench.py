@@ -69,7 +69,7 @@ from torch import Tensor
 from ..atomic import atomic_path
 from ..runtime import cpu_name, flush_denormals, retain_freed_memory
 from .checks import CLIError, Parser, output_folder
-from .profiling import device_split
+from .profiling import device_split, wait_for_device
 
 __all__ = [
     "IMPLEMENTATIONS",
@@ -410,11 +410,6 @@ def layout_positions(layout: str, b: int, n: int, device: str) -> Any:
 
 
 # ----------------------------------------------------------------------------- measuring
-def _sync(device: str) -> None:
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
-
-
 def _step(fn: Callable[[Setup], Tensor], s: Setup, backward: bool) -> None:
     if backward:
         for t in (s.q, s.k, s.v, *s.scheme.parameters(), *([] if s.x is None else [s.x])):
@@ -439,12 +434,12 @@ def wall_times(
     the device); the benchmark scripts time their cases with it too."""
     for _ in range(warmup):
         fn()
-    _sync(device)
+    wait_for_device(device)
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
         fn()
-        _sync(device)
+        wait_for_device(device)
         times.append(time.perf_counter() - start)
     return times
 
@@ -479,13 +474,13 @@ def measure_paired(
     for _ in range(warmup):
         _step(fn, s, backward)
         _step(base_fn, base, backward)
-    _sync(device)
+    wait_for_device(device)
     times: tuple[list[float], list[float]] = ([], [])
     for _ in range(repeats):
         for f, setup, out in ((fn, s, times[0]), (base_fn, base, times[1])):
             start = time.perf_counter()
             _step(f, setup, backward)
-            _sync(device)
+            wait_for_device(device)
             out.append(time.perf_counter() - start)
     return times
 
@@ -567,7 +562,7 @@ def _first_call(fn: Callable[[Setup], Tensor], s: Setup, device: str) -> float:
     """Seconds of the first forward+backward call at this shape (a compile for ``flex``)."""
     start = time.perf_counter()
     _step(fn, s, True)
-    _sync(device)
+    wait_for_device(device)
     return time.perf_counter() - start
 
 

@@ -25,13 +25,14 @@ from typing import Any, NamedTuple
 import torch
 
 __all__ = ["PROFILED_RUNS", "Split", "device_split", "device_times", "host_times",
-           "sum_device_events"]  # fmt: skip
+           "sum_device_events", "wait_for_device"]  # fmt: skip
 
 #: The most runs :func:`device_split` profiles (the device time of a kernel varies little).
 PROFILED_RUNS = 5
 
 
-def _sync(device: str) -> None:
+def wait_for_device(device: str) -> None:
+    """Wait until ``device`` has run what was issued to it (a no-op on the CPU)."""
     if device.startswith("cuda"):
         torch.cuda.synchronize()
 
@@ -43,11 +44,11 @@ def host_times(fn: Callable[[], object], *, repeats: int, device: str) -> list[f
     fn()
     times = []
     for _ in range(repeats):
-        _sync(device)
+        wait_for_device(device)
         start = time.perf_counter()
         fn()
         times.append(time.perf_counter() - start)
-    _sync(device)
+    wait_for_device(device)
     return times
 
 
@@ -78,11 +79,11 @@ def device_times(
     from torch.profiler import ProfilerActivity, profile
 
     fn()
-    _sync(device)
+    wait_for_device(device)
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         for _ in range(repeats):
             fn()
-        _sync(device)
+        wait_for_device(device)
     per_name = sum_device_events(prof.events())
     kernels = {name: us / repeats / 1e6 for name, us in per_name.most_common()}
     return sum(kernels.values()), kernels
