@@ -1292,12 +1292,10 @@ def _forward_op(
     launch = _kernel_tiles(tiles).forward
     dp, rp, _ = _padded(q, rows)
     out, lse, mass = _forward_outputs(q, rows, want_mass)
-    tables = [t if t is not None else out for t in (rel, relk, slopes)]  # None: never read
-    tables += _keyed_tables(keys, row_bias, rows, out)
-    rows_from = _rows_from(lut, dist, row_base, out)
+    tables = _table_args(rel, relk, slopes, keys, row_bias, lut, dist, row_base, rows, out)
     _launch(
         _forward_kernel, (_cdiv(i, launch.bm), b * h),
-        q, k, v, qpos, qseg, kpos, kseg, *tables, *rows_from, out, lse, mass,
+        q, k, v, qpos, qseg, kpos, kseg, *tables, out, lse, mass,
         *_strides(q, k, qpos, kpos, rel), *_keyed_strides(keys, row_bias),
         h, i, j, d, rows, lut.shape[1], offset, 1.0 / math.sqrt(d), _seed_of(seed, out), p_drop,
         q_ranges, q_ranges.shape[1],
@@ -1370,9 +1368,7 @@ def _backward_op(
     else:
         dmass = do  # any pointer: never read
         dlt = lse.new_empty(b, h, i)
-    tables = [t if t is not None else out for t in (rel, relk, slopes)]  # None: never read
-    tables += _keyed_tables(keys, row_bias, rows, out)
-    tables += _rows_from(lut, dist, row_base, out)
+    tables = _table_args(rel, relk, slopes, keys, row_bias, lut, dist, row_base, rows, out)
     strides = (*_strides(q, k, qpos, kpos, rel), *_keyed_strides(keys, row_bias))
     scale = 1.0 / math.sqrt(d)
     common = (h, i, j, d, rows, lut.shape[1], offset, scale, _seed_of(seed, out), p_drop)
@@ -1494,12 +1490,21 @@ def _window(tiles: Tiles) -> int:
     return _next_power_of_2(tiles.bm + tiles.bn - 1)
 
 
-def _keyed_tables(keys: Tensor | None, row_bias: Tensor | None, rows: int, unread: Tensor) -> list:
-    """The kernels' ``KEYS, ROWB`` arguments: ``unread`` without keys, zeros without a bias."""
+def _table_args(
+    rel: Tensor | None, relk: Tensor | None, slopes: Tensor | None, keys: Tensor | None,
+    row_bias: Tensor | None, lut: Tensor, dist: Tensor | None, row_base: int, rows: int,
+    unread: Tensor,
+) -> list:  # fmt: skip
+    """The kernels' ``REL, RELK, SLOPES, KEYS, ROWB, LUT, DIST, row_base`` arguments: ``unread``
+    for an absent table (never read), zeros for keys without a bias, a ``row_base`` of -1
+    (none) as 0."""
+    tables = [t if t is not None else unread for t in (rel, relk, slopes)]
     if keys is None:
-        return [unread, unread]
-    bias = row_bias if row_bias is not None else keys.new_zeros(1, rows, dtype=torch.float32)
-    return [keys, bias]
+        tables += [unread, unread]
+    else:
+        bias = row_bias if row_bias is not None else keys.new_zeros(1, rows, dtype=torch.float32)
+        tables += [keys, bias]
+    return [*tables, lut, unread if dist is None else dist, max(row_base, 0)]
 
 
 def _keyed_strides(keys: Tensor | None, row_bias: Tensor | None) -> tuple[int, int]:
@@ -1514,12 +1519,6 @@ def _head_sum(grad: Tensor, like: Tensor | None) -> Tensor | None:
     if like is None:
         return None
     return grad.sum(0, keepdim=True) if like.shape[0] == 1 else grad
-
-
-def _rows_from(lut: Tensor, dist: Tensor | None, row_base: int, unread: Tensor) -> tuple:
-    """The kernels' ``LUT, DIST, row_base`` arguments (``unread`` for an absent table; a
-    ``row_base`` of -1, none, as 0)."""
-    return lut, unread if dist is None else dist, max(row_base, 0)
 
 
 def _strides(q: Tensor, k: Tensor, qpos: Tensor, kpos: Tensor, rel: Tensor | None) -> tuple:
