@@ -34,6 +34,7 @@ from relpos.attention.fused import (
     fused_supports,
     fused_takes_keys,
 )
+from relpos.functional.distance_form import DISTANCE_FORMS, DistanceForm
 from relpos.kernels.aot import variant_launches
 from relpos.kernels.relative_attention import (
     MAX_LOOP_ROWS,
@@ -59,10 +60,13 @@ from tests.helpers import (
 
 DEVICE = fused_device()
 
-#: Every spec the fused backend runs (the relative schemes, ALiBi, the distance biases).
+#: Every spec the fused backend runs (the relative schemes, ALiBi, the distance biases), each
+#: path of its own: learned ALiBi's slopes' gradient, KERPLE's two closed forms (the backend
+#: suites' KERPLE is its log form), a distance bias's learned table (DPB).
+OWN_PATHS = [{"name": "learned_alibi"}, {"name": "kerple", "variant": "power"}, {"name": "dpb"}]
 FUSED_SPECS = [
     s
-    for s in [*BACKEND_SPECS, {"name": "learned_alibi"}]  # its slopes' gradient: a path of its own
+    for s in [*BACKEND_SPECS, *OWN_PATHS]
     if fused_supports(relpos.make_scheme(s, d_model=8, num_heads=2, causal=True), device=DEVICE)
 ]
 LAYOUTS = ["plain", "left-pad", "packed", "cached"]
@@ -425,16 +429,16 @@ def _one_row_tiles(scheme, n: int, tile: int) -> int:
 
 
 def _one_row_cases() -> list:
-    """Plain positions for the first spec of each kind of table (shared: T5; per query, with a
-    value term: Shaw; with a key term: DeBERTa); packed and cached for one (``-m slow``: every
-    spec, every layout)."""
-    names = [s["name"] if s["name"] in ("t5", "shaw", "deberta") else None for s in RELATIVE_SPECS]
+    """The first spec of each kind of table, one layout each: a shared table (T5) plain and
+    packed, per query with a value term (Shaw) cached, with a key term (DeBERTa) plain
+    (``-m slow``: every spec, every layout)."""
+    fast = {"t5": ("plain", "packed"), "shaw": ("cached",), "deberta": ("plain",)}
+    names = [s["name"] for s in RELATIVE_SPECS]
     return [
-        pytest.param(spec, layout, id=f"{spec_id(spec)}-{layout}", marks=() if fast else slow)
+        pytest.param(spec, layout, id=f"{spec_id(spec)}-{layout}", marks=() if quick else slow)
         for n, spec in enumerate(RELATIVE_SPECS)
         for layout in ("plain", "packed", "cached")
-        for fast in [names[n] is not None and names.index(names[n]) == n]
-        for fast in [fast and (layout == "plain" or n == 0)]
+        for quick in [names.index(names[n]) == n and layout in fast.get(names[n], ())]
         for slow in [pytest.mark.slow]
     ]
 
@@ -536,16 +540,18 @@ def _assert_refused_where_summed(scheme, q, k, v, qp, kp, summed: bool) -> None:
 @pytest.mark.parametrize(
     ("spec", "n", "summed"),
     [
-        ({"name": "kerple"}, 40, False),  # 79 distances: a register sum per query
-        ({"name": "kerple"}, 80, True),  # 159: by entry, atomic
+        ({"name": "dpb"}, 40, False),  # 79 distances: a register sum per query
+        ({"name": "dpb"}, 80, True),  # 159: by entry, atomic
         ({"name": "sandwich"}, 80, False),  # nothing learned: no gradient to sum
+        ({"name": "kerple"}, 80, False),  # a closed form: no table
     ],
-    ids=["kerple-short", "kerple-long", "sandwich-long"],
+    ids=["dpb-short", "dpb-long", "sandwich-long", "kerple-long"],
 )
 def test_a_distance_bias_sums_atomically_where_the_kernel_does(spec, n, summed, deterministic):
     """A distance bias's table holds every distance the call sees: past
     :data:`MAX_LOOP_ROWS` of them, a learned one's gradient is summed by atomic adds, and
-    ``fused_sums_atomically`` says so as the kernel's own refusal does."""
+    ``fused_sums_atomically`` says so as the kernel's own refusal does; KERPLE's closed form
+    reads no table, so nothing is summed atomically at any length."""
     scheme, q, k, v, qp, kp = _case(spec, "plain", True, 3, n=n)
     deterministic(True)
     assert fused_sums_atomically(scheme, qp, kp) == summed
@@ -554,10 +560,10 @@ def test_a_distance_bias_sums_atomically_where_the_kernel_does(spec, n, summed, 
 
 def test_fused_names_the_tables_it_sums_by_entry():
     """``fused_sums_by_entry`` (which ``auto`` keeps on ``flex`` for training until timed): the
-    distance biases but ALiBi's line, T5 past :data:`MAX_LOOP_ROWS` buckets; no other table."""
-    wide = [{"name": "kerple"}, {"name": "sandwich"}, {"name": "dpb"}]
+    distance biases with no closed form, T5 past :data:`MAX_LOOP_ROWS` buckets; no other table."""
+    wide = [{"name": "sandwich"}, {"name": "dpb"}]
     wide += [{"name": "t5", "num_buckets": 160, "max_distance": 300}]
-    narrow = [{"name": "t5"}, {"name": "learned_alibi"}, {"name": "alibi"}]
+    narrow = [{"name": "t5"}, {"name": "learned_alibi"}, {"name": "alibi"}, {"name": "kerple"}]
     narrow += [{"name": "music", "max_distance": 200}, {"name": "deberta"}]
     for specs, expected in ((wide, True), (narrow, False)):
         for spec in specs:
@@ -569,9 +575,9 @@ def _wide_tables() -> list:
     """Tables shared by every query past :data:`MAX_LOOP_ROWS` rows, whose gradient is summed
     by entry (``BY_ENTRY``): a distance bias's over a long sequence, T5 with many buckets; in
     each layout, and ``gaps`` (every other position: no tile's pairs lie on its diagonals)."""
-    specs = {"kerple": {"name": "kerple"}, "dpb": {"name": "dpb"}}
+    specs = {"dpb": {"name": "dpb"}}
     specs["t5-wide"] = {"name": "t5", "num_buckets": 160, "max_distance": 300}
-    fast = {("kerple", "plain"), ("kerple", "gaps")}
+    fast = {("dpb", "plain"), ("dpb", "gaps")}
     return [
         pytest.param(spec, layout, id=f"{name}-{layout}", marks=() if fast_case else slow)
         for name, spec in specs.items()
@@ -603,6 +609,40 @@ def test_a_wide_shared_table_sums_its_gradient_by_entry(spec, layout):
             out = fused_attention(q, k, v, scheme, qp, kp, causal=causal)
         what = f"{spec_id(spec)} {layout} causal={causal}"
         _assert_equals_eager64(out, scheme, q, k, v, qp, kp, causal, grad_out, what)
+
+
+#: The distance biases in closed form, and the form each is computed in (causal).
+CLOSED_FORMS = [
+    ({"name": "alibi"}, "linear"),
+    ({"name": "learned_alibi"}, "linear"),
+    ({"name": "kerple"}, "kerple_log"),
+    ({"name": "kerple", "variant": "power", "heads": [1]}, "kerple_power"),
+]
+
+
+@pytest.mark.parametrize(("spec", "form"), CLOSED_FORMS, ids=[spec_id(s) for s, _ in CLOSED_FORMS])
+def test_a_closed_form_reads_no_table_and_sums_no_atomics(spec, form, deterministic):
+    """A distance bias in closed form (``distance_form``: ALiBi's line, KERPLE's kernels) is
+    computed per pair from two parameters per head: every kernel takes its form (``DIST_FN``)
+    and reads no table, and its parameters' gradient is summed per query, never atomically,
+    so deterministic mode runs it at any length (80 tokens: 159 distances, past
+    :data:`MAX_LOOP_ROWS`), causal and bidirectional, over a KV cache's queries too (recorded:
+    nothing runs). The numbers are the suite's (``FUSED_SPECS``); here KERPLE's power form with
+    a head left out (``heads``) against float64 ``eager``."""
+    deterministic(True)
+    for layout, causal in (("plain", True), ("cached", False)):
+        scheme, q, k, v, qp, kp = _case(spec, layout, causal, 9, n=80)
+        name = "symmetric_linear" if form == "linear" and not causal else form
+        assert not fused_sums_atomically(scheme, qp, kp)
+        with recorded_launches() as runs:
+            fused_attention(q, k, v, scheme, qp, kp, causal=causal).sum().backward()
+        flags = {(r.constexprs["DIST_FN"], r.constexprs["HAS_REL"]) for r in runs}
+        assert len(runs) == 3 and flags == {(DISTANCE_FORMS.index(name) + 1, False)}, flags
+    if form == "kerple_power":
+        scheme, q, k, v, qp, kp = _case(spec, "cached", False, 10)
+        grad_out = torch.randn(*q.shape, device=DEVICE)
+        out = fused_attention(q, k, v, scheme, qp, kp, causal=False)
+        _assert_equals_eager64(out, scheme, q, k, v, qp, kp, False, grad_out, spec_id(spec))
 
 
 @pytest.mark.parametrize("spec", RELATIVE_SPECS, ids=spec_id)
@@ -774,7 +814,11 @@ def _raw_inputs(**change):
         ({"rel": torch.randn(1, 3, 4, 4)}, r"rel must have shape \(1\|2, 3, 1\|5, 4\)"),
         ({"rel": torch.randn(1, 3, 1, 5)}, r"rel must have shape"),
         ({"relk": torch.randn(2, 3, 5, 4)}, r"relk must have shape \(2, 3, 7, 4\)"),
-        ({"slopes": torch.rand(2)}, r"slopes must have shape \(3,\)"),
+        (
+            {"distance_form": DistanceForm("linear", torch.rand(3))},
+            r"distance_form.params must have shape \(h, 2\) = \(3, 2\), got \(3,\)",
+        ),
+        ({"distance_form": DistanceForm("cubic", torch.rand(3, 2))}, "name must be one of"),
         (
             {"lut": torch.zeros(3, 4, dtype=torch.int32)},
             r"lut must be \(n,\) or \(2, n\) .*\(3, 4\)",
@@ -790,7 +834,8 @@ def _raw_inputs(**change):
         "rel-queries",
         "rel-rows",
         "relk",
-        "slopes",
+        "form-params",
+        "form-name",
         "lut-rows",
         "lut-empty",
     ],

@@ -80,15 +80,17 @@ def test_self_attention_issues_no_device_sync(spec, monkeypatch):
             out.backward(torch.ones_like(out))
         assert syncs.calls == [], kind
     # Queries and keys of two positions (a KV cache's) promise no range: a clipped table takes
-    # its clip's whole, and a table of every distance (the distance biases, DeBERTa's) reads the
-    # range from the values, the one sync due (ALiBi's slopes read no table).
+    # its clip's whole, and a table of every distance (Sandwich's, DPB's, DeBERTa's) reads the
+    # range from the values, the one sync due (a closed form, ALiBi's or KERPLE's, reads no
+    # table).
     keys = Positions.from_padding_mask(torch.tensor([[False] * 3 + [True] * 37] * 2, device=DEVICE))
     queries = keys[30:]
     with recorded_launches(), _Syncs() as syncs:
         fused_attention(q[:, :, 30:].detach(), k.detach(), v.detach(), scheme, queries, keys,
                         causal=True)  # fmt: skip
     clipped = isinstance(scheme, RelativeScheme) and scheme.distance_clip is not None
-    assert syncs.calls == ([] if clipped or spec in ("alibi", "learned_alibi") else ["tolist"])
+    closed = spec in ("alibi", "learned_alibi", "kerple")
+    assert syncs.calls == ([] if clipped or closed else ["tolist"])
 
 
 def test_distance_range_of_self_attention_reads_no_value():

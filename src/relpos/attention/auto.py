@@ -45,7 +45,8 @@ T5, learned ALiBi, with         ``fused`` from 512² (L=4096: T5 4.4× vs 6.4× 
 gradients                       ``sdpa``; learned ALiBi 2.9× vs 6.2× ``flex``)
 KERPLE, Sandwich, DPB, with     ``flex`` from 512² (L=4096: 6.0–8.0× vs 17–19× ``sdpa``,
 gradients                       46–79× ``chunked``); with attention dropout (none in ``flex``),
-                                ``fused`` as T5 (its form; not yet timed)
+                                ``fused`` as T5 (not yet timed), and so KERPLE in deterministic
+                                mode (its closed form sums nothing atomically)
 Shaw keys, Music Transformer,   past the mask budget, ``flex`` up to ``i·j =`` :data:`FUSED_LONG`
 Transformer-XL, with gradients  (L=1024: 6.3× vs 7.2× ``fused``), ``fused`` past it (L=4096:
                                 6.3× vs 8.7×)
@@ -236,6 +237,14 @@ def flex_wins_on_cuda(
     return size >= SMALL  # sdpa: a float mask (differentiated by the math kernel if learned)
 
 
+def _untimed_for_training(scheme: Scheme) -> bool:
+    """The ``fused`` paths no GPU has timed with gradients: a wide shared table's gradient
+    summed by entry (:func:`~.fused.fused_sums_by_entry`: Sandwich, DPB, T5 past 128 buckets) and
+    KERPLE's closed form."""
+    kerple = isinstance(scheme, DistanceBiasScheme) and scheme.closed_form and not scheme.linear
+    return kerple or fused_sums_by_entry(scheme)
+
+
 def fused_wins_on_cuda(
     scheme: Scheme,
     q: Tensor,
@@ -265,13 +274,15 @@ def fused_wins_on_cuda(
       compiles once per kind of call, not per shape, so decoding pays no compile.
 
     Float32 and head dims past :data:`FUSED_HEAD_DIM`, not timed, keep the other backends. So do
-    the wide shared tables (:func:`~.fused.fused_sums_by_entry`: the distance biases other than
-    learned ALiBi, T5 past 128 buckets), not yet timed on the kernel, where ``flex`` runs the
-    call for training (KERPLE 6.3× at L=4096). With attention dropout, which ``flex`` lacks, they
-    follow T5's rule above, and without gradients the rule above. Their forward is T5's (a table
-    read per distance: 7.4× at L=4096 without gradients) and their backward T5's plus one atomic
-    add per diagonal of a tile, against ``chunked``'s 46–79× and ``sdpa``'s 18–19× (same
-    run)."""
+    the wide shared tables (:func:`~.fused.fused_sums_by_entry`: Sandwich, DPB, T5 past 128
+    buckets) and KERPLE's closed form, not yet timed on the kernel with gradients, where ``flex``
+    runs the call for training (KERPLE 6.3× at L=4096). Where it cannot (attention dropout;
+    deterministic mode, in which ``flex`` refuses a learned table) they follow T5's rule above,
+    and without gradients the rule above: the alternatives are ``chunked``'s 46–79× and
+    ``sdpa``'s 18–19× (same run). A wide table's forward is T5's (a table read per distance:
+    7.4× at L=4096 without gradients) and its backward T5's plus one atomic add per diagonal of
+    a tile (so never in deterministic mode); KERPLE's is learned ALiBi's (2.9×) plus a logarithm
+    or a power per pair, with no table and no atomic adds."""
     if q.device.type != "cuda" or q.dtype not in FUSED_DTYPES:
         return False
     if not fused_supports(scheme, device=q.device):
@@ -285,7 +296,11 @@ def fused_wins_on_cuda(
     )
     if not needs_grad:
         return mask_passes
-    if fused_sums_by_entry(scheme) and not dropout:
+    if (
+        _untimed_for_training(scheme)
+        and not dropout
+        and flex_wins_on_cuda(scheme, q, q_positions, k_positions, needs_grad=True, dropout=False)
+    ):
         return False  # KERPLE, Sandwich, DPB, T5 past 128 buckets: flex, until fused is timed
     if torch.are_deterministic_algorithms_enabled() and fused_sums_atomically(
         scheme, q_positions, k_positions

@@ -16,14 +16,15 @@ and computes each tile's ``q·Eᵀ`` on the tensor cores (no ``(b, h, i, R)`` lo
 ``mass`` per row and returns both gradients, so nothing ``(b, h, i, j)`` is built, Shaw's value
 term included (which ``flex`` cannot express). Padding, packed documents and a KV cache come from
 the positions and segments, read per tile. The products ``q·Eᵀ`` and ``mass·E^V`` stay in
-PyTorch. ALiBi (fixed slopes, or learned ALiBi's trained ones) runs as ``slope_h·δ`` computed per
-pair, its slopes' gradient summed per query.
+PyTorch. A distance bias in closed form (``distance_form``: ALiBi's ``slope_h·δ`` with fixed or
+learned slopes, KERPLE's ``-r1·log(1 + r2·|δ|)`` and ``-r1·|δ|^r2``) is computed per pair, no
+table, its parameters' gradient summed per query (no atomic adds: deterministic).
 
 What it runs: every relative scheme (a logit term, a key term, a value term or any of them; a
 value term with at most :data:`~relpos.kernels.relative_attention.MAX_LOOP_ROWS` rows), ALiBi and
-learned ALiBi, and the distance biases (KERPLE, Sandwich, DPB: ``f_h(δ)`` as one table of every
-distance the call sees, ``distance_table``, read per pair; its gradient summed by entry, one
-atomic add per diagonal of a tile); float32, bfloat16 or float16;
+learned ALiBi, KERPLE (in closed form), and the other distance biases (Sandwich, DPB: ``f_h(δ)`` as
+one table of every distance the call sees, ``distance_table``, read per pair; its gradient summed
+by entry, one atomic add per diagonal of a tile); float32, bfloat16 or float16;
 attention dropout in training (the kernel redraws its mask in the backward pass from a seed taken
 from PyTorch's CPU generator, so ``torch.manual_seed`` makes it reproducible). Where ``auto``
 picks it on CUDA: :func:`.auto.fused_wins_on_cuda` (measured: ``docs/performance.md``, "On a
@@ -83,10 +84,11 @@ def _kernels():
     return relative_attention
 
 
-def _is_linear(scheme: Scheme) -> bool:
-    """ALiBi's form: fixed slopes, or a distance bias declared linear (learned slopes)."""
+def _has_form(scheme: Scheme) -> bool:
+    """Whether the scheme's bias has a closed form the kernel evaluates per pair
+    (``distance_form``): ALiBi's line, fixed or learned, and KERPLE's kernels."""
     return isinstance(scheme, LinearBiasScheme) or (
-        isinstance(scheme, DistanceBiasScheme) and scheme.linear
+        isinstance(scheme, DistanceBiasScheme) and scheme.closed_form
     )
 
 
@@ -98,7 +100,7 @@ def fused_supports(scheme: Scheme, *, device: torch.device | str | None = None) 
     kernels = _kernels()
     if device.type != "cuda" and not (device.type == "cpu" and kernels.INTERPRETED):
         return False
-    if _is_linear(scheme):
+    if _has_form(scheme):
         return "value_term" not in scheme.hooks
     if isinstance(scheme, DistanceBiasScheme):
         return True
@@ -121,10 +123,10 @@ def fused_takes_keys(scheme: Scheme) -> bool:
 def fused_sums_by_entry(scheme: Scheme) -> bool:
     """Whether the kernel reads ``scheme``'s logit term from one table shared by every query
     that may pass :data:`~relpos.kernels.relative_attention.MAX_LOOP_ROWS` rows, its gradient
-    then summed per entry (a distance bias other than ALiBi's line: a row per distance; T5 past
-    that many buckets)."""
+    then summed per entry (a distance bias with no closed form, Sandwich and DPB: a row per
+    distance; T5 past that many buckets)."""
     if isinstance(scheme, DistanceBiasScheme):
-        return not scheme.linear
+        return not scheme.closed_form
     wide = isinstance(scheme, RelativeScheme) and scheme.num_relative > _kernels().MAX_LOOP_ROWS
     return wide and scheme.query_independent and "score_bias" in scheme.hooks
 
@@ -137,7 +139,7 @@ def fused_sums_atomically(scheme: Scheme, q_positions: Positions, k_positions: P
     then its own: the Music Transformer, Transformer-XL), a distance bias's learned table of
     every distance. The kernel decides it from the same facts; ``tests/fused`` checks that the
     two agree."""
-    if _is_linear(scheme):
+    if _has_form(scheme):
         return False
     if isinstance(scheme, DistanceBiasScheme):  # a table of every distance the call sees
         lo, hi = distance_range(q_positions, k_positions)
@@ -251,10 +253,10 @@ def fused_attention(
     k, v = zero_padding_keys(k, v, k_positions)
     if is_empty(q, k):
         return empty_attention(q, k, v)
-    linear = _is_linear(scheme)
+    form = scheme.distance_form() if _has_form(scheme) else None
     plain = is_contiguous_self(q_positions, k_positions)
     row_base = rel = relk = keys = row_bias = None
-    if linear:  # the slopes, no table: one row
+    if form is not None:  # computed per pair, no table: one row
         lut, offset, rows = _one_row_lut(q.device), 0, 1
     elif isinstance(scheme, DistanceBiasScheme):  # one table of every distance, for every query
         lo, table = scheme.distance_table(q_positions, k_positions)
@@ -298,8 +300,7 @@ def fused_attention(
         mass=value,
         dropout_p=drop,
         seed=seed,
-        slopes=scheme.linear_slopes() if linear else None,
-        symmetric=linear and not scheme.causal,
+        distance_form=form,
         relk=relk,
         row_base=row_base,
         keys=keys,

@@ -39,6 +39,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 from ..atomic import atomic_path
+from ..functional.distance_form import DistanceForm
 from . import interpreted
 from .relative_attention import (
     SHARED_BUDGET,
@@ -67,8 +68,9 @@ __all__ = [
 #: bias's, past the register rows), per query with
 #: the mass (Shaw's keys and values) or past the register rows (the Music Transformer: its rows
 #: computed from clipped distances, its row sums stored per query, or atomic over general
-#: positions), a key term (DeBERTa), ALiBi's slopes (learned: their gradient), dropout, and general
-#: positions (padding, packing, a cache: ``plain=False``).
+#: positions), a key term (DeBERTa), a distance function (ALiBi's learned slopes, KERPLE's two
+#: kernels: their parameters' gradient), dropout, and general positions (padding, packing, a
+#: cache: ``plain=False``).
 VARIANTS: dict[str, dict] = {
     "t5": dict(rel="shared", rows=32),
     "t5-positions": dict(rel="shared", rows=32, causal=False, plain=False),
@@ -77,11 +79,13 @@ VARIANTS: dict[str, dict] = {
     "music": dict(rel="query", rows=513, row_base=0),
     "music-positions": dict(rel="query", rows=513, plain=False, row_base=0),
     "deberta": dict(rel="query", rows=256, relk=True, causal=False),
-    "alibi": dict(rows=1, slopes=True),
-    "alibi-bidirectional": dict(rows=1, slopes=True, symmetric=True, causal=False),
-    "alibi-dropout": dict(rows=1, slopes=True, dropout=0.1),
-    # A distance bias (KERPLE, Sandwich, DPB): a shared table of every distance, its gradient
-    # summed by entry (BY_ENTRY); general positions sum per pair where not on diagonals.
+    "alibi": dict(rows=1, form="linear"),
+    "alibi-bidirectional": dict(rows=1, form="symmetric_linear", causal=False),
+    "alibi-dropout": dict(rows=1, form="linear", dropout=0.1),
+    "kerple-log": dict(rows=1, form="kerple_log"),
+    "kerple-power": dict(rows=1, form="kerple_power", causal=False),
+    # A distance bias with no closed form (Sandwich, DPB): a shared table of every distance, its
+    # gradient summed by entry (BY_ENTRY); general positions sum per pair where not on diagonals.
     "distance-bias": dict(rel="shared", rows=511),
     "distance-bias-positions": dict(rel="shared", rows=511, plain=False),
     # The keys in place of the logits (keyed_logits, off by default: not in DEFAULT_VARIANTS).
@@ -156,7 +160,8 @@ def variant_launches(
     }[rel]()
     pos = torch.zeros(b, n, dtype=torch.int32)
     lut = torch.zeros(rows, dtype=torch.int32)
-    slopes = torch.empty(h, **meta) if spec.pop("slopes", False) else None
+    form = spec.pop("form", None)
+    form = None if form is None else DistanceForm(form, torch.ones(h, 2, **meta))
     relk = torch.empty(b, h, n, rows, **meta) if spec.pop("relk", False) else None
     keys = torch.empty(h, rows, d, dtype=dtype, **meta) if spec.pop("keys", False) else None
     row_bias = torch.empty(h, rows, **meta) if spec.pop("row_bias", False) else None
@@ -168,7 +173,7 @@ def variant_launches(
     with launch_config(tile, warps, **options), recorded_launches() as recorded:
         out, mass = relative_flash_attention(
             q, k, v, table, lut, rows // 2, pos, pos, pos, pos, rows=rows, seed=1,
-            slopes=slopes, relk=relk, keys=keys, row_bias=row_bias, **spec,
+            distance_form=form, relk=relk, keys=keys, row_bias=row_bias, **spec,
         )  # fmt: skip
         (out.sum() + mass.sum()).backward()
     return list(recorded)

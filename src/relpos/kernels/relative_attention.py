@@ -8,24 +8,28 @@ For the queries ``i`` and keys ``j`` of one batch row and head, with positions `
     row[i, j]  = lut[p_j - p_i + offset]                 the pair's relative row, in [0, R)
     S[i, j]    = q_i·k_j · scale + rel[i, row[i, j]]     rel: (b|1, h, i|1, R), float32
                  (+ relk[j, row[i, j]])                  a key term (DeBERTa's p2c), optional
-                 (+ slope_h·δ or -slope_h·|δ|)           a linear bias (ALiBi), optional
+                 (+ f_h(δ), δ = p_j - p_i)               a distance function, optional
     P          = softmax of S over the allowed keys      same segment, real tokens, p_j <= p_i
                                                          when causal; no key: P = 0
     out[i]     = Σ_j P[i, j] v_j
     mass[i, r] = Σ_j P[i, j] [row[i, j] = r]             (optional) attention mass per row
 
-and the gradients of ``q``, ``k``, ``v``, ``rel``, ``relk`` and the slopes from those of ``out`` and
-``mass``. Nothing ``(i, j)`` is stored: each tile's logits are rebuilt in the backward pass from
-``lse``. Attention dropout multiplies ``P`` by a keep mask drawn per pair from a seed and the
-pair's index (Philox, ``tl.rand``), so the backward pass redraws the same mask instead of storing
-it.
+and the gradients of ``q``, ``k``, ``v``, ``rel``, ``relk`` and ``f``'s parameters from those of
+``out`` and ``mass``. Nothing ``(i, j)`` is stored: each tile's logits are rebuilt in the
+backward pass from ``lse``. Attention dropout multiplies ``P`` by a keep mask drawn per pair
+from a seed and the pair's index (Philox, ``tl.rand``), so the backward pass redraws the same
+mask instead of storing it.
 
-This is the form of every :class:`~relpos.schemes.RelativeScheme` and distance bias (KERPLE,
-Sandwich, DPB: ``rel`` its table of every distance, shared by every query): ``rel`` is the scheme's
+This is the form of every :class:`~relpos.schemes.RelativeScheme` and distance bias (Sandwich,
+DPB: ``rel`` its table of every distance, shared by every query): ``rel`` is the scheme's
 ``relative_logits(q)`` (``q·Eᵀ`` for Shaw's keys and the Music Transformer, a bucket table for
 T5), ``relk`` its ``relative_key_logits(k)`` (DeBERTa) and ``mass`` what Shaw's value term reads
-(``relative_value(mass)``); and of ALiBi (fixed or learned slopes: the slopes' gradient is a
-per-query sum of ``dS·δ``). The backend around it is :mod:`relpos.attention.fused`.
+(``relative_value(mass)``). A distance bias in closed form
+(:class:`~relpos.functional.distance_form.DistanceForm`: ALiBi's line with fixed or learned
+slopes, KERPLE's logarithmic and power kernels) is computed per pair from two parameters per
+head, no table read; their gradient is a per-query sum of ``dS·∂f/∂a`` and ``dS·∂f/∂b``, stored
+per query and summed by the caller (deterministic). The backend around it is
+:mod:`relpos.attention.fused`.
 
 How each row-indexed reduction runs (``mass`` forward; ``d rel`` per query, ``d relk`` per key,
 backward):
@@ -95,6 +99,7 @@ import triton.language as tl
 from torch import Tensor
 
 from ..determinism import alert_atomic_sums
+from ..functional.distance_form import DISTANCE_FORMS, DistanceForm
 from . import interpreted
 
 __all__ = [
@@ -420,23 +425,63 @@ def _pairs(
 
 
 @triton.jit
-def _linear_distance(delta, LINEAR: tl.constexpr):
-    """What a linear bias multiplies its slope by: ``δ`` (``LINEAR == 1``, causal ALiBi) or
-    ``-|δ|`` (``LINEAR == 2``, bidirectional)."""
-    dist = delta.to(tl.float32)
-    if LINEAR == 2:
-        dist = -tl.abs(dist)
-    return dist
+def _distance_params(scale, PARAMS, h, DIST_FN: tl.constexpr):
+    """``(scale2, fa, fb)``: the products' scale times ``log2(e)`` and head ``h``'s two
+    parameters of the distance function (0 without one), ``fa`` scaled so that the bias comes
+    out in base 2 (times ``log2(e)``; KERPLE's log form takes its log in base 2 instead)."""
+    fa = 0.0
+    fb = 0.0
+    if DIST_FN:
+        fa = tl.load(PARAMS + 2 * h)
+        fb = tl.load(PARAMS + 2 * h + 1)
+        if DIST_FN != 3:
+            fa = fa * LOG2E
+    return scale * LOG2E, fa, fb
 
 
 @triton.jit
-def _base2_scales(scale, SLOPES, h, LINEAR: tl.constexpr):
-    """``(scale2, slope2)``: the products' scale and head ``h``'s linear-bias slope (0 without
-    one) times ``log2(e)``, so that the logits come out in base 2."""
-    slope2 = 0.0
-    if LINEAR:
-        slope2 = tl.load(SLOPES + h) * LOG2E
-    return scale * LOG2E, slope2
+def _power(x, p):
+    """``x**p`` for integers ``x >= 0`` and ``p > 0``: 0 at 0."""
+    return tl.where(x > 0, tl.exp2(p * tl.log2(tl.maximum(x, 1.0))), 0.0)
+
+
+@triton.jit
+def _distance_bias(delta, fa, fb, DIST_FN: tl.constexpr):
+    """Each pair's distance bias in base 2 (``DIST_FN``, :data:`DISTANCE_FORMS` from 1):
+    ``fa·δ`` (ALiBi, causal), ``-fa·|δ|`` (bidirectional), ``-fa·log2(1 + fb·|δ|)`` (KERPLE's
+    log), ``-fa·|δ|^fb`` (KERPLE's power); ``fa``, ``fb`` from :func:`_distance_params`."""
+    dist = delta.to(tl.float32)
+    if DIST_FN == 1:
+        bias = fa * dist
+    elif DIST_FN == 2:
+        bias = -fa * tl.abs(dist)
+    elif DIST_FN == 3:
+        bias = -fa * tl.log2(1.0 + fb * tl.abs(dist))
+    else:
+        bias = -fa * _power(tl.abs(dist), fb)
+    return bias
+
+
+@triton.jit
+def _distance_grads(ds, delta, fa, fb, DIST_FN: tl.constexpr):
+    """Per query, ``Σ_j dS·∂bias/∂a`` and ``Σ_j dS·∂bias/∂b``: the gradients of the head's two
+    parameters (natural units) from the tile's ``dS`` (0 on the pairs that may not attend)."""
+    dist = tl.abs(delta.to(tl.float32))
+    if DIST_FN == 1:
+        ga = tl.sum(ds * delta.to(tl.float32), axis=1)
+        gb = tl.zeros_like(ga)
+    elif DIST_FN == 2:
+        ga = -tl.sum(ds * dist, axis=1)
+        gb = tl.zeros_like(ga)
+    elif DIST_FN == 3:  # -r1·ln(1 + r2·x): ∂r1 = -ln(1 + r2·x), ∂r2 = -r1·x/(1 + r2·x)
+        grow = 1.0 + fb * dist
+        ga = -tl.sum(ds * tl.log2(grow), axis=1) * LN2
+        gb = -tl.sum(ds * (dist / grow), axis=1) * fa
+    else:  # -r1·x^r2: ∂r1 = -x^r2, ∂r2 = -r1·x^r2·ln x (0 at x = 0 and 1)
+        pw = _power(dist, fb)
+        ga = -tl.sum(ds * pw, axis=1)
+        gb = -tl.sum(ds * pw * tl.log2(tl.maximum(dist, 1.0)), axis=1) * (fa * LN2 * LN2)
+    return ga, gb
 
 
 @triton.jit
@@ -755,10 +800,10 @@ def _whole_queries(start_n, NI, NJ, BM: tl.constexpr, BN: tl.constexpr, CAUSAL: 
 def _forward_tiles(
     acc, l_i, m_i, macc, lo, hi, q, qp, qs, offs_m, m_ok, offs_d, d_ok, rel_base, dist_base,
     row_at, K, V, KPOS, KSEG, RELK, LUT, row_base, b, h, bh, skb, skh, skj, spk,
-    NJ, R, nlut, offset, scale2, slope2, seed, p_drop, keys_base, rowb_base, D,
+    NJ, R, nlut, offset, scale2, fa, fb, seed, p_drop, keys_base, rowb_base, D,
     BN: tl.constexpr, RP: tl.constexpr, PLAIN: tl.constexpr, CAUSAL: tl.constexpr,
     HAS_REL: tl.constexpr, HAS_MASS: tl.constexpr, HAS_KREL: tl.constexpr,
-    DROPOUT: tl.constexpr, LINEAR: tl.constexpr, PRECISION: tl.constexpr, ONE_ROW: tl.constexpr,
+    DROPOUT: tl.constexpr, DIST_FN: tl.constexpr, PRECISION: tl.constexpr, ONE_ROW: tl.constexpr,
     SHIFTED: tl.constexpr, BY_DISTANCE: tl.constexpr, MASKED: tl.constexpr,
     REL_KEYS: tl.constexpr, WIN: tl.constexpr,
 ):  # fmt: skip
@@ -783,8 +828,8 @@ def _forward_tiles(
                 nlut, row_base, q, keys_base, rowb_base, dlo, D, offs_d, d_ok, HAS_REL,
                 HAS_KREL, SHIFTED, BY_DISTANCE, HAS_MASS or HAS_KREL, REL_KEYS, WIN, PRECISION,
             )  # fmt: skip
-        if LINEAR:
-            s += slope2 * _linear_distance(delta, LINEAR)
+        if DIST_FN:
+            s += _distance_bias(delta, fa, fb, DIST_FN)
         s = tl.where(allowed, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
         m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
@@ -802,12 +847,12 @@ def _forward_tiles(
 
 @triton.jit
 def _forward_kernel(
-    Q, K, V, QPOS, QSEG, KPOS, KSEG, REL, RELK, SLOPES, KEYS, ROWB, LUT, DIST, row_base, OUT,
+    Q, K, V, QPOS, QSEG, KPOS, KSEG, REL, RELK, PARAMS, KEYS, ROWB, LUT, DIST, row_base, OUT,
     LSE, MASS, sqb, sqh, sqi, skb, skh, skj, spq, spk, srb, srh, sri, seh, sch,
     H, NI, NJ, D, R, nlut, offset, scale, SEED, p_drop, RANGES, n_ranges,
     BM: tl.constexpr, BN: tl.constexpr, DP: tl.constexpr, RP: tl.constexpr,
     PLAIN: tl.constexpr, CAUSAL: tl.constexpr, HAS_REL: tl.constexpr, HAS_MASS: tl.constexpr,
-    HAS_KREL: tl.constexpr, DROPOUT: tl.constexpr, LINEAR: tl.constexpr, PRECISION: tl.constexpr,
+    HAS_KREL: tl.constexpr, DROPOUT: tl.constexpr, DIST_FN: tl.constexpr, PRECISION: tl.constexpr,
     ONE_ROW: tl.constexpr, SHIFTED: tl.constexpr, BY_DISTANCE: tl.constexpr,
     UNMASKED: tl.constexpr, REL_KEYS: tl.constexpr, WIN: tl.constexpr,
 ):  # fmt: skip
@@ -819,7 +864,7 @@ def _forward_kernel(
     rel_base = REL + b * srb + h * srh + offs_m[:, None] * sri
     dist_base = DIST + h * nlut
     row_at = bh * NI + offs_m
-    scale2, slope2 = _base2_scales(scale, SLOPES, h, LINEAR)
+    scale2, fa, fb = _distance_params(scale, PARAMS, h, DIST_FN)
     m_i = tl.full([BM], float("-inf"), tl.float32)
     l_i = tl.zeros([BM], tl.float32)
     acc = tl.zeros([BM, DP], tl.float32)
@@ -830,16 +875,16 @@ def _forward_kernel(
         acc, l_i, m_i, macc = _forward_tiles(
             acc, l_i, m_i, macc, begin, split, q, qp, qs, offs_m, m_ok, offs_d, d_ok, rel_base,
             dist_base, row_at, K, V, KPOS, KSEG, RELK, LUT, row_base, b, h, bh, skb, skh, skj,
-            spk, NJ, R, nlut, offset, scale2, slope2, seed, p_drop, keys_base, rowb_base, D,
-            BN, RP, PLAIN, CAUSAL, HAS_REL, HAS_MASS, HAS_KREL, DROPOUT, LINEAR, PRECISION,
+            spk, NJ, R, nlut, offset, scale2, fa, fb, seed, p_drop, keys_base, rowb_base, D,
+            BN, RP, PLAIN, CAUSAL, HAS_REL, HAS_MASS, HAS_KREL, DROPOUT, DIST_FN, PRECISION,
             ONE_ROW, SHIFTED, BY_DISTANCE, False, REL_KEYS, WIN,
         )  # fmt: skip
         begin = split
     acc, l_i, m_i, macc = _forward_tiles(
         acc, l_i, m_i, macc, begin, end, q, qp, qs, offs_m, m_ok, offs_d, d_ok, rel_base,
         dist_base, row_at, K, V, KPOS, KSEG, RELK, LUT, row_base, b, h, bh, skb, skh, skj,
-        spk, NJ, R, nlut, offset, scale2, slope2, seed, p_drop, keys_base, rowb_base, D,
-        BN, RP, PLAIN, CAUSAL, HAS_REL, HAS_MASS, HAS_KREL, DROPOUT, LINEAR, PRECISION,
+        spk, NJ, R, nlut, offset, scale2, fa, fb, seed, p_drop, keys_base, rowb_base, D,
+        BN, RP, PLAIN, CAUSAL, HAS_REL, HAS_MASS, HAS_KREL, DROPOUT, DIST_FN, PRECISION,
         ONE_ROW, SHIFTED, BY_DISTANCE, True, REL_KEYS, WIN,
     )  # fmt: skip
     has_keys = l_i > 0
@@ -861,10 +906,10 @@ def _forward_kernel(
 @triton.jit
 def _probs_and_dp(
     qk, dp, lse2, dlt, offs_m, offs_n, m_ok, n_ok, qp, qs, KPOS, KSEG, rel_base, dmass_base,
-    LUT, offset, nlut, scale2, seed, p_drop, row_at, NJ, slope2, relk_base, dist_base, row_base,
+    LUT, offset, nlut, scale2, seed, p_drop, row_at, NJ, fa, fb, relk_base, dist_base, row_base,
     q, keys_base, rowb_base, D, offs_d, d_ok,
     PLAIN: tl.constexpr, CAUSAL: tl.constexpr, HAS_REL: tl.constexpr, HAS_MASS: tl.constexpr,
-    HAS_KREL: tl.constexpr, DROPOUT: tl.constexpr, LINEAR: tl.constexpr, PRECISION: tl.constexpr,
+    HAS_KREL: tl.constexpr, DROPOUT: tl.constexpr, DIST_FN: tl.constexpr, PRECISION: tl.constexpr,
     ONE_ROW: tl.constexpr, SHIFTED: tl.constexpr, BY_DISTANCE: tl.constexpr,
     NEED_ROW: tl.constexpr, MASKED: tl.constexpr, REL_KEYS: tl.constexpr, WIN: tl.constexpr,
 ):  # fmt: skip
@@ -887,8 +932,8 @@ def _probs_and_dp(
         )  # fmt: skip
         if HAS_MASS:
             dp = _add_at_rows(dp, dmass_base, row, one, allowed, m_ok[:, None])
-    if LINEAR:
-        s += slope2 * _linear_distance(delta, LINEAR)
+    if DIST_FN:
+        s += _distance_bias(delta, fa, fb, DIST_FN)
     p = tl.where(allowed, tl.exp2(s - lse2[:, None]), 0.0)
     used = p
     if DROPOUT:  # the output read p·keep/(1 - p_drop): so does its gradient
@@ -903,10 +948,10 @@ def _kv_tiles(
     dk, dv, dkacc, lo, hi, lo2, hi2, k, v, offs_n, n_ok, offs_d, d_ok, drelk_base,
     Q, DO, LSE, DLT, QPOS, QSEG, KPOS, KSEG, REL, RELK, DIST, LUT, row_base, DMASS,
     b, h, bh, sqb, sqh, sqi, spq, spk, srb, srh, sri, NI, NJ, D, R, nlut, offset, scale2,
-    slope2, seed, p_drop, keys_base, rowb_base,
+    fa, fb, seed, p_drop, keys_base, rowb_base,
     BM: tl.constexpr, RP: tl.constexpr, PLAIN: tl.constexpr, CAUSAL: tl.constexpr,
     HAS_REL: tl.constexpr, HAS_MASS: tl.constexpr, HAS_KREL: tl.constexpr,
-    DROPOUT: tl.constexpr, LINEAR: tl.constexpr, KREL_GRAD: tl.constexpr,
+    DROPOUT: tl.constexpr, DIST_FN: tl.constexpr, KREL_GRAD: tl.constexpr,
     LOOP_ROWS: tl.constexpr, PRECISION: tl.constexpr, ONE_ROW: tl.constexpr,
     SHIFTED: tl.constexpr, BY_DISTANCE: tl.constexpr, MASKED: tl.constexpr,
     REL_KEYS: tl.constexpr, WIN: tl.constexpr,
@@ -932,9 +977,9 @@ def _kv_tiles(
             qk, dp, lse2, dlt, offs_m, offs_n, m_ok, n_ok, qp, qs, KPOS + b * spk,
             KSEG + b * spk, REL + b * srb + h * srh + offs_m[:, None] * sri,
             DMASS + row_at[:, None] * R, LUT, offset, nlut, scale2, seed, p_drop, row_at, NJ,
-            slope2, RELK + (bh * NJ + offs_n[None, :]) * R, DIST + h * nlut, row_base,
+            fa, fb, RELK + (bh * NJ + offs_n[None, :]) * R, DIST + h * nlut, row_base,
             q, keys_base, rowb_base, D, offs_d, d_ok,
-            PLAIN, CAUSAL, HAS_REL, HAS_MASS, HAS_KREL, DROPOUT, LINEAR, PRECISION, ONE_ROW,
+            PLAIN, CAUSAL, HAS_REL, HAS_MASS, HAS_KREL, DROPOUT, DIST_FN, PRECISION, ONE_ROW,
             SHIFTED, BY_DISTANCE, KREL_GRAD, MASKED, REL_KEYS, WIN,
         )  # fmt: skip
         dv += tl.dot(tl.trans(p.to(q.dtype)), do, input_precision=PRECISION)
@@ -953,13 +998,13 @@ def _kv_tiles(
 
 @triton.jit
 def _backward_kv_kernel(
-    Q, K, V, DO, LSE, DLT, QPOS, QSEG, KPOS, KSEG, REL, RELK, SLOPES, KEYS, ROWB, LUT, DIST,
+    Q, K, V, DO, LSE, DLT, QPOS, QSEG, KPOS, KSEG, REL, RELK, PARAMS, KEYS, ROWB, LUT, DIST,
     row_base, DMASS, DK, DV, DRELK,
     sqb, sqh, sqi, skb, skh, skj, spq, spk, srb, srh, sri, seh, sch,
     H, NI, NJ, D, R, nlut, offset, scale, SEED, p_drop, RANGES, n_ranges,
     BM: tl.constexpr, BN: tl.constexpr, DP: tl.constexpr, RP: tl.constexpr,
     PLAIN: tl.constexpr, CAUSAL: tl.constexpr, HAS_REL: tl.constexpr, HAS_MASS: tl.constexpr,
-    HAS_KREL: tl.constexpr, DROPOUT: tl.constexpr, LINEAR: tl.constexpr,
+    HAS_KREL: tl.constexpr, DROPOUT: tl.constexpr, DIST_FN: tl.constexpr,
     KREL_GRAD: tl.constexpr, LOOP_ROWS: tl.constexpr, PRECISION: tl.constexpr,
     ONE_ROW: tl.constexpr, SHIFTED: tl.constexpr, BY_DISTANCE: tl.constexpr,
     UNMASKED: tl.constexpr, REL_KEYS: tl.constexpr, WIN: tl.constexpr,
@@ -969,7 +1014,7 @@ def _backward_kv_kernel(
     keys_base = KEYS + h * seh
     rowb_base = ROWB + h * sch
     k, v = _load_keys(K, V, b, h, offs_n, offs_d, n_ok, d_ok, skb, skh, skj)
-    scale2, slope2 = _base2_scales(scale, SLOPES, h, LINEAR)
+    scale2, fa, fb = _distance_params(scale, PARAMS, h, DIST_FN)
     dk = tl.zeros([BN, DP], tl.float32)
     dv = tl.zeros([BN, DP], tl.float32)
     dkacc = tl.zeros([BN, RP], tl.float32)
@@ -991,16 +1036,16 @@ def _backward_kv_kernel(
             dk, dv, dkacc, lo, hi, hi, hi, k, v, offs_n, n_ok, offs_d, d_ok, drelk_base,
             Q, DO, LSE, DLT, QPOS, QSEG, KPOS, KSEG, REL, RELK, DIST, LUT, row_base, DMASS,
             b, h, bh, sqb, sqh, sqi, spq, spk, srb, srh, sri, NI, NJ, D, R, nlut, offset,
-            scale2, slope2, seed, p_drop, keys_base, rowb_base,
-            BM, RP, PLAIN, CAUSAL, HAS_REL, HAS_MASS, HAS_KREL, DROPOUT, LINEAR, KREL_GRAD,
+            scale2, fa, fb, seed, p_drop, keys_base, rowb_base,
+            BM, RP, PLAIN, CAUSAL, HAS_REL, HAS_MASS, HAS_KREL, DROPOUT, DIST_FN, KREL_GRAD,
             LOOP_ROWS, PRECISION, ONE_ROW, SHIFTED, BY_DISTANCE, False, REL_KEYS, WIN,
         )  # fmt: skip
     dk, dv, dkacc = _kv_tiles(  # the rest: [begin, lo) and [hi, end)
         dk, dv, dkacc, begin, lo, hi, end, k, v, offs_n, n_ok, offs_d, d_ok, drelk_base,
         Q, DO, LSE, DLT, QPOS, QSEG, KPOS, KSEG, REL, RELK, DIST, LUT, row_base, DMASS,
         b, h, bh, sqb, sqh, sqi, spq, spk, srb, srh, sri, NI, NJ, D, R, nlut, offset,
-        scale2, slope2, seed, p_drop, keys_base, rowb_base,
-        BM, RP, PLAIN, CAUSAL, HAS_REL, HAS_MASS, HAS_KREL, DROPOUT, LINEAR, KREL_GRAD,
+        scale2, fa, fb, seed, p_drop, keys_base, rowb_base,
+        BM, RP, PLAIN, CAUSAL, HAS_REL, HAS_MASS, HAS_KREL, DROPOUT, DIST_FN, KREL_GRAD,
         LOOP_ROWS, PRECISION, ONE_ROW, SHIFTED, BY_DISTANCE, True, REL_KEYS, WIN,
     )  # fmt: skip
     out_at = (bh * NJ + offs_n[:, None]) * D + offs_d[None, :]
@@ -1015,14 +1060,14 @@ def _backward_kv_kernel(
 
 @triton.jit
 def _q_tiles(
-    dq, dracc, dslope, lo, hi, q, qp, qs, do, lse2, dlt, offs_m, m_ok, offs_d, d_ok, row_at,
+    dq, dracc, dfa, dfb, lo, hi, q, qp, qs, do, lse2, dlt, offs_m, m_ok, offs_d, d_ok, row_at,
     drel_base, K, V, KPOS, KSEG, REL, RELK, DIST, LUT, row_base, DMASS,
-    b, h, bh, skb, skh, skj, spk, srb, srh, sri, NJ, R, nlut, offset, scale2, slope2, seed,
+    b, h, bh, skb, skh, skj, spk, srb, srh, sri, NJ, R, nlut, offset, scale2, fa, fb, seed,
     p_drop, first, last, keys_base, rowb_base, D,
     BN: tl.constexpr, RP: tl.constexpr, PLAIN: tl.constexpr, CAUSAL: tl.constexpr,
     HAS_REL: tl.constexpr, HAS_MASS: tl.constexpr, HAS_KREL: tl.constexpr,
-    DROPOUT: tl.constexpr, LINEAR: tl.constexpr, REL_GRAD: tl.constexpr,
-    LOOP_ROWS: tl.constexpr, SLOPE_GRAD: tl.constexpr, PRECISION: tl.constexpr,
+    DROPOUT: tl.constexpr, DIST_FN: tl.constexpr, REL_GRAD: tl.constexpr,
+    LOOP_ROWS: tl.constexpr, PARAM_GRAD: tl.constexpr, PRECISION: tl.constexpr,
     ONE_ROW: tl.constexpr, SHIFTED: tl.constexpr, BY_DISTANCE: tl.constexpr,
     MASKED: tl.constexpr, OWN_ROWS: tl.constexpr, REL_KEYS: tl.constexpr, WIN: tl.constexpr,
     BY_ENTRY: tl.constexpr, BM: tl.constexpr,
@@ -1040,14 +1085,16 @@ def _q_tiles(
             qk, dp, lse2, dlt, offs_m, offs_n, m_ok, n_ok, qp, qs, KPOS + b * spk,
             KSEG + b * spk, REL + b * srb + h * srh + offs_m[:, None] * sri,
             DMASS + row_at[:, None] * R, LUT, offset, nlut, scale2, seed, p_drop, row_at, NJ,
-            slope2, RELK + (bh * NJ + offs_n[None, :]) * R, DIST + h * nlut, row_base,
+            fa, fb, RELK + (bh * NJ + offs_n[None, :]) * R, DIST + h * nlut, row_base,
             q, keys_base, rowb_base, D, offs_d, d_ok,
-            PLAIN, CAUSAL, HAS_REL, HAS_MASS, HAS_KREL, DROPOUT, LINEAR, PRECISION, ONE_ROW,
+            PLAIN, CAUSAL, HAS_REL, HAS_MASS, HAS_KREL, DROPOUT, DIST_FN, PRECISION, ONE_ROW,
             SHIFTED, BY_DISTANCE, REL_GRAD, MASKED, REL_KEYS, WIN,
         )  # fmt: skip
         dq += tl.dot(ds.to(q.dtype), k, input_precision=PRECISION)
-        if SLOPE_GRAD:
-            dslope += tl.sum(ds * _linear_distance(delta, LINEAR), axis=1)
+        if PARAM_GRAD:
+            ga, gb = _distance_grads(ds, delta, fa, fb, DIST_FN)
+            dfa += ga
+            dfb += gb
         if REL_GRAD:
             if LOOP_ROWS:
                 dracc = _sum_by_row(dracc, ds, row, allowed, one, RP)
@@ -1063,19 +1110,19 @@ def _q_tiles(
                     tl.atomic_add(drel_base + rlo, tl.sum(ds, axis=1)[:, None], mask=m_ok[:, None])
                 elif rlo < rhi:
                     tl.atomic_add(drel_base + row, ds, mask=allowed)
-    return dq, dracc, dslope
+    return dq, dracc, dfa, dfb
 
 
 @triton.jit
 def _backward_q_kernel(
-    Q, K, V, DO, LSE, DLT, OUT, QPOS, QSEG, KPOS, KSEG, REL, RELK, SLOPES, KEYS, ROWB, LUT, DIST,
-    row_base, DMASS, DQ, DREL, DSLOPE,
+    Q, K, V, DO, LSE, DLT, OUT, QPOS, QSEG, KPOS, KSEG, REL, RELK, PARAMS, KEYS, ROWB, LUT, DIST,
+    row_base, DMASS, DQ, DREL, DPARAMS,
     sqb, sqh, sqi, skb, skh, skj, spq, spk, srb, srh, sri, seh, sch,
     H, NI, NJ, D, R, nlut, offset, scale, SEED, p_drop, RANGES, n_ranges,
     BM: tl.constexpr, BN: tl.constexpr, DP: tl.constexpr, RP: tl.constexpr,
     PLAIN: tl.constexpr, CAUSAL: tl.constexpr, HAS_REL: tl.constexpr, HAS_MASS: tl.constexpr,
-    HAS_KREL: tl.constexpr, DROPOUT: tl.constexpr, LINEAR: tl.constexpr, REL_GRAD: tl.constexpr,
-    LOOP_ROWS: tl.constexpr, SLOPE_GRAD: tl.constexpr, PRECISION: tl.constexpr,
+    HAS_KREL: tl.constexpr, DROPOUT: tl.constexpr, DIST_FN: tl.constexpr, REL_GRAD: tl.constexpr,
+    LOOP_ROWS: tl.constexpr, PARAM_GRAD: tl.constexpr, PRECISION: tl.constexpr,
     ONE_ROW: tl.constexpr, SHIFTED: tl.constexpr, BY_DISTANCE: tl.constexpr,
     UNMASKED: tl.constexpr, OWN_ROWS: tl.constexpr, REL_KEYS: tl.constexpr, WIN: tl.constexpr,
     BY_ENTRY: tl.constexpr,
@@ -1089,10 +1136,11 @@ def _backward_q_kernel(
     do, lse2, dlt = _output_grads_with_delta(
         DO, OUT, LSE, DLT, row_at, offs_d, m_ok, d_ok, D, HAS_MASS
     )
-    scale2, slope2 = _base2_scales(scale, SLOPES, h, LINEAR)
+    scale2, fa, fb = _distance_params(scale, PARAMS, h, DIST_FN)
     dq = tl.zeros([BM, DP], tl.float32)
     dracc = tl.zeros([BM, RP], tl.float32)
-    dslope = tl.zeros([BM], tl.float32)
+    dfa = tl.zeros([BM], tl.float32)
+    dfb = tl.zeros([BM], tl.float32)
     if BY_ENTRY:  # the shared table's gradient by lut entry, (h, nlut)
         drel_base = DREL + h * nlut
     else:
@@ -1105,30 +1153,31 @@ def _backward_q_kernel(
     begin, end = _key_range(start_m, b, NJ, RANGES, n_ranges, BM, PLAIN, CAUSAL)
     if PLAIN and UNMASKED:  # first the tiles every pair of which may attend, unchecked
         split = tl.minimum(tl.maximum(_whole_keys(start_m, NI, NJ, BM, BN, CAUSAL), begin), end)
-        dq, dracc, dslope = _q_tiles(
-            dq, dracc, dslope, begin, split, q, qp, qs, do, lse2, dlt, offs_m, m_ok, offs_d,
+        dq, dracc, dfa, dfb = _q_tiles(
+            dq, dracc, dfa, dfb, begin, split, q, qp, qs, do, lse2, dlt, offs_m, m_ok, offs_d,
             d_ok, row_at, drel_base, K, V, KPOS, KSEG, REL, RELK, DIST, LUT, row_base, DMASS,
             b, h, bh, skb, skh, skj, spk, srb, srh, sri, NJ, R, nlut, offset, scale2,
-            slope2, seed, p_drop, first, last, keys_base, rowb_base, D,
-            BN, RP, PLAIN, CAUSAL, HAS_REL, HAS_MASS, HAS_KREL, DROPOUT, LINEAR, REL_GRAD,
-            LOOP_ROWS, SLOPE_GRAD, PRECISION, ONE_ROW, SHIFTED, BY_DISTANCE, False, OWN_ROWS,
+            fa, fb, seed, p_drop, first, last, keys_base, rowb_base, D,
+            BN, RP, PLAIN, CAUSAL, HAS_REL, HAS_MASS, HAS_KREL, DROPOUT, DIST_FN, REL_GRAD,
+            LOOP_ROWS, PARAM_GRAD, PRECISION, ONE_ROW, SHIFTED, BY_DISTANCE, False, OWN_ROWS,
             REL_KEYS, WIN, BY_ENTRY, BM,
         )  # fmt: skip
         begin = split
-    dq, dracc, dslope = _q_tiles(
-        dq, dracc, dslope, begin, end, q, qp, qs, do, lse2, dlt, offs_m, m_ok, offs_d,
+    dq, dracc, dfa, dfb = _q_tiles(
+        dq, dracc, dfa, dfb, begin, end, q, qp, qs, do, lse2, dlt, offs_m, m_ok, offs_d,
         d_ok, row_at, drel_base, K, V, KPOS, KSEG, REL, RELK, DIST, LUT, row_base, DMASS,
         b, h, bh, skb, skh, skj, spk, srb, srh, sri, NJ, R, nlut, offset, scale2,
-        slope2, seed, p_drop, first, last, keys_base, rowb_base, D,
-        BN, RP, PLAIN, CAUSAL, HAS_REL, HAS_MASS, HAS_KREL, DROPOUT, LINEAR, REL_GRAD,
-        LOOP_ROWS, SLOPE_GRAD, PRECISION, ONE_ROW, SHIFTED, BY_DISTANCE, True, OWN_ROWS,
+        fa, fb, seed, p_drop, first, last, keys_base, rowb_base, D,
+        BN, RP, PLAIN, CAUSAL, HAS_REL, HAS_MASS, HAS_KREL, DROPOUT, DIST_FN, REL_GRAD,
+        LOOP_ROWS, PARAM_GRAD, PRECISION, ONE_ROW, SHIFTED, BY_DISTANCE, True, OWN_ROWS,
         REL_KEYS, WIN, BY_ENTRY, BM,
     )  # fmt: skip
     q_ok = m_ok[:, None] & d_ok[None, :]
     dq = (dq * scale).to(DQ.dtype.element_ty)  # q's dtype; float32 where keys' terms follow
     tl.store(DQ + row_at[:, None] * D + offs_d[None, :], dq, mask=q_ok)
-    if SLOPE_GRAD:  # per query; summed over batch and queries by the caller
-        tl.store(DSLOPE + row_at, dslope, mask=m_ok)
+    if PARAM_GRAD:  # per query; summed over batch and queries by the caller
+        tl.store(DPARAMS + 2 * row_at, dfa, mask=m_ok)
+        tl.store(DPARAMS + 2 * row_at + 1, dfb, mask=m_ok)
     if REL_GRAD and LOOP_ROWS:
         cols = tl.arange(0, RP)
         grad = dracc.to(DREL.dtype.element_ty)
@@ -1230,15 +1279,16 @@ def _padded(q: Tensor, rows: int) -> tuple[int, int, bool]:
 
 class _Settings(NamedTuple):
     """What one call fixes besides its tensors, as the two ops take it (keyword arguments):
-    ``row_base`` -1 for none (:func:`relative_flash_attention`'s None), ``linear`` 0 (no slopes),
-    1 (``slope·δ``) or 2 (``-slope·|δ|``), ``tiles`` the three kernels' launches flattened
+    ``row_base`` -1 for none (:func:`relative_flash_attention`'s None), ``dist_fn`` 0 (no
+    distance function) or its form's place in :data:`DISTANCE_FORMS` plus one, ``tiles`` the
+    three kernels' launches flattened
     (:func:`_flat_tiles`)."""
 
     offset: int
     rows: int
     causal: bool
     plain: bool
-    linear: int
+    dist_fn: int
     row_base: int
     own_rows: bool
     unmasked: bool
@@ -1277,10 +1327,10 @@ def _forward_outputs(q: Tensor, rows: int, want_mass: bool) -> tuple[Tensor, Ten
 @torch.library.custom_op("relpos::relative_flash_forward", mutates_args=())
 def _forward_op(
     q: Tensor, k: Tensor, v: Tensor, rel: Tensor | None, relk: Tensor | None,
-    slopes: Tensor | None, keys: Tensor | None, row_bias: Tensor | None, qpos: Tensor,
+    params: Tensor | None, keys: Tensor | None, row_bias: Tensor | None, qpos: Tensor,
     qseg: Tensor, kpos: Tensor, kseg: Tensor, lut: Tensor, dist: Tensor | None, q_ranges: Tensor,
     k_ranges: Tensor | None, qb_ranges: Tensor | None, seed: Tensor | None, *, offset: int,
-    rows: int, causal: bool, plain: bool, linear: int, row_base: int, own_rows: bool,
+    rows: int, causal: bool, plain: bool, dist_fn: int, row_base: int, own_rows: bool,
     unmasked: bool, want_mass: bool, p_drop: float, tiles: list[int],
 ) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
     """``(out, lse, mass)``: the forward kernel's launch, one operator to PyTorch (so that
@@ -1292,7 +1342,7 @@ def _forward_op(
     launch = _kernel_tiles(tiles).forward
     dp, rp, _ = _padded(q, rows)
     out, lse, mass = _forward_outputs(q, rows, want_mass)
-    tables = _table_args(rel, relk, slopes, keys, row_bias, lut, dist, row_base, rows, out)
+    tables = _table_args(rel, relk, params, keys, row_bias, lut, dist, row_base, rows, out)
     _launch(
         _forward_kernel, (_cdiv(i, launch.bm), b * h),
         q, k, v, qpos, qseg, kpos, kseg, *tables, out, lse, mass,
@@ -1301,7 +1351,7 @@ def _forward_op(
         q_ranges, q_ranges.shape[1],
         tiles=launch, DP=dp, RP=rp, PLAIN=plain, CAUSAL=causal,
         HAS_REL=rel is not None or keys is not None, HAS_MASS=want_mass,
-        HAS_KREL=relk is not None, DROPOUT=p_drop > 0, LINEAR=linear, PRECISION=_precision(q),
+        HAS_KREL=relk is not None, DROPOUT=p_drop > 0, DIST_FN=dist_fn, PRECISION=_precision(q),
         ONE_ROW=lut.shape[0] == 2, SHIFTED=row_base >= 0, BY_DISTANCE=dist is not None,
         UNMASKED=unmasked, REL_KEYS=keys is not None, WIN=_window(launch),
     )  # fmt: skip
@@ -1309,15 +1359,15 @@ def _forward_op(
 
 
 @_forward_op.register_fake
-def _forward_shapes(q, k, v, rel, relk, slopes, keys, row_bias, *args, rows, want_mass, **kw):
+def _forward_shapes(q, k, v, rel, relk, params, keys, row_bias, *args, rows, want_mass, **kw):
     return _forward_outputs(q, rows, want_mass)
 
 
 def _gradient_buffers(
     q: Tensor, k: Tensor, lut: Tensor, s: _Settings, rel_grad: bool, relk_grad: bool,
-    slope_grad: bool, by_entry: bool, keyed: bool,
+    param_grad: bool, by_entry: bool, keyed: bool,
 ) -> tuple[Tensor, ...]:  # fmt: skip
-    """``dq, dk, dv, drel, drelk, dslope`` as the backward kernels write them, zeroed where they
+    """``dq, dk, dv, drel, drelk, dparams`` as the backward kernels write them, zeroed where they
     add to them. ``d rel`` by entry ``(h, n)`` (a table shared by every query past the register
     rows), else per query ``(b, h, i, R|0)``: with the keys in q's dtype where stored (register
     rows, or each query's own rows: then multiplied out on the tensor cores), else float32.
@@ -1331,36 +1381,36 @@ def _gradient_buffers(
     else:
         drel = q.new_zeros(b, h, i, r if rel_grad else 0, dtype=drel_dtype)
     drelk = q.new_zeros(b, h, j, r if relk_grad else 0, dtype=torch.float32)
-    dslope = q.new_zeros(b, h, i if slope_grad else 0, dtype=torch.float32)
+    dparams = q.new_zeros(b, h, i if param_grad else 0, 2, dtype=torch.float32)
     dq = q.new_empty(b, h, i, q.shape[3], dtype=torch.float32 if rel_grad and keyed else q.dtype)
     dk = q.new_empty(b, h, j, q.shape[3])
-    return dq, dk, torch.empty_like(dk), drel, drelk, dslope
+    return dq, dk, torch.empty_like(dk), drel, drelk, dparams
 
 
 @torch.library.custom_op("relpos::relative_flash_backward", mutates_args=())
 def _backward_op(
     do: Tensor, dmass: Tensor | None, q: Tensor, k: Tensor, v: Tensor, rel: Tensor | None,
-    relk: Tensor | None, slopes: Tensor | None, keys: Tensor | None, row_bias: Tensor | None,
+    relk: Tensor | None, params: Tensor | None, keys: Tensor | None, row_bias: Tensor | None,
     out: Tensor, lse: Tensor, mass: Tensor, qpos: Tensor, qseg: Tensor, kpos: Tensor,
     kseg: Tensor, lut: Tensor, dist: Tensor | None, q_ranges: Tensor, k_ranges: Tensor,
-    seed: Tensor | None, *, offset: int, rows: int, causal: bool, plain: bool, linear: int,
+    seed: Tensor | None, *, offset: int, rows: int, causal: bool, plain: bool, dist_fn: int,
     row_base: int, own_rows: bool, unmasked: bool, want_mass: bool, p_drop: float,
-    tiles: list[int], rel_grad: bool, relk_grad: bool, slope_grad: bool, by_entry: bool,
+    tiles: list[int], rel_grad: bool, relk_grad: bool, param_grad: bool, by_entry: bool,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:  # fmt: skip
-    """``dq, dk, dv, drel, drelk, dslope`` as the two backward kernels write them
+    """``dq, dk, dv, drel, drelk, dparams`` as the two backward kernels write them
     (:func:`_gradient_buffers`); ``dmass`` None without the mass. The queries' kernel runs
     first: it computes each query's ``Σ d out·out`` (plus the mass's term), which the keys'
     kernel reads."""
     s = _Settings(
-        offset, rows, causal, plain, linear, row_base, own_rows, unmasked, want_mass, p_drop, tiles
+        offset, rows, causal, plain, dist_fn, row_base, own_rows, unmasked, want_mass, p_drop, tiles
     )
     b, h, i, d = q.shape
     j = k.shape[2]
     dp, rp, loop_rows = _padded(q, rows)
     launches = _kernel_tiles(tiles)
     keyed = keys is not None
-    grads = _gradient_buffers(q, k, lut, s, rel_grad, relk_grad, slope_grad, by_entry, keyed)
-    dq, dk, dv, drel, drelk, dslope = grads
+    grads = _gradient_buffers(q, k, lut, s, rel_grad, relk_grad, param_grad, by_entry, keyed)
+    dq, dk, dv, drel, drelk, dparams = grads
     has_mass = dmass is not None
     if has_mass:  # the queries' backward adds Σ_d d out·out (_output_grads_with_delta)
         dmass = dmass.float().contiguous()
@@ -1368,22 +1418,22 @@ def _backward_op(
     else:
         dmass = do  # any pointer: never read
         dlt = lse.new_empty(b, h, i)
-    tables = _table_args(rel, relk, slopes, keys, row_bias, lut, dist, row_base, rows, out)
+    tables = _table_args(rel, relk, params, keys, row_bias, lut, dist, row_base, rows, out)
     strides = (*_strides(q, k, qpos, kpos, rel), *_keyed_strides(keys, row_bias))
     scale = 1.0 / math.sqrt(d)
     common = (h, i, j, d, rows, lut.shape[1], offset, scale, _seed_of(seed, out), p_drop)
     flags = dict(
         DP=dp, RP=rp if loop_rows else 2, PLAIN=plain, CAUSAL=causal,
         HAS_REL=rel is not None or keyed, HAS_MASS=has_mass, HAS_KREL=relk is not None,
-        DROPOUT=p_drop > 0, LINEAR=linear, LOOP_ROWS=loop_rows, PRECISION=_precision(q),
+        DROPOUT=p_drop > 0, DIST_FN=dist_fn, LOOP_ROWS=loop_rows, PRECISION=_precision(q),
         ONE_ROW=lut.shape[0] == 2, SHIFTED=row_base >= 0, BY_DISTANCE=dist is not None,
         UNMASKED=unmasked, REL_KEYS=keyed,
     )  # fmt: skip
     _launch(
         _backward_q_kernel, (_cdiv(i, launches.queries.bm), b * h),
         q, k, v, do, lse, dlt, out, qpos, qseg, kpos, kseg, *tables, dmass, dq, drel,
-        dslope, *strides, *common, q_ranges, q_ranges.shape[1], REL_GRAD=rel_grad,
-        SLOPE_GRAD=slope_grad, OWN_ROWS=own_rows and not loop_rows, tiles=launches.queries,
+        dparams, *strides, *common, q_ranges, q_ranges.shape[1], REL_GRAD=rel_grad,
+        PARAM_GRAD=param_grad, OWN_ROWS=own_rows and not loop_rows, tiles=launches.queries,
         WIN=_window(launches.queries), BY_ENTRY=by_entry, **flags,
     )  # fmt: skip
     _launch(
@@ -1392,13 +1442,13 @@ def _backward_op(
         *strides, *common, k_ranges, k_ranges.shape[1], KREL_GRAD=relk_grad,
         tiles=launches.keys, WIN=_window(launches.keys), **flags,
     )  # fmt: skip
-    return dq, dk, dv, drel, drelk, dslope
+    return dq, dk, dv, drel, drelk, dparams
 
 
 @_backward_op.register_fake
-def _backward_shapes(do, dmass, q, k, v, rel, relk, slopes, keys, *args, **kw):
+def _backward_shapes(do, dmass, q, k, v, rel, relk, params, keys, *args, **kw):
     lut = args[8]
-    flags = {name: kw.pop(name) for name in ("rel_grad", "relk_grad", "slope_grad", "by_entry")}
+    flags = {name: kw.pop(name) for name in ("rel_grad", "relk_grad", "param_grad", "by_entry")}
     return _gradient_buffers(q, k, lut, _Settings(**kw), keyed=keys is not None, **flags)
 
 
@@ -1415,7 +1465,7 @@ def _save(ctx, inputs: tuple, keyword_only_inputs: dict, output: tuple) -> None:
 def _backward(ctx, dout: Tensor, _dlse: Tensor, dmass: Tensor) -> tuple:
     """The gradients of the forward op's inputs: the backward op's, then what is left in
     PyTorch (``d rel`` back to ``rel``'s shape, the keys' products)."""
-    q, k, v, rel, relk, slopes, keys, row_bias, qpos, qseg, kpos, kseg, lut, dist = (
+    q, k, v, rel, relk, params, keys, row_bias, qpos, qseg, kpos, kseg, lut, dist = (
         ctx.saved_tensors[:14]
     )
     q_ranges, k_ranges, qb_ranges, seed, out, lse, mass = ctx.saved_tensors[14:]
@@ -1427,7 +1477,7 @@ def _backward(ctx, dout: Tensor, _dlse: Tensor, dmass: Tensor) -> tuple:
     # With the keys, d rel (computed, then multiplied out below) serves q's gradient too.
     rel_grad = (rel is not None and needs[3]) or (keyed and (needs[0] or any(needs[6:8])))
     relk_grad = relk is not None and needs[4]
-    slope_grad = slopes is not None and needs[5]
+    param_grad = params is not None and needs[5]
     # A table shared by every query past the register rows: its gradient by lut entry.
     by_entry = rel_grad and not loop_rows and rel is not None and _shared(rel)
     # The backward keeps the forward's launches and their block ranges, computed beside the
@@ -1445,10 +1495,10 @@ def _backward(ctx, dout: Tensor, _dlse: Tensor, dmass: Tensor) -> tuple:
     # all, not in every program that loads it.
     do = dout.to(q.dtype).contiguous()
     dmass = dmass.contiguous() if s.want_mass and dmass is not None else None
-    dq, dk, dv, drel, drelk, dslope = _backward_op(
-        do, dmass, q, k, v, rel, relk, slopes, keys, row_bias, out, lse, mass, qpos, qseg, kpos,
+    dq, dk, dv, drel, drelk, dparams = _backward_op(
+        do, dmass, q, k, v, rel, relk, params, keys, row_bias, out, lse, mass, qpos, qseg, kpos,
         kseg, lut, dist, q_ranges, k_ranges, seed, **s._asdict(), rel_grad=rel_grad,
-        relk_grad=relk_grad, slope_grad=slope_grad, by_entry=by_entry,
+        relk_grad=relk_grad, param_grad=param_grad, by_entry=by_entry,
     )  # fmt: skip
     dkeys = drow_bias = None
     if rel_grad and keyed:  # rel = q·Eᵀ + c, differentiated here, in the keys' dtype (q's)
@@ -1470,7 +1520,7 @@ def _backward(ctx, dout: Tensor, _dlse: Tensor, dmass: Tensor) -> tuple:
         dv,
         drel if rel_grad else None,
         drelk if relk_grad else None,
-        dslope.sum((0, 2)) if slope_grad else None,
+        dparams.sum((0, 2)) if param_grad else None,  # (h, 2)
         None if dkeys is None else dkeys.to(keys.dtype),
         drow_bias,
         *[None] * 10,  # the geometry, the ranges, the seed
@@ -1491,14 +1541,14 @@ def _window(tiles: Tiles) -> int:
 
 
 def _table_args(
-    rel: Tensor | None, relk: Tensor | None, slopes: Tensor | None, keys: Tensor | None,
+    rel: Tensor | None, relk: Tensor | None, params: Tensor | None, keys: Tensor | None,
     row_bias: Tensor | None, lut: Tensor, dist: Tensor | None, row_base: int, rows: int,
     unread: Tensor,
 ) -> list:  # fmt: skip
-    """The kernels' ``REL, RELK, SLOPES, KEYS, ROWB, LUT, DIST, row_base`` arguments: ``unread``
+    """The kernels' ``REL, RELK, PARAMS, KEYS, ROWB, LUT, DIST, row_base`` arguments: ``unread``
     for an absent table (never read), zeros for keys without a bias, a ``row_base`` of -1
     (none) as 0."""
-    tables = [t if t is not None else unread for t in (rel, relk, slopes)]
+    tables = [t if t is not None else unread for t in (rel, relk, params)]
     if keys is None:
         tables += [unread, unread]
     else:
@@ -1560,8 +1610,7 @@ def relative_flash_attention(
     mass: bool = False,
     dropout_p: float = 0.0,
     seed: int | Tensor = 0,
-    slopes: Tensor | None = None,
-    symmetric: bool = False,
+    distance_form: DistanceForm | None = None,
     relk: Tensor | None = None,
     row_base: int | None = None,
     keys: Tensor | None = None,
@@ -1588,8 +1637,10 @@ def relative_flash_attention(
         seed: the dropout mask's Philox seed: an int, or an integer tensor of one value on
             ``q``'s device, which the kernels read there (no device sync; drawn inside a compiled
             graph, a tensor is new each call, where an int would be fixed into the graph).
-        slopes: float32 ``(h,)``, a linear bias (ALiBi) added to the logits: ``slope_h·δ``, or
-            ``-slope_h·|δ|`` when ``symmetric``; differentiable (learned slopes).
+        distance_form: a distance bias in closed form added to the logits, evaluated per pair
+            (:class:`~relpos.functional.distance_form.DistanceForm`: ALiBi's line, KERPLE's
+            kernels), or None; its ``params`` ``(h, 2)`` are differentiable (learned slopes,
+            KERPLE's ``r1, r2``), their gradient summed per query, with no atomic adds.
         relk: float32 ``(b, h, j, R)``, a logit term of each key and relative row, read by every
             query at its pair's row (DeBERTa's position-to-content term), or None.
         row_base: where ``lut[x] = x + row_base`` for every entry (clipped distances, with
@@ -1623,7 +1674,8 @@ def relative_flash_attention(
             each query's rows are its own).
     """
     want_mass = bool(mass)
-    _check_shapes(q, k, v, rel, relk, slopes, (q_pos, q_seg, k_pos, k_seg), rows)
+    _check_shapes(q, k, v, rel, relk, (q_pos, q_seg, k_pos, k_seg), rows)
+    params = _form_params(distance_form, q.shape[1])
     _check_keys(q, rel, keys, row_bias, rows, plain)
     if lut.dim() not in (1, 2) or lut.shape[-1] == 0 or (lut.dim() == 2 and lut.shape[0] != 2):
         raise ValueError(
@@ -1659,7 +1711,7 @@ def relative_flash_attention(
         rows=int(rows),
         causal=bool(causal),
         plain=bool(plain),
-        linear=0 if slopes is None else (2 if symmetric else 1),
+        dist_fn=0 if distance_form is None else DISTANCE_FORMS.index(distance_form.name) + 1,
         row_base=-1 if row_base is None else row_base,
         own_rows=own_rows,
         unmasked=unmasked,
@@ -1676,7 +1728,7 @@ def relative_flash_attention(
         return remember(key, lambda: _ranges(*geometry, launch, queries=queries))
 
     q_ranges = ranges(tiles.forward, True)
-    differentiable = (q, k, v, rel, relk, slopes, keys, row_bias)
+    differentiable = (q, k, v, rel, relk, params, keys, row_bias)
     backward = torch.is_grad_enabled() and any(
         t is not None and t.requires_grad for t in differentiable
     )
@@ -1691,12 +1743,11 @@ def relative_flash_attention(
         seed = torch.tensor(int(seed), dtype=torch.int64, device=q.device)
     q, k, v = (t.contiguous() for t in (q, k, v))
     rel = None if rel is None else rel.contiguous()  # the kernels read its rows with stride 1
-    slopes = None if slopes is None else slopes.float().contiguous()
     relk = None if relk is None else relk.float().contiguous()
     keys = None if keys is None else keys.to(q.dtype).contiguous()
     row_bias = None if row_bias is None else row_bias.float().contiguous()
     out, _, mass = _forward_op(
-        q, k, v, rel, relk, slopes, keys, row_bias, q_pos, q_seg, k_pos, k_seg, lut, dist,
+        q, k, v, rel, relk, params, keys, row_bias, q_pos, q_seg, k_pos, k_seg, lut, dist,
         q_ranges, k_ranges, qb_ranges, seed, **settings._asdict(),
     )  # fmt: skip
     return out, mass
@@ -1749,7 +1800,7 @@ def lut_with_runs(lut: Tensor) -> Tensor:
     return torch.stack([lut, ends.flip(0).cummin(0).values.flip(0)])
 
 
-def _check_shapes(q, k, v, rel, relk, slopes, positions: tuple, rows: int) -> None:
+def _check_shapes(q, k, v, rel, relk, positions: tuple, rows: int) -> None:
     """Every input's shape against ``q``'s ``(b, h, i, d)`` and ``k``'s ``j``: the kernels read
     them through strides, so a wrong one would be read out of place, not refused."""
 
@@ -1784,8 +1835,23 @@ def _check_shapes(q, k, v, rel, relk, slopes, positions: tuple, rows: int) -> No
         refuse("rel", f"(1|{b}, {h}, 1|{i}, {rows})", rel)
     if relk is not None and tuple(relk.shape) != (b, h, j, rows):
         refuse("relk", str((b, h, j, rows)), relk)
-    if slopes is not None and tuple(slopes.shape) != (h,):
-        refuse("slopes", f"({h},)", slopes)
+
+
+def _form_params(form: DistanceForm | None, heads: int) -> Tensor | None:
+    """``form``'s parameters as the kernels read them, float32 ``(h, 2)`` (None without one),
+    after checking its name and shape."""
+    if form is None:
+        return None
+    if not isinstance(form, DistanceForm):
+        raise TypeError(f"distance_form must be a DistanceForm, got {type(form).__name__}")
+    if form.name not in DISTANCE_FORMS:
+        raise ValueError(f"distance_form.name must be one of {DISTANCE_FORMS}, got {form.name!r}")
+    if tuple(form.params.shape) != (heads, 2):
+        raise ValueError(
+            f"distance_form.params must have shape (h, 2) = ({heads}, 2), got "
+            f"{tuple(form.params.shape)}"
+        )
+    return form.params.float().contiguous()
 
 
 def _check_keys(q, rel, keys, row_bias, rows: int, plain: bool) -> None:

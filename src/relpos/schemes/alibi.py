@@ -50,6 +50,7 @@ class LearnedALiBi(DistanceBiasScheme):
         self.slopes = nn.Parameter(alibi_slopes(self.num_heads, self.config.slopes))
 
     linear = True
+    closed_form = True
 
     def linear_slopes(self) -> Tensor:
         slopes = self.slopes.to(compute_dtype(self.slopes.dtype)).clamp(min=0.0)

@@ -39,7 +39,9 @@ Two declared refinements tell the fast backends what else a scheme offers:
 * :class:`DistanceBiasScheme` — the logit term is any per-head function of the signed distance
   (KERPLE), evaluated once per distinct distance and gathered; the class flag ``linear`` with
   ``linear_slopes`` declares ALiBi's form with trained slopes (``chunked`` then runs ALiBi's
-  fused parts and returns the slopes' gradient).
+  fused parts and returns the slopes' gradient), and ``closed_form`` with ``distance_form`` a
+  formula of two parameters per head (ALiBi's line, KERPLE's kernels) that ``fused`` evaluates
+  per pair instead of reading a table.
 * :class:`PairBiasScheme` — the logit term has a per-pair kernel that also reduces its own
   gradient (:class:`~relpos.functional.pair_bias.PairBias`; FIRE): ``chunked`` adds it tile by
   tile and differentiates it once per call instead of once per tile.
@@ -62,6 +64,7 @@ import torch
 from torch import Tensor, nn
 
 from ..functional.alibi import alibi_bias
+from ..functional.distance_form import DistanceForm, linear_form
 from ..functional.dtypes import compute_dtype
 from ..functional.pair_bias import PairBias
 from ..functional.relative import table_rows
@@ -378,6 +381,9 @@ class DistanceBiasScheme(Scheme):
     #: Whether ``distance_bias`` is ALiBi's ``slope_h·δ`` (causal) / ``-slope_h·|δ|``
     #: (bidirectional) with the slopes of :meth:`linear_slopes`; declared per class.
     linear: ClassVar[bool] = False
+    #: Whether :meth:`distance_form` gives the bias in closed form (every :attr:`linear` scheme,
+    #: KERPLE); declared per class, checked by the conformance tests.
+    closed_form: ClassVar[bool] = False
 
     def __init__(self, config: SchemeConfig | None = None, **dims: Any) -> None:
         super().__init__(config, **dims)
@@ -393,6 +399,16 @@ class DistanceBiasScheme(Scheme):
         """The ``(h,)`` slopes in use, float32 or wider, with their graph to the parameters
         (heads left out of ``heads`` get 0); only for a :attr:`linear` scheme."""
         raise NotImplementedError(f"{type(self).__name__} is not a linear bias (linear=False)")
+
+    def distance_form(self) -> DistanceForm | None:
+        """The bias in closed form, which a kernel evaluates per pair (``fused``: no table, and
+        the parameters' gradient summed with no atomic adds), or None where it is a table only.
+        A :attr:`linear` scheme's is ALiBi's line with :meth:`linear_slopes`; others declare
+        theirs by overriding this (KERPLE). It must equal :meth:`distance_bias` with the
+        heads left out of ``heads`` at 0."""
+        if self.linear:
+            return linear_form(self.linear_slopes(), causal=self.causal)
+        return None
 
     def distance_table(self, q_positions: Positions, k_positions: Positions) -> tuple[int, Tensor]:
         """``(lo, table)``: the bias of distance ``δ`` for head ``h`` is ``table[h, δ - lo]``, for
@@ -446,6 +462,11 @@ class LinearBiasScheme(Scheme):
         """The ``(h,)`` slopes (no gradient), as a linear :class:`DistanceBiasScheme` gives
         its trained ones."""
         return self.slopes
+
+    def distance_form(self) -> DistanceForm:
+        """The line as a :class:`~relpos.functional.distance_form.DistanceForm` (what a
+        kernel evaluates per pair)."""
+        return linear_form(self.slopes, causal=self.causal)
 
     def score_bias(self, q: Tensor, q_positions: Positions, k_positions: Positions) -> Tensor:
         return alibi_bias(self.slopes, q_positions.distance(k_positions), causal=self.causal)

@@ -5,10 +5,11 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from ..functional.distance_form import DistanceForm, distance_form_bias
 from ..functional.dtypes import compute_dtype
-from ..functional.kerple import kerple_bias
 from ..spec.kerple import KERPLE_EPS, KerpleConfig
 from .base import DistanceBiasScheme, register
+from .heads import select_heads
 
 __all__ = ["KERPLE_EPS", "Kerple", "KerpleConfig"]
 
@@ -27,6 +28,7 @@ class Kerple(DistanceBiasScheme):
     """
 
     config_class = KerpleConfig
+    closed_form = True
 
     def __init__(self, config: KerpleConfig | None = None, **dims) -> None:
         super().__init__(config, **dims)
@@ -43,6 +45,12 @@ class Kerple(DistanceBiasScheme):
             min=KERPLE_EPS, max=r2_max
         )
 
-    def distance_bias(self, distance: Tensor) -> Tensor:
+    def distance_form(self) -> DistanceForm:
+        """``-r1·log(1 + r2·|δ|)`` or ``-r1·|δ|^r2`` per head (the heads left out of
+        ``heads``: ``r1 = 0``), which ``fused`` evaluates per pair."""
         r1, r2 = self.parameters_in_range()
-        return kerple_bias(distance, r1, r2, variant=self.config.variant)
+        params = torch.stack([select_heads(r1, self.bias_heads), r2], -1)
+        return DistanceForm(f"kerple_{self.config.variant}", params)
+
+    def distance_bias(self, distance: Tensor) -> Tensor:
+        return distance_form_bias(self.distance_form(), distance)
