@@ -274,7 +274,7 @@ def _attend_once() -> None:
     q, k, v = (torch.empty(1, 2, 64, 16, requires_grad=True) for _ in range(3))
     pos = torch.arange(64, dtype=torch.int32)[None]
     lut = torch.zeros(1, dtype=torch.int32)
-    form = DistanceForm("linear", torch.ones(2, 2))
+    form = DistanceForm("linear", torch.ones(2, 1))
     out, _ = relative_flash_attention(
         q, k, v, None, lut, 0, pos, pos, pos, pos, rows=1, causal=True, plain=True,
         distance_form=form,

@@ -816,7 +816,11 @@ def _raw_inputs(**change):
         ({"relk": torch.randn(2, 3, 5, 4)}, r"relk must have shape \(2, 3, 7, 4\)"),
         (
             {"distance_form": DistanceForm("linear", torch.rand(3))},
-            r"distance_form.params must have shape \(h, 2\) = \(3, 2\), got \(3,\)",
+            r"distance_form.params must have shape \(h, 1\) = \(3, 1\) for 'linear', got \(3,\)",
+        ),
+        (
+            {"distance_form": DistanceForm("kerple_log", torch.rand(3, 1))},
+            r"must have shape \(h, 2\) = \(3, 2\) for 'kerple_log', got \(3, 1\)",
         ),
         ({"distance_form": DistanceForm("cubic", torch.rand(3, 2))}, "name must be one of"),
         (
@@ -835,6 +839,7 @@ def _raw_inputs(**change):
         "rel-rows",
         "relk",
         "form-params",
+        "form-width",
         "form-name",
         "lut-rows",
         "lut-empty",

@@ -39,7 +39,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 from ..atomic import atomic_path
-from ..functional.distance_form import DistanceForm
+from ..functional.distance_form import LINEAR_FORMS, DistanceForm
 from . import interpreted
 from .relative_attention import (
     SHARED_BUDGET,
@@ -161,7 +161,8 @@ def variant_launches(
     pos = torch.zeros(b, n, dtype=torch.int32)
     lut = torch.zeros(rows, dtype=torch.int32)
     form = spec.pop("form", None)
-    form = None if form is None else DistanceForm(form, torch.ones(h, 2, **meta))
+    width = 1 if form in LINEAR_FORMS else 2
+    form = None if form is None else DistanceForm(form, torch.ones(h, width, **meta))
     relk = torch.empty(b, h, n, rows, **meta) if spec.pop("relk", False) else None
     keys = torch.empty(h, rows, d, dtype=dtype, **meta) if spec.pop("keys", False) else None
     row_bias = torch.empty(h, rows, **meta) if spec.pop("row_bias", False) else None

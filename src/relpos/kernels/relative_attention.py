@@ -99,7 +99,7 @@ import triton.language as tl
 from torch import Tensor
 
 from ..determinism import alert_atomic_sums
-from ..functional.distance_form import DISTANCE_FORMS, DistanceForm
+from ..functional.distance_form import DISTANCE_FORMS, LINEAR_FORMS, DistanceForm
 from . import interpreted
 
 __all__ = [
@@ -426,15 +426,18 @@ def _pairs(
 
 @triton.jit
 def _distance_params(scale, PARAMS, h, DIST_FN: tl.constexpr):
-    """``(scale2, fa, fb)``: the products' scale times ``log2(e)`` and head ``h``'s two
-    parameters of the distance function (0 without one), ``fa`` scaled so that the bias comes
-    out in base 2 (times ``log2(e)``; KERPLE's log form takes its log in base 2 instead)."""
+    """``(scale2, fa, fb)``: the products' scale times ``log2(e)`` and head ``h``'s parameters
+    of the distance function (0 without one; ``PARAMS`` ``(h, 1)`` for ALiBi's line, else
+    ``(h, 2)``), ``fa`` scaled so that the bias comes out in base 2 (times ``log2(e)``; KERPLE's
+    log form takes its log in base 2 instead)."""
     fa = 0.0
     fb = 0.0
-    if DIST_FN:
+    if DIST_FN == 1 or DIST_FN == 2:
+        fa = tl.load(PARAMS + h) * LOG2E
+    elif DIST_FN:
         fa = tl.load(PARAMS + 2 * h)
         fb = tl.load(PARAMS + 2 * h + 1)
-        if DIST_FN != 3:
+        if DIST_FN == 4:
             fa = fa * LOG2E
     return scale * LOG2E, fa, fb
 
@@ -1175,9 +1178,12 @@ def _backward_q_kernel(
     q_ok = m_ok[:, None] & d_ok[None, :]
     dq = (dq * scale).to(DQ.dtype.element_ty)  # q's dtype; float32 where keys' terms follow
     tl.store(DQ + row_at[:, None] * D + offs_d[None, :], dq, mask=q_ok)
-    if PARAM_GRAD:  # per query; summed over batch and queries by the caller
-        tl.store(DPARAMS + 2 * row_at, dfa, mask=m_ok)
-        tl.store(DPARAMS + 2 * row_at + 1, dfb, mask=m_ok)
+    if PARAM_GRAD:  # per query, (b, h, i, 1|2); summed over batch and queries by the caller
+        if DIST_FN == 1 or DIST_FN == 2:
+            tl.store(DPARAMS + row_at, dfa, mask=m_ok)
+        else:
+            tl.store(DPARAMS + 2 * row_at, dfa, mask=m_ok)
+            tl.store(DPARAMS + 2 * row_at + 1, dfb, mask=m_ok)
     if REL_GRAD and LOOP_ROWS:
         cols = tl.arange(0, RP)
         grad = dracc.to(DREL.dtype.element_ty)
@@ -1381,7 +1387,8 @@ def _gradient_buffers(
     else:
         drel = q.new_zeros(b, h, i, r if rel_grad else 0, dtype=drel_dtype)
     drelk = q.new_zeros(b, h, j, r if relk_grad else 0, dtype=torch.float32)
-    dparams = q.new_zeros(b, h, i if param_grad else 0, 2, dtype=torch.float32)
+    width = 1 if s.dist_fn in (1, 2) else 2  # the parameters per head (_form_params)
+    dparams = q.new_zeros(b, h, i if param_grad else 0, width, dtype=torch.float32)
     dq = q.new_empty(b, h, i, q.shape[3], dtype=torch.float32 if rel_grad and keyed else q.dtype)
     dk = q.new_empty(b, h, j, q.shape[3])
     return dq, dk, torch.empty_like(dk), drel, drelk, dparams
@@ -1520,7 +1527,7 @@ def _backward(ctx, dout: Tensor, _dlse: Tensor, dmass: Tensor) -> tuple:
         dv,
         drel if rel_grad else None,
         drelk if relk_grad else None,
-        dparams.sum((0, 2)) if param_grad else None,  # (h, 2)
+        dparams.sum((0, 2)) if param_grad else None,  # (h, 1|2)
         None if dkeys is None else dkeys.to(keys.dtype),
         drow_bias,
         *[None] * 10,  # the geometry, the ranges, the seed
@@ -1639,8 +1646,9 @@ def relative_flash_attention(
             graph, a tensor is new each call, where an int would be fixed into the graph).
         distance_form: a distance bias in closed form added to the logits, evaluated per pair
             (:class:`~relpos.functional.distance_form.DistanceForm`: ALiBi's line, KERPLE's
-            kernels), or None; its ``params`` ``(h, 2)`` are differentiable (learned slopes,
-            KERPLE's ``r1, r2``), their gradient summed per query, with no atomic adds.
+            kernels), or None; its ``params`` (``(h, 1)`` for the line, ``(h, 2)``) are
+            differentiable (learned slopes, KERPLE's ``r1, r2``), their gradient summed per
+            query, with no atomic adds.
         relk: float32 ``(b, h, j, R)``, a logit term of each key and relative row, read by every
             query at its pair's row (DeBERTa's position-to-content term), or None.
         row_base: where ``lut[x] = x + row_base`` for every entry (clipped distances, with
@@ -1838,18 +1846,19 @@ def _check_shapes(q, k, v, rel, relk, positions: tuple, rows: int) -> None:
 
 
 def _form_params(form: DistanceForm | None, heads: int) -> Tensor | None:
-    """``form``'s parameters as the kernels read them, float32 ``(h, 2)`` (None without one),
-    after checking its name and shape."""
+    """``form``'s parameters as the kernels read them, float32 ``(h, 1)`` (ALiBi's line) or
+    ``(h, 2)`` (None without a form), after checking its name and shape."""
     if form is None:
         return None
     if not isinstance(form, DistanceForm):
         raise TypeError(f"distance_form must be a DistanceForm, got {type(form).__name__}")
     if form.name not in DISTANCE_FORMS:
         raise ValueError(f"distance_form.name must be one of {DISTANCE_FORMS}, got {form.name!r}")
-    if tuple(form.params.shape) != (heads, 2):
+    width = 1 if form.name in LINEAR_FORMS else 2
+    if tuple(form.params.shape) != (heads, width):
         raise ValueError(
-            f"distance_form.params must have shape (h, 2) = ({heads}, 2), got "
-            f"{tuple(form.params.shape)}"
+            f"distance_form.params must have shape (h, {width}) = ({heads}, {width}) for "
+            f"{form.name!r}, got {tuple(form.params.shape)}"
         )
     return form.params.float().contiguous()
 
