@@ -65,14 +65,12 @@ def test_relative_schemes_keep_their_declared_contract(spec, causal):
 def test_distance_clip_is_where_the_rows_stop_changing(spec, causal):
     """Past a declared ``distance_clip`` every distance reads the nearer end's row (far past it:
     the kernels clamp to the cut table), and ``shifted`` rows are the clipped distance itself,
-    the table's every row. The schemes with a clipped or saturating table declare one (a clip
-    too tight fails here; one too loose only costs the kernels a longer table)."""
+    the table's every row. Every relative scheme has a clipped or saturating table (DeBERTa's
+    log buckets end at its edges) and declares where (a clip too tight fails here; one too loose
+    only costs the kernels a longer table)."""
     scheme = relpos.make_scheme(spec, d_model=8, num_heads=2, causal=causal)
     clip = scheme.distance_clip
-    if clip is None:
-        assert spec["name"] == "deberta"  # log buckets past a clamp: not declared
-        return
-    assert clip.lo <= 0 <= clip.hi
+    assert clip is not None and clip.lo <= 0 <= clip.hi
     far = 3 * max(-clip.lo, clip.hi, 1) + 5
     rows = scheme.rows_by_distance(-far, far)
     cut = scheme.rows_by_distance(clip.lo, clip.hi)

@@ -12,7 +12,7 @@ from torch import Tensor, nn
 from ..functional.dtypes import compute_dtype
 from ..positions import Positions
 from ..spec.deberta import DEBERTA_TERMS, DebertaConfig
-from .base import RelativeScheme, register
+from .base import DistanceClip, RelativeScheme, register
 
 __all__ = ["DEBERTA_TERMS", "DeBERTa", "DebertaConfig"]
 
@@ -84,6 +84,14 @@ class DeBERTa(RelativeScheme):
     def num_relative(self) -> int:
         """Rows ``R = 2·span`` of the relative table."""
         return 2 * self.config.span
+
+    @property
+    def distance_clip(self) -> DistanceClip:
+        """The rows stop changing past the spec's ``reach`` either way (the log buckets end at
+        the table's edges), so ``fused`` keeps a table of ``2·reach + 1`` distances at any
+        length, and over a KV cache's queries and keys reads no range of positions."""
+        reach = self.config.reach
+        return DistanceClip(-reach, reach)
 
     def relative_index(self, q_positions: Positions, k_positions: Positions) -> Tensor:
         """Row ``δ(i, j)`` of every pair, ``(b|1, i, j)`` int64, from ``p_i - p_j``."""
