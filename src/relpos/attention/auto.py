@@ -241,8 +241,8 @@ def _untimed_for_training(scheme: Scheme) -> bool:
     """The ``fused`` paths no GPU has timed with gradients: a wide shared table's gradient
     summed by entry (:func:`~.fused.fused_sums_by_entry`: Sandwich, DPB, T5 past 128 buckets) and
     KERPLE's closed form."""
-    kerple = isinstance(scheme, DistanceBiasScheme) and scheme.closed_form and not scheme.linear
-    return kerple or fused_sums_by_entry(scheme)
+    curved = isinstance(scheme, DistanceBiasScheme) and scheme.closed_form and not scheme.linear
+    return curved or fused_sums_by_entry(scheme)
 
 
 def fused_wins_on_cuda(

@@ -3,6 +3,7 @@
 from .alibi import alibi_bias, alibi_slopes
 from .cope import cope_logits, cope_positions
 from .deberta import deberta_buckets, deberta_index, deberta_span
+from .distance_form import DISTANCE_FORMS, DistanceForm, distance_form_bias
 from .dtypes import compute_dtype
 from .fire import fire_bias, fire_inputs, fire_pairs
 from .kerple import kerple_bias
@@ -23,6 +24,8 @@ from .t5 import t5_buckets
 from .xpos import xpos_decay, xpos_max_position, xpos_scale
 
 __all__ = [
+    "DISTANCE_FORMS",
+    "DistanceForm",
     "PairBias",
     "alibi_bias",
     "alibi_slopes",
@@ -34,6 +37,7 @@ __all__ = [
     "deberta_buckets",
     "deberta_index",
     "deberta_span",
+    "distance_form_bias",
     "fire_bias",
     "fire_inputs",
     "fire_pairs",
