@@ -211,6 +211,9 @@ def test_an_interrupted_run_resumes_to_the_same_weights(tiny_data, tmp_path, dev
     a = load_checkpoint(tmp_path / "straight" / "last.pt")
     b = load_checkpoint(tmp_path / "resumed" / "last.pt")
     assert b["step"] == 10
+    mapped = load_checkpoint(tmp_path / "resumed" / "last.pt", mmap=True)  # what --resume reads
+    assert mapped["config"] == b["config"]
+    assert all(torch.equal(mapped["model"][name], t) for name, t in b["model"].items())
     # On CUDA the backward's atomic adds may round differently run to run; other dropout masks
     # would move the weights by far more.
     tol = 0 if device == "cpu" else 1e-5

@@ -397,7 +397,7 @@ def _checkpoint_config(path: Path):
     from ..training import TrainConfig, load_checkpoint
 
     try:
-        return TrainConfig.from_dict(load_checkpoint(path)["config"])
+        return TrainConfig.from_dict(load_checkpoint(path, mmap=True)["config"])
     except (OSError, ValueError, TypeError, KeyError) as e:
         raise CLIError(f"--resume: {path}: {e}") from None
 

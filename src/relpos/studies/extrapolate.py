@@ -59,7 +59,7 @@ def chorale_cell(
     cell_dir.mkdir(parents=True, exist_ok=True)
     resume = (cell_dir / "last.pt").is_file()
     if resume:
-        saved = load_checkpoint(cell_dir / "last.pt")["config"]
+        saved = load_checkpoint(cell_dir / "last.pt", mmap=True)["config"]
         if saved != cfg.with_absolute_data().to_dict():
             raise ValueError(f"{cell_dir} holds another run; delete the folder to start it over")
     else:  # a run killed before its first checkpoint: start it over

@@ -71,14 +71,16 @@ def _check_crcs(path: Path) -> None:
         )
 
 
-def load_checkpoint(path: str | Path) -> dict[str, Any]:
-    """Load and check a checkpoint; a clear ``ValueError`` if it is missing pieces or corrupt."""
+def load_checkpoint(path: str | Path, *, mmap: bool = False) -> dict[str, Any]:
+    """Load and check a checkpoint; a clear ``ValueError`` if it is missing pieces or corrupt.
+    With ``mmap`` its tensors are mapped from the file, not read: for a caller that reads the
+    config alone (``relpos train --resume`` before the run loads it whole)."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint {path} does not exist")
     _check_crcs(path)
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
+        state = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     except Exception as e:  # torch raises several types for truncated or foreign files
         raise ValueError(_load_error(path, e)) from None
     if not isinstance(state, dict) or any(k not in state for k in _REQUIRED):
