@@ -19,7 +19,7 @@ from relpos.atomic import stale_temporaries
 from relpos.attention.flex import flex_available
 from relpos.cli import main
 from relpos.studies import compare, report, synthetic
-from relpos.studies.spec import DEFAULT_SCHEMES, default_spec
+from relpos.studies.spec import DEFAULT_SCHEMES, default_spec, parse_scheme, scheme_label
 from relpos.studies.tasks import (
     BOS,
     DIGIT0,
@@ -397,6 +397,26 @@ def test_bad_input_is_refused_with_nothing_written(tmp_path, capsys, extra, patt
     flags = without(TINY, [f for f in extra if f.startswith("--")])
     refused(capsys, ["compare", *extra, "--run-dir", str(run), *flags], *patterns)
     assert not run.exists()
+
+
+def test_a_scheme_s_json_values_keep_their_commas_and_colons(tmp_path, capsys):
+    """A field's JSON value may hold commas and colons (a list of heads, RoPE's scaling dict):
+    ``--schemes`` splits schemes and fields outside brackets, braces and quotes only, and the
+    label a scheme is tabulated under parses back to it."""
+    scaling = 'rope:scaling={"rope_type":"linear","factor":2.0}'
+    assert parse_scheme(scaling) == {
+        "name": "rope",
+        "scaling": {"rope_type": "linear", "factor": 2.0},
+    }
+    heads = parse_scheme("alibi:heads=[0,1]")
+    assert heads == {"name": "alibi", "heads": [0, 1]}
+    for scheme in (heads, parse_scheme(scaling)):
+        assert parse_scheme(scheme_label(scheme)) == scheme
+    run = tmp_path / "cmp"
+    argv = ["compare", "--task", "reverse", "--schemes", f"alibi:heads=[0,1],{scaling}"]
+    assert main([*argv, "--run-dir", str(run), *TINY]) == 0
+    results = json.loads((run / "results.json").read_text())
+    assert results["schemes"] == [scheme_label(heads), scheme_label(parse_scheme(scaling))]
 
 
 def test_a_default_test_length_past_the_task_names_the_train_length(tmp_path, capsys):

@@ -137,12 +137,12 @@ def _command_line(spec, labels: list[str], seeds: list[int], run_dir: Path) -> s
 
 def cmd_compare(args: argparse.Namespace) -> int:
     from ..studies.compare import ComparisonMismatch, prepare, run_compare
-    from ..studies.spec import DEFAULT_SCHEMES
+    from ..studies.spec import DEFAULT_SCHEMES, split_outside_brackets
 
     spec = _spec(args)
     # Only an absent flag means the default: an empty value (an unset shell variable) is refused.
     given = ",".join(DEFAULT_SCHEMES) if args.schemes is None else args.schemes
-    schemes = [s for s in (s.strip() for s in given.split(",")) if s]
+    schemes = [s for s in (s.strip() for s in split_outside_brackets(given, ",")) if s]
     if not schemes:
         raise CLIError(
             f"--schemes: expected at least one scheme (NAME or NAME:KEY=VALUE, comma-separated), "

@@ -28,6 +28,7 @@ __all__ = [
     "default_spec",
     "parse_scheme",
     "scheme_label",
+    "split_outside_brackets",
 ]
 
 #: The chorale extrapolation task: NLL at longer windows than the training windows.
@@ -231,12 +232,32 @@ def default_spec(task: str, **overrides: Any) -> CompareSpec:
         ) from None
 
 
+def split_outside_brackets(text: str, sep: str) -> list[str]:
+    """``text`` split at each ``sep`` that stands outside brackets, braces and double quotes, so
+    that a JSON value keeps its own commas and colons (``alibi:heads=[0,1],t5`` is two schemes;
+    ``rope:scaling={"rope_type":"linear","factor":2}`` one scheme of one field)."""
+    parts, depth, quoted, start = [], 0, False, 0
+    for at, char in enumerate(text):
+        if char == '"' and (at == 0 or text[at - 1] != "\\"):
+            quoted = not quoted
+        elif not quoted and char in "[{":
+            depth += 1
+        elif not quoted and char in "]}":
+            depth -= 1
+        elif not quoted and depth == 0 and char == sep:
+            parts.append(text[start:at])
+            start = at + 1
+    return [*parts, text[start:]]
+
+
 def parse_scheme(text: str) -> dict[str, Any]:
     """``NAME`` or ``NAME:KEY=VALUE:KEY=VALUE`` (e.g. ``music:max_distance=64``) as a scheme dict,
-    checked against the registry (``ValueError`` naming the scheme or the field)."""
+    checked against the registry (``ValueError`` naming the scheme or the field). A value is
+    JSON where it parses (``heads=[0,1]``, ``scaling={"rope_type":"linear","factor":2}``), else
+    a string."""
     import json
 
-    name, *pairs = [part.strip() for part in text.split(":")]
+    name, *pairs = [part.strip() for part in split_outside_brackets(text, ":")]
     if not name:
         raise ValueError(f"expected a scheme name, got {text!r}")
     scheme: dict[str, Any] = {"name": name}
