@@ -26,9 +26,9 @@ DPB: ``rel`` its table of every distance, shared by every query): ``rel`` is the
 T5), ``relk`` its ``relative_key_logits(k)`` (DeBERTa) and ``mass`` what Shaw's value term reads
 (``relative_value(mass)``). A distance bias in closed form
 (:class:`~relpos.functional.distance_form.DistanceForm`: ALiBi's line with fixed or learned
-slopes, KERPLE's logarithmic and power kernels) is computed per pair from two parameters per
-head, no table read; their gradient is a per-query sum of ``dS·∂f/∂a`` and ``dS·∂f/∂b``, stored
-per query and summed by the caller (deterministic). The backend around it is
+slopes, KERPLE's logarithmic and power kernels) is computed per pair from one or two
+parameters per head, no table read; their gradient is a per-query sum of ``dS·∂f/∂a`` (and
+``dS·∂f/∂b``), stored per query and summed by the caller (deterministic). The backend around it is
 :mod:`relpos.attention.fused`.
 
 How each row-indexed reduction runs (``mass`` forward; ``d rel`` per query, ``d relk`` per key,
@@ -467,8 +467,9 @@ def _distance_bias(delta, fa, fb, DIST_FN: tl.constexpr):
 
 @triton.jit
 def _distance_grads(ds, delta, fa, fb, DIST_FN: tl.constexpr):
-    """Per query, ``Σ_j dS·∂bias/∂a`` and ``Σ_j dS·∂bias/∂b``: the gradients of the head's two
-    parameters (natural units) from the tile's ``dS`` (0 on the pairs that may not attend)."""
+    """Per query, ``Σ_j dS·∂bias/∂a`` and ``Σ_j dS·∂bias/∂b`` (0 for ALiBi's line, which has
+    no ``b``): the gradients of the head's parameters (natural units) from the tile's ``dS`` (0
+    on the pairs that may not attend)."""
     dist = tl.abs(delta.to(tl.float32))
     if DIST_FN == 1:
         ga = tl.sum(ds * delta.to(tl.float32), axis=1)
