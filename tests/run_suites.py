@@ -2,10 +2,12 @@
 suite, side by side.
 
 The Keras suites start first, one process per backend (``KERAS_BACKEND=jax|tensorflow|torch``),
-and the kernels' suite (``tests/fused``, in Triton's interpreter: ``TRITON_INTERPRET=1``), their
-output kept and printed whole when they end; the PyTorch suite runs meanwhile, printing as it
-goes. Each suite runs one thread: six suites share the cores, where threads of one suite would
-only wait on each other. The exit status is non-zero if any suite failed.
+and the kernels' suite (``tests/fused``, in Triton's interpreter: ``TRITON_INTERPRET=1``) in two
+processes (``fused``: the kernels against eager; ``fused-other``: the rest), their output kept
+and printed whole when they end; the PyTorch suite runs meanwhile, printing as it goes. Each
+suite runs one thread: seven suites share the cores, where threads of one suite would only wait
+on each other, and no one suite is left to run alone at the end for long. The exit status is
+non-zero if any suite failed.
 
 The Keras suite's JAX part runs in a Keras user's install, ``.venv-keras`` (``relpos[keras]``,
 JAX, pytest and Hypothesis: ``make test`` makes it), with ``--keras-user-install``: ``keras-jax``
@@ -18,7 +20,8 @@ leave ``keras-jax`` out): a fallback to the main environment would prove nothing
 expression given to pytest (``-m "not slow"``) is and-ed to a suite's own (pytest takes one).
 
     python tests/run_suites.py [--only torch|keras-jax|keras-jax-reference|keras-tensorflow|
-                                       keras-torch|fused ...] [--durations [N]] [-- pytest args]
+                                       keras-torch|fused|fused-other ...] [--durations [N]]
+                               [-- pytest args]
 
 ``--durations`` prints each suite's N slowest tests (pytest's ``--durations``) and, at the end,
 every suite's wall and CPU time (the CPU time, summed over the suites, is what a busier or smaller
@@ -42,6 +45,8 @@ KERAS_BACKENDS = ("jax", "tensorflow", "torch")
 KERAS_VENV = ROOT / ".venv-keras"
 #: The Keras tests that need more than that install: the JAX suite runs them in the main one.
 REFERENCE = "torch_reference or keras_hub_reference"
+#: The kernels against eager: the kernels' suite's larger half, run as a suite of its own.
+FUSED_KERNELS = "tests/fused/test_fused.py"
 #: One thread per suite; XLA (Keras on JAX, TensorFlow's jit_compile) compiles without its
 #: expensive optimisations: the suites compile thousands of tiny programs once each, and
 #: optimising them took about a fifth of the JAX suite's CPU time.
@@ -89,7 +94,19 @@ BACKGROUND = {
         f"keras-{b}": Suite("tests/keras", {"KERAS_BACKEND": b}, f"Keras suite, KERAS_BACKEND={b}")
         for b in KERAS_BACKENDS[1:]
     },
-    "fused": Suite("tests/fused", {"TRITON_INTERPRET": "1"}, "Triton kernels, TRITON_INTERPRET=1"),
+    # The kernels' suite in two processes: the kernels against eager, the longest of all the
+    # suites alone, and the rest (compiles for GPUs, torch.compile, the host's side).
+    "fused": Suite(
+        FUSED_KERNELS,
+        {"TRITON_INTERPRET": "1"},
+        f"Triton kernels ({FUSED_KERNELS}), TRITON_INTERPRET=1",
+    ),
+    "fused-other": Suite(
+        "tests/fused",
+        {"TRITON_INTERPRET": "1"},
+        f"Triton kernels (tests/fused but {FUSED_KERNELS}), TRITON_INTERPRET=1",
+        args=(f"--ignore={FUSED_KERNELS}",),
+    ),
 }
 SUITES = ("torch", *BACKGROUND)
 

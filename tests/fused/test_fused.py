@@ -645,7 +645,18 @@ def test_a_closed_form_reads_no_table_and_sums_no_atomics(spec, form, determinis
         _assert_equals_eager64(out, scheme, q, k, v, qp, kp, False, grad_out, spec_id(spec))
 
 
-@pytest.mark.parametrize("spec", RELATIVE_SPECS, ids=spec_id)
+def _one_load_cases() -> list:
+    """Every relative spec but those whose table reaches the kernels as another's does (a head
+    selection, Shaw per head, DeBERTa with one term): ``-m slow`` runs them too."""
+    alike = ("heads", "per_head", "pos_att_type")
+    slow = pytest.mark.slow
+    return [
+        pytest.param(s, id=spec_id(s), marks=slow if set(alike) & set(s) else ())
+        for s in RELATIVE_SPECS
+    ]
+
+
+@pytest.mark.parametrize("spec", _one_load_cases())
 def test_one_load_forms_match_the_table_path(spec):
     """A pair's logit in one load: clipped distances' rows computed (``SHIFTED``: Shaw's keys, the
     Music Transformer, Transformer-XL; with a value term only at tiles under 64×64), a table
