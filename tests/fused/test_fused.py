@@ -183,7 +183,7 @@ def test_fused_equals_the_loop_oracle(spec):
     [
         {"name": "music", "max_distance": 129},
         {"name": "deberta", "position_buckets": 0, "max_relative_positions": 80},
-        {"name": "shaw", "max_distance": 3},
+        pytest.param({"name": "shaw", "max_distance": 3}, marks=pytest.mark.slow),
     ],
     ids=spec_id,
 )
@@ -693,17 +693,20 @@ def test_one_load_forms_match_the_table_path(spec):
         _assert_all_close(*results, 1e-3, f"{spec_id(spec)} {layout}")
 
 
-def _first_of_each_scheme() -> list:
-    """Every fused spec, the first of each scheme in the default run (``-m slow``: the rest)."""
+def _first_of_each_kind() -> list:
+    """Every fused spec; in the default run the first of each kind of term (Shaw's value term,
+    the Music Transformer's table per query, T5's shared one, DeBERTa's key term, ALiBi's line:
+    the other distance biases read as T5 or compute as ALiBi), ``-m slow``: the rest."""
+    kinds = ("shaw", "music", "t5", "deberta", "alibi")
     names = [s["name"] for s in FUSED_SPECS]
-    slow = pytest.mark.slow
     return [
-        pytest.param(s, id=spec_id(s), marks=() if names.index(s["name"]) == n else slow)
-        for n, s in enumerate(FUSED_SPECS)
+        pytest.param(s, id=spec_id(s), marks=() if first else pytest.mark.slow)
+        for n, (s, name) in enumerate(zip(FUSED_SPECS, names, strict=True))
+        for first in [name in kinds and names.index(name) == n]
     ]
 
 
-@pytest.mark.parametrize("spec", _first_of_each_scheme())
+@pytest.mark.parametrize("spec", _first_of_each_kind())
 def test_unmasked_tiles_give_the_same_numbers(spec):
     """``launch_config(unmasked=True)`` runs the tiles every pair of which may attend (plain
     positions: whole tiles, in the causal past) in a loop that checks nothing per pair: outputs

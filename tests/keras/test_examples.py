@@ -23,7 +23,9 @@ def on_backend(backend: str):
 
 def run_example(name: str, *args: str, backend: str) -> str:
     env = {**os.environ, "KERAS_BACKEND": backend, "OMP_NUM_THREADS": "1"}
-    env["XLA_FLAGS"] = "--xla_cpu_multi_thread_eigen=false"
+    # The suite's XLA flags where it runs under tests/run_suites.py (one thread, no expensive
+    # optimisations: a third less CPU for an example's compiles), else one thread.
+    env.setdefault("XLA_FLAGS", "--xla_cpu_multi_thread_eigen=false")
     done = subprocess.run(
         [sys.executable, str(ROOT / "examples" / name), *args],
         env=env, cwd=ROOT, capture_output=True, text=True, timeout=600,
