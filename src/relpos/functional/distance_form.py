@@ -1,6 +1,6 @@
 """Distance biases in closed form: a per-head function of the signed distance ``δ = p_j - p_i``
-with two parameters per head, which a kernel evaluates per pair instead of reading a table
-(and whose parameters' gradient it sums per query, with no atomic adds).
+with one or two parameters per head, which a kernel evaluates per pair instead of reading a
+table (and whose parameters' gradient it sums per query, with no atomic adds).
 
 The forms, with ``a``, ``b`` a head's parameters (``params[h] = (a,)`` or ``(a, b)``):
 

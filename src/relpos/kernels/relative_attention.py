@@ -1388,7 +1388,7 @@ def _gradient_buffers(
     else:
         drel = q.new_zeros(b, h, i, r if rel_grad else 0, dtype=drel_dtype)
     drelk = q.new_zeros(b, h, j, r if relk_grad else 0, dtype=torch.float32)
-    width = 1 if s.dist_fn in (1, 2) else 2  # the parameters per head (_form_params)
+    width = _param_width(DISTANCE_FORMS[s.dist_fn - 1]) if s.dist_fn else 0
     dparams = q.new_zeros(b, h, i if param_grad else 0, width, dtype=torch.float32)
     dq = q.new_empty(b, h, i, q.shape[3], dtype=torch.float32 if rel_grad and keyed else q.dtype)
     dk = q.new_empty(b, h, j, q.shape[3])
@@ -1846,6 +1846,11 @@ def _check_shapes(q, k, v, rel, relk, positions: tuple, rows: int) -> None:
         refuse("relk", str((b, h, j, rows)), relk)
 
 
+def _param_width(name: str) -> int:
+    """The parameters per head of the distance form ``name``: ALiBi's slope, or KERPLE's two."""
+    return 1 if name in LINEAR_FORMS else 2
+
+
 def _form_params(form: DistanceForm | None, heads: int) -> Tensor | None:
     """``form``'s parameters as the kernels read them, float32 ``(h, 1)`` (ALiBi's line) or
     ``(h, 2)`` (None without a form), after checking its name and shape."""
@@ -1855,7 +1860,7 @@ def _form_params(form: DistanceForm | None, heads: int) -> Tensor | None:
         raise TypeError(f"distance_form must be a DistanceForm, got {type(form).__name__}")
     if form.name not in DISTANCE_FORMS:
         raise ValueError(f"distance_form.name must be one of {DISTANCE_FORMS}, got {form.name!r}")
-    width = 1 if form.name in LINEAR_FORMS else 2
+    width = _param_width(form.name)
     if tuple(form.params.shape) != (heads, width):
         raise ValueError(
             f"distance_form.params must have shape (h, {width}) = ({heads}, {width}) for "

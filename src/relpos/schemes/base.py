@@ -40,8 +40,8 @@ Two declared refinements tell the fast backends what else a scheme offers:
   (KERPLE), evaluated once per distinct distance and gathered; the class flag ``linear`` with
   ``linear_slopes`` declares ALiBi's form with trained slopes (``chunked`` then runs ALiBi's
   fused parts and returns the slopes' gradient), and ``closed_form`` with ``distance_form`` a
-  formula of two parameters per head (ALiBi's line, KERPLE's kernels) that ``fused`` evaluates
-  per pair instead of reading a table.
+  formula of one or two parameters per head (ALiBi's line, KERPLE's kernels) that ``fused``
+  evaluates per pair instead of reading a table.
 * :class:`PairBiasScheme` — the logit term has a per-pair kernel that also reduces its own
   gradient (:class:`~relpos.functional.pair_bias.PairBias`; FIRE): ``chunked`` adds it tile by
   tile and differentiates it once per call instead of once per tile.
