@@ -2,7 +2,7 @@
 scheme, counted on a CPU (docs/performance.md, "On a GPU").
 
     TRITON_INTERPRET=1 PYTHONPATH=src python benchmarks/host_ops.py [--schemes alibi,t5,music]
-        [--layout plain] [--by-site]
+        [--layout plain] [--by-site] [--repeats 300]
 
 On a GPU each op is a kernel launch (or an allocation) the host pays for, whatever its size, so
 at the bench's sizes a pass with many of them can take longer to issue than to run. The pass runs
@@ -15,6 +15,11 @@ path a GPU takes (``contract.nonfinite_rows``, then one ``where``). The bench's 
 the gradients, the backward pass's seed) are left out. A step's first layer derives what it
 needs from the step's positions; each later layer finds it kept (``Positions.derived``).
 ``--by-site`` lists each op of a first layer with the line that issued it.
+
+The host column is the median time of a later layer's pass on this CPU, its kernels recorded
+(Python and the dispatch of its ops on small tensors, which a GPU host pays too, though not
+Triton's launches), beside plain SDPA's pass on the same small tensors, which runs its math:
+a figure to compare between commits on one machine, not a GPU's host time.
 """
 
 from __future__ import annotations
@@ -22,7 +27,9 @@ from __future__ import annotations
 import argparse
 import collections
 import os
+import statistics
 import sys
+import time
 import traceback
 
 os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported
@@ -62,14 +69,18 @@ class _Ops(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
+def _setup(name: str, layout: str) -> bench.Setup:
+    return bench.make_setup(
+        name, 64, 2, causal=True, heads=2, head_dim=16, device="cpu", dtype=torch.bfloat16,
+        grad=True, layout=layout,
+    )  # fmt: skip
+
+
 def count(name: str, layout: str) -> tuple[list[tuple[str, str]], list[tuple[str, str]], int]:
     """``(first, later, launches)`` of one forward+backward pass of ``name`` through ``fused``:
     the ops of a step's first layer (positions new to it) and of each later one (the step's
     positions, what they derive already kept: :meth:`~relpos.Positions.derived`)."""
-    s = bench.make_setup(
-        name, 64, 2, causal=True, heads=2, head_dim=16, device="cpu", dtype=torch.bfloat16,
-        grad=True, layout=layout,
-    )  # fmt: skip
+    s = _setup(name, layout)
     step = bench.step_of(bench.backend_call("fused"), s, backward=True)
     with recorded_launches():
         step()  # caches filled, as in a warm training loop
@@ -79,6 +90,20 @@ def count(name: str, layout: str) -> tuple[list[tuple[str, str]], list[tuple[str
     s.positions = Positions(p.pos, p.seg, p.contiguous, p.span)  # a new step's: nothing kept
     first, _ = _pass_ops(s, step)
     return first, later, launches
+
+
+def host_ms(name: str, layout: str, impl: str, repeats: int) -> float:
+    """The median milliseconds of a later layer's forward+backward pass of ``name`` through
+    ``impl`` on this CPU, the kernels recorded, not run (``fused``)."""
+    step = bench.step_of(bench.backend_call(impl), _setup(name, layout), backward=True)
+    times = []
+    with recorded_launches():
+        for n in range(repeats + 10):  # the first ten warm the caches
+            start = time.perf_counter()
+            step()
+            if n >= 10:
+                times.append(time.perf_counter() - start)
+    return statistics.median(times) * 1e3
 
 
 def _pass_ops(s: bench.Setup, step) -> tuple[list[tuple[str, str]], int]:
@@ -102,16 +127,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--schemes", default="alibi,learned_alibi,t5,shaw,music,kerple,deberta")
     parser.add_argument("--layout", choices=bench.LAYOUTS, default="plain")
     parser.add_argument("--by-site", action="store_true")
+    parser.add_argument("--repeats", type=int, default=300, help="timed passes for the host column")
     args = parser.parse_args(argv)
+    torch.set_num_threads(1)
     print(f"fused, one forward+backward pass, {args.layout} positions, torch {torch.__version__}")
+    plain = host_ms("nope", args.layout, "sdpa", args.repeats)
+    print(f"plain SDPA's pass on the same small tensors, this CPU, one thread: {plain:.3f} ms")
     print(
-        "| scheme | PyTorch ops, a step's first layer | each later layer | Triton launches |\n"
-        "|---|---:|---:|---:|"
+        "| scheme | PyTorch ops, a step's first layer | each later layer | Triton launches "
+        "| host ms, a later layer (× plain SDPA's pass) |\n|---|---:|---:|---:|---:|"
     )
     listed = []
     for name in args.schemes.split(","):
         first, later, launches = count(name, args.layout)
-        print(f"| {name} | {len(first)} | {len(later)} | {launches} |")
+        host = host_ms(name, args.layout, "fused", args.repeats)
+        ops = f"| {name} | {len(first)} | {len(later)} | {launches} |"
+        print(f"{ops} {host:.3f} ({host / plain:.2f}) |")
         listed.append((name, first))
     if args.by_site:
         for name, ops in listed:

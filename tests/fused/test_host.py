@@ -140,12 +140,42 @@ def test_host_ops_counts_each_scheme_s_ops_and_launches(capsys):
     included) in a step's first layer and in each later one (fewer over padding: what the
     positions derive is kept), and the pass's three kernel launches."""
     module = benchmark_script("host_ops")
-    assert module.main(["--schemes", "alibi,kerple", "--layout", "padded", "--by-site"]) == 0
+    argv = ["--schemes", "alibi,kerple", "--layout", "padded", "--by-site", "--repeats", "2"]
+    assert module.main(argv) == 0
     out = capsys.readouterr().out
-    rows = {
-        line.split("|")[1].strip(): [int(n) for n in line.split("|")[2:5]]
-        for line in out.splitlines()[3:5]
-    }
+    lines = out.splitlines()
+    assert lines[1].startswith("plain SDPA's pass") and lines[1].endswith(" ms")
+    rows = {line.split("|")[1].strip(): line.split("|")[2:6] for line in lines[4:6]}
     assert set(rows) == {"alibi", "kerple"}
-    assert all(first > later > 0 and launches == 3 for first, later, launches in rows.values())
+    for first, later, launches, host in rows.values():
+        assert int(first) > int(later) > 0 and int(launches) == 3
+        assert float(host.split()[0]) > 0 and host.strip().endswith(")")
     assert "linalg_vector_norm contract.py" in out  # the check's GPU path, by site
+
+
+def test_an_eager_call_enters_the_op_below_autograd(monkeypatch):
+    """Outside ``torch.compile`` the forward op runs below autograd (``_FlashCall``), where
+    PyTorch does not fill in its arguments' defaults, a cost quadratic in their number (most of
+    the op's host time); the op's own registered autograd is what ``torch.compile`` takes
+    (``test_torch_compile.py``)."""
+    from torch._library import autograd as library_autograd
+
+    filled = []
+
+    def fill_defaults(schema, args, kwargs):
+        filled.append(schema.name)
+        return fill(schema, args, kwargs)
+
+    fill = library_autograd.utils.fill_defaults
+    monkeypatch.setattr(library_autograd.utils, "fill_defaults", fill_defaults)
+    scheme = relpos.make_scheme("learned_alibi", d_model=32, num_heads=2, causal=True).to(DEVICE)
+    q, k, v = (torch.randn(1, 2, 16, 16, device=DEVICE, requires_grad=True) for _ in "qkv")
+    p = Positions.from_length(16, device=DEVICE)
+    with recorded_launches() as runs:
+        out = fused_attention(q, k, v, scheme, p, p, causal=True)
+        out.backward(torch.ones_like(out))
+    assert len(runs) == 3 and filled == []
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)  # the op with its autograd
+    with recorded_launches():
+        fused_attention(q, k, v, scheme, p, p, causal=True)
+    assert filled == ["relpos::relative_flash_forward"]

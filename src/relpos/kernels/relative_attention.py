@@ -73,8 +73,10 @@ softmax runs in base 2 (``exp2``; the logits times ``log2(e)``).
 The launches are two PyTorch operators, ``relpos::relative_flash_forward`` and
 ``relpos::relative_flash_backward`` (``torch.library.custom_op``, with their shapes and autograd
 registered), so ``torch.compile`` takes a call whole, in one graph, and compiles the ops around
-them. The dropout seed is a tensor on the device that the kernels load, so a compiled graph draws
-a new one each call and a replayed CUDA graph reads the one drawn for it.
+them. Outside ``torch.compile`` the forward op is entered below autograd (:class:`_FlashCall`,
+the same autograd), which spares the host PyTorch's per-call handling of a custom op's 29
+arguments. The dropout seed is a tensor on the device that the kernels load, so a compiled graph
+draws a new one each call and a replayed CUDA graph reads the one drawn for it.
 
 With ``TRITON_INTERPRET=1`` the kernels run in Triton's interpreter on CPU tensors (slowly: the
 test suite checks them so on machines without a GPU).
@@ -1538,6 +1540,30 @@ def _backward(ctx, dout: Tensor, _dlse: Tensor, dmass: Tensor) -> tuple:
 torch.library.register_autograd("relpos::relative_flash_forward", _backward, setup_context=_save)
 
 
+class _FlashCall(torch.autograd.Function):
+    """The forward op with the autograd it has registered (:func:`_save`, :func:`_backward`),
+    as :func:`relative_flash_attention` calls it outside ``torch.compile``, for less host time:
+    a call of the op itself with inputs that need a gradient fills in its arguments' defaults at
+    a cost quadratic in their number (``torch._library.utils.fill_defaults``: 29 arguments,
+    0.14 ms a call on a 2-core AMD EPYC, more than the rest of the op's host time); here the op
+    runs below autograd and skips that (``benchmarks/host_ops.py``'s host column). Dynamo
+    refuses this function where two inputs are one tensor (self-attention's positions), so a
+    compiled call takes the op. ``inputs``: the op's 18 tensor arguments, then the call's
+    :class:`_Settings`."""
+
+    @staticmethod
+    def forward(ctx, *inputs):
+        tensors, settings = inputs[:-1], inputs[-1]
+        kw = settings._asdict()
+        output = _forward_op(*tensors, **kw)
+        _save(ctx, tensors, kw, output)
+        return output
+
+    @staticmethod
+    def backward(ctx, *grads):
+        return (*_backward(ctx, *grads), None)
+
+
 def _shared(rel: Tensor) -> bool:
     """Whether ``rel`` (``(b|1, h, i|1, R)``) is one table for every batch row and query."""
     return rel.shape[0] == 1 and rel.shape[2] == 1
@@ -1755,10 +1781,14 @@ def relative_flash_attention(
     relk = None if relk is None else relk.float().contiguous()
     keys = None if keys is None else keys.to(q.dtype).contiguous()
     row_bias = None if row_bias is None else row_bias.float().contiguous()
-    out, _, mass = _forward_op(
+    tensors = (
         q, k, v, rel, relk, params, keys, row_bias, q_pos, q_seg, k_pos, k_seg, lut, dist,
-        q_ranges, k_ranges, qb_ranges, seed, **settings._asdict(),
+        q_ranges, k_ranges, qb_ranges, seed,
     )  # fmt: skip
+    if torch.compiler.is_compiling():  # the op whole, its autograd as registered
+        out, _, mass = _forward_op(*tensors, **settings._asdict())
+    else:
+        out, _, mass = _FlashCall.apply(*tensors, settings)
     return out, mass
 
 
