@@ -7,9 +7,11 @@ import random
 
 import pytest
 import torch
+from torch.overrides import TorchFunctionMode
 
 import relpos
 from relpos import MultiheadAttention, Positions
+from relpos.attention import contract
 from tests import oracles
 from tests.specs import SCHEME_SPECS as SCHEME_SPECS
 from tests.specs import causal_only as causal_only
@@ -17,6 +19,33 @@ from tests.specs import length_dependent as length_dependent
 
 #: Devices the device-parametrised suites run on: the CPU, and CUDA where a GPU is present.
 DEVICES: list[str] = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+#: The tensor methods that wait for the device to hand the host a value.
+SYNCS = {
+    torch.Tensor.item, torch.Tensor.tolist, torch.Tensor.__bool__, torch.Tensor.__int__,
+    torch.Tensor.__float__, torch.Tensor.__index__, torch.Tensor.cpu, torch.Tensor.numpy,
+}  # fmt: skip
+
+
+class SyncCalls(TorchFunctionMode):
+    """The names of the :data:`SYNCS` methods called within it (a device sync each on a GPU)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[str] = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func in SYNCS:
+            self.calls.append(func.__name__)
+        return func(*args, **(kwargs or {}))
+
+
+def nonfinite_gpu_path(out, q, k, scheme, q_positions, k_positions, causal):
+    """``contract.propagate_nonfinite`` as a GPU runs it, for tests that count syncs on a CPU
+    (where it takes a cheaper path with one)."""
+    bad = contract.nonfinite_rows(q, k, scheme, q_positions, k_positions, causal)
+    return torch.where(bad.unsqueeze(-1), torch.nan, out)
 
 
 def benchmark_script(name: str):

@@ -21,9 +21,12 @@ from tests.helpers import (
     ATTENTION_SPECS,
     DEVICES,
     SCHEME_SPECS,
+    SyncCalls,
     absolute,
     causal_only,
+    has_value_term,
     length_dependent,
+    nonfinite_gpu_path,
     randomize_parameters,
     spec_id,
 )
@@ -134,6 +137,27 @@ def test_left_padded_prompts_decode_like_each_alone(spec, backend, device):
         spec, causal=True, backend=backend, num_layers=decoding_layers(spec), device=device
     )
     assert checks.left_padded_decoding_gap(model, prompts, cont) < ATOL
+
+
+@pytest.mark.parametrize("spec", [s for s in ATTENTION_SPECS if not has_value_term(s)], ids=spec_id)
+def test_a_decoding_step_issues_no_device_sync(spec, monkeypatch):
+    """A step of one token after a cached prompt, through ``sdpa`` (what ``auto`` takes for it
+    on a GPU), reads nothing from the device on the host: a sync per layer and token would stall
+    the host until the GPU drains. The queries and keys are two ``Positions``, which promise no
+    range of distances. The CPU's own shortcuts are set to the GPU's paths: the non-finite
+    check's, and FIRE's C kernel (it reads the positions on the CPU; a GPU evaluates per pair)."""
+    monkeypatch.setattr(relpos.attention.sdpa, "propagate_nonfinite", nonfinite_gpu_path)
+    monkeypatch.setattr(relpos.functional.fire, "fire_pairs", lambda *args: None)
+    torch.manual_seed(0)
+    attn = relpos.MultiheadAttention(16, 2, scheme=spec, causal=True, backend="sdpa")
+    randomize_parameters(attn, 1)
+    cache = relpos.KVCache()
+    prompt = Positions.from_padding_mask(torch.tensor([[False] * 2 + [True] * 6, [True] * 8]))
+    with torch.no_grad():
+        attn(torch.randn(2, 8, 16), positions=prompt, cache=cache)
+        with SyncCalls() as syncs:
+            attn(torch.randn(2, 1, 16), cache=cache)
+    assert syncs.calls == []
 
 
 class IndexSinusoid(relpos.Sinusoidal):

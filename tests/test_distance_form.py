@@ -1,7 +1,8 @@
 """Distance biases in closed form (``relpos.functional.distance_form``): what a scheme declares
 (``closed_form``, ``distance_form``) is what it evaluates as a table, for every registered
 distance bias and ALiBi; the forms pinned by hand. The kernel that computes them per pair is
-checked against ``eager`` in ``tests/fused``."""
+checked against ``eager`` in ``tests/fused``. Over a KV cache's positions (no promised range) a
+distance bias is evaluated per pair where that spares a device sync, with the table's numbers."""
 
 from __future__ import annotations
 
@@ -18,8 +19,9 @@ from relpos.functional.distance_form import (
     distance_form_bias,
     linear_form,
 )
-from relpos.schemes.base import DistanceBiasScheme, LinearBiasScheme
-from tests.helpers import randomize_parameters, spec_id
+from relpos.positions import Positions
+from relpos.schemes.base import PAIRWISE_QUERIES, DistanceBiasScheme, LinearBiasScheme
+from tests.helpers import SyncCalls, randomize_parameters, spec_id
 from tests.specs import SCHEME_SPECS
 
 DISTANCE_SPECS = [
@@ -85,3 +87,46 @@ def test_the_line_s_form_keeps_its_slopes_gradient():
     assert form.name == "symmetric_linear" and tuple(form.params.shape) == (2, 1)
     distance_form_bias(form, torch.arange(-2, 3)).sum().backward()
     torch.testing.assert_close(slopes.grad, torch.tensor([-6.0, -6.0]))
+
+
+BIAS_SPECS = [
+    s for s in DISTANCE_SPECS if issubclass(relpos.SCHEMES[s["name"]], DistanceBiasScheme)
+]
+
+
+@pytest.mark.parametrize("spec", BIAS_SPECS, ids=spec_id)
+def test_a_kv_cache_s_bias_reads_no_range(spec):
+    """Queries and keys of two ``Positions`` (a KV cache's) promise no range of distances. Up to
+    :data:`PAIRWISE_QUERIES` queries (decoding), and any number for a closed form, the bias is then
+    evaluated per pair with no device sync; past that, a function with no closed form reads the
+    range (one sync) for its table. Either way the numbers and the parameters' gradients are
+    those of self-attention over the same keys (a table over the promised range)."""
+    scheme = relpos.make_scheme(spec, d_model=16, num_heads=4, causal=True)
+    randomize_parameters(scheme, 5)
+    keys = Positions.from_padding_mask(torch.tensor([[False] * 3 + [True] * 13, [True] * 16]))
+    real = (keys.seg != -1)[:, None, None, :]  # padding keys' pairs are masked by every backend
+    weights = torch.randn(2, 4, 16, 16, generator=torch.Generator().manual_seed(0))
+    q = torch.randn(2, 4, 16, 8)
+
+    def bias_and_grads(queries: Positions, rows: slice) -> tuple[torch.Tensor, list]:
+        scheme.zero_grad()
+        bias = scheme.score_bias(q[:, :, rows], queries, keys)
+        if queries is keys:
+            bias = bias[:, :, rows]
+        bias = torch.where(real, bias, 0.0)
+        if bias.requires_grad:  # Sandwich has no parameters
+            (bias * weights[:, :, rows]).sum().backward()
+        return bias, [p.grad.clone() for p in scheme.parameters() if p.grad is not None]
+
+    limit = PAIRWISE_QUERIES
+    for n in (1, limit, limit + 1):
+        rows = slice(16 - n, 16)
+        want, want_grads = bias_and_grads(keys, rows)
+        with SyncCalls() as syncs:
+            got, got_grads = bias_and_grads(keys[16 - n :], rows)
+        pairwise = scheme.closed_form or n <= limit
+        assert syncs.calls == ([] if pairwise else ["tolist"]), n
+        torch.testing.assert_close(got, want)
+        assert len(got_grads) == len(want_grads) == sum(1 for _ in scheme.parameters())
+        for g, w in zip(got_grads, want_grads, strict=True):
+            torch.testing.assert_close(g, w)

@@ -7,45 +7,24 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch.overrides import TorchFunctionMode
 
 pytest.importorskip("triton")
 
 import relpos
-from relpos.attention import contract
 from relpos.attention.fused import fused_attention
 from relpos.kernels import interpreted
 from relpos.kernels.relative_attention import recorded_launches
 from relpos.positions import Positions, distance_range
 from relpos.schemes.base import RelativeScheme
-from tests.helpers import benchmark_script, fused_device
+from tests.helpers import SyncCalls, benchmark_script, fused_device, nonfinite_gpu_path
 
 DEVICE = fused_device()
-
-#: The tensor methods that wait for the device to hand the host a value.
-SYNCS = {
-    torch.Tensor.item, torch.Tensor.tolist, torch.Tensor.__bool__, torch.Tensor.__int__,
-    torch.Tensor.__float__, torch.Tensor.__index__, torch.Tensor.cpu, torch.Tensor.numpy,
-}  # fmt: skip
 
 SHAW = {"name": "shaw", "max_distance": 4}
 SCHEMES = [
     "alibi", "learned_alibi", "kerple", "sandwich", "dpb", "t5", SHAW,
     {"name": "music", "max_distance": 20}, "transformer_xl", "deberta",
 ]  # fmt: skip
-
-
-class _Syncs(TorchFunctionMode):
-    """The names of the sync methods called within it."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.calls: list[str] = []
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        if func in SYNCS:
-            self.calls.append(func.__name__)
-        return func(*args, **(kwargs or {}))
 
 
 def _self_attention_positions() -> dict[str, Positions]:
@@ -66,16 +45,11 @@ def test_self_attention_issues_no_device_sync(spec, monkeypatch):
     cases) calls none of the methods that read a device value on the host (``item``,
     ``tolist``, ``bool``, ...). The non-finite check runs its GPU path (on a CPU it takes a
     cheaper one with a sync)."""
-
-    def gpu_path(out, q, k, scheme, q_positions, k_positions, causal):
-        bad = contract.nonfinite_rows(q, k, scheme, q_positions, k_positions, causal)
-        return torch.where(bad.unsqueeze(-1), torch.nan, out)
-
-    monkeypatch.setattr(relpos.attention.fused, "propagate_nonfinite", gpu_path)
+    monkeypatch.setattr(relpos.attention.fused, "propagate_nonfinite", nonfinite_gpu_path)
     scheme = relpos.make_scheme(spec, d_model=32, num_heads=2, causal=True).to(DEVICE)
     q, k, v = (torch.randn(2, 2, 40, 16, device=DEVICE, requires_grad=True) for _ in range(3))
     for kind, p in _self_attention_positions().items():
-        with recorded_launches(), _Syncs() as syncs:
+        with recorded_launches(), SyncCalls() as syncs:
             out = fused_attention(q, k, v, scheme, p, p, causal=True)
             out.backward(torch.ones_like(out))
         assert syncs.calls == [], kind
@@ -85,7 +59,7 @@ def test_self_attention_issues_no_device_sync(spec, monkeypatch):
     # table).
     keys = Positions.from_padding_mask(torch.tensor([[False] * 3 + [True] * 37] * 2, device=DEVICE))
     queries = keys[30:]
-    with recorded_launches(), _Syncs() as syncs:
+    with recorded_launches(), SyncCalls() as syncs:
         fused_attention(q[:, :, 30:].detach(), k.detach(), v.detach(), scheme, queries, keys,
                         causal=True)  # fmt: skip
     clipped = isinstance(scheme, RelativeScheme) and scheme.distance_clip is not None
@@ -99,11 +73,11 @@ def test_distance_range_of_self_attention_reads_no_value():
     cases = [Positions.from_length(n, offset=offset) for n, offset in [(1, 0), (7, 0), (7, 5)]]
     cases += _self_attention_positions().values()
     for p in cases:
-        with _Syncs() as syncs:
+        with SyncCalls() as syncs:
             lo, hi = distance_range(p, p)
         assert (lo, hi) == (-p.span, p.span) and syncs.calls == []
         copy = Positions(p.pos.clone(), p.seg.clone())  # the same values, no promise
-        with _Syncs() as syncs:
+        with SyncCalls() as syncs:
             got = distance_range(copy, copy)
         assert syncs.calls == ["tolist"]
         assert lo <= got[0] and got[1] <= hi

@@ -337,6 +337,8 @@ def fire_bias(
     b1: Tensor,
     w2: Tensor,
     b2: Tensor,
+    *,
+    by_distance: bool = True,
 ) -> Tensor:
     """The FIRE bias of every pair for every head (causal attention).
 
@@ -344,17 +346,22 @@ def fire_bias(
         q_pos: ``(b|1, i)`` integer query positions; k_pos: ``(b|1, j)`` key positions.
         c, threshold: scalars ``c`` and ``L`` (:func:`fire_inputs`).
         w1, b1, w2, b2: the MLP ``Linear(1, w)``, ReLU, ``Linear(w, h)``.
+        by_distance: whether a table by distance may be taken (below): False evaluates the
+            MLP at each pair, with no device value read (decoding's few queries, where the
+            pairs are no more than the distances).
 
     Returns:
         ``(b|1, h, i, j)`` in ``c``'s dtype (at least float32); memory ``O(pairs·h)``, the output's.
 
     When every query sits at or below the threshold (``p_i <= L``: all of them share the
     normaliser ``ψ(L)``), the bias is a function of the distance alone: the MLP runs once per
-    distance ``0 … max δ`` and the table is gathered (the same numbers; one device sync decides).
+    distance ``0 … max δ`` and the table is gathered (the same numbers; reading ``max p_i``,
+    ``L`` and ``max δ`` to decide and size it takes three device syncs).
     """
     weights = (w1, b1, w2, b2)
     dtype = torch.promote_types(c.dtype, torch.float32)
-    if q_pos.numel() and k_pos.numel() and bool(q_pos.max() <= threshold.detach().abs()):
+    some = q_pos.numel() and k_pos.numel()
+    if by_distance and some and bool(q_pos.max() <= threshold.detach().abs()):
         delta = (q_pos.unsqueeze(-1) - k_pos.unsqueeze(-2)).clamp_min(0)  # (b, i, j)
         d = torch.arange(int(delta.max()) + 1, device=q_pos.device).unsqueeze(0)  # (1, D)
         peak = torch.full_like(d[:, :1], int(q_pos.max()))  # a query whose normaliser is ψ(L)

@@ -69,7 +69,7 @@ from ..functional.dtypes import compute_dtype
 from ..functional.pair_bias import PairBias
 from ..functional.relative import table_rows
 from ..functional.skew import gather_relative, scatter_relative
-from ..positions import Positions, distance_range
+from ..positions import Positions, distance_range, promised_distance_range
 from ..spec.base import (
     SchemeConfig,
     check_causal,
@@ -87,6 +87,7 @@ from .heads import head_selection, select_heads
 
 __all__ = [
     "LOGIT_HOOKS",
+    "PAIRWISE_QUERIES",
     "SCHEMES",
     "DecayBiasScheme",
     "DistanceBiasScheme",
@@ -366,6 +367,14 @@ class RelativeScheme(Scheme):
         return self.relative_value(mass)
 
 
+#: The most queries for which a bias that is a function of the distance (or, for FIRE, of the
+#: pair's positions) is evaluated at each pair where a table over the call's distances would
+#: first read the positions' values from the device (a sync, which stalls the host until the
+#: GPU drains): decoding's one token, or a few. Its ``i·j`` evaluations then cost no more than
+#: a table of the ``i + j`` distances.
+PAIRWISE_QUERIES = 4
+
+
 class DistanceBiasScheme(Scheme):
     """A scheme whose logit term is a per-head function of the signed distance only,
     ``f_h(p_j - p_i)`` (KERPLE; the distance-function biases).
@@ -373,8 +382,12 @@ class DistanceBiasScheme(Scheme):
     Subclasses implement :meth:`distance_bias`. ``score_bias`` evaluates it once per distance the
     call can see (``D <= max(p) - min(p)`` over queries and keys, so ``O(h·D)`` work, never
     ``O(h·i·j)`` evaluations of the function) and gathers the table by each pair's distance.
-    Reading the range of positions costs one device sync per call. A config field ``heads`` (head
-    indices, or None for all) zeroes the table of the heads left out.
+    Where the positions promise that range (self-attention: :attr:`Positions.span`) it costs
+    nothing; queries and keys of two ``Positions`` (a KV cache) promise none, and reading it
+    would cost a device sync per call, so there the function is evaluated at each pair's
+    distance instead: always for a :attr:`closed_form` (a few ops per pair, as the gather), and
+    for up to :data:`PAIRWISE_QUERIES` queries. A config field ``heads`` (head indices, or None
+    for all) zeroes the bias of the heads left out.
     """
 
     hooks: ClassVar[frozenset[str]] = frozenset({"score_bias"})
@@ -424,9 +437,20 @@ class DistanceBiasScheme(Scheme):
         if dist.numel() == 0:
             shape = (dist.shape[0], self.num_heads, *dist.shape[1:])
             return dist.new_zeros(shape, dtype=torch.float32)
+        if promised_distance_range(q_positions, k_positions) is None and (
+            self.closed_form or len(q_positions) <= PAIRWISE_QUERIES
+        ):
+            return self.pairwise_bias(dist)
         lo, table = self.distance_table(q_positions, k_positions)
         index = (dist - lo).clamp_(0, table.shape[-1] - 1)  # pairs with padding: masked
         return gather_relative(table.unsqueeze(0).unsqueeze(2), index)
+
+    def pairwise_bias(self, dist: Tensor) -> Tensor:
+        """The bias evaluated at each pair's distance, with no range read: ``(b|1, h, i, j)``
+        for ``dist`` ``(b|1, i, j)`` (``score_bias``'s numbers, as its table gives them)."""
+        values = select_heads(self.distance_bias(dist.reshape(-1)), self.bias_heads)  # (h, N)
+        values = values.to(compute_dtype(values.dtype))
+        return values.reshape(self.num_heads, *dist.shape).movedim(0, 1)
 
 
 class PairBiasScheme(Scheme):

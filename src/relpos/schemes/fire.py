@@ -10,7 +10,7 @@ from ..functional.fire import fire_bias, fire_pairs
 from ..functional.pair_bias import PairBias
 from ..positions import Positions
 from ..spec.fire import FireConfig
-from .base import PairBiasScheme, register
+from .base import PAIRWISE_QUERIES, PairBiasScheme, register
 from .heads import head_selection, select_heads
 
 __all__ = ["Fire", "FireConfig"]
@@ -78,7 +78,10 @@ class Fire(PairBiasScheme):
         )
 
     def score_bias(self, q: Tensor, q_positions: Positions, k_positions: Positions) -> Tensor:
-        return fire_bias(q_positions.pos, _key_positions(k_positions), *self._arguments())
+        few = len(q_positions) <= PAIRWISE_QUERIES  # decoding: per pair, no device value read
+        return fire_bias(
+            q_positions.pos, _key_positions(k_positions), *self._arguments(), by_distance=not few
+        )
 
     def pair_bias(
         self, q: Tensor, q_positions: Positions, k_positions: Positions
