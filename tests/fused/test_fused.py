@@ -188,10 +188,11 @@ def test_fused_equals_the_loop_oracle(spec):
     ids=spec_id,
 )
 def test_both_row_reductions(spec):
-    """``R`` past :data:`MAX_LOOP_ROWS` reduces ``d rel`` and ``d relk`` by atomic adds (the Music
-    Transformer, 130 rows, packed: over plain positions its rows are stored instead; DeBERTa, 160,
-    with a key term; 170 tokens, so some tiles lie wholly past the clipping distance and take one
-    add per query or key), within it in registers (Shaw)."""
+    """``R`` past :data:`MAX_LOOP_ROWS` reduces ``d rel`` and ``d relk`` by atomic adds over packed
+    positions (the Music Transformer, 130 rows; DeBERTa, 160, with a key term; 170 tokens, so
+    some tiles lie wholly past the clipping distance and take one add per query or key) and
+    stores each query's and key's own rows over plain positions (DeBERTa's tables read per entry
+    of its clip, 161), within it in registers (Shaw)."""
     scheme = relpos.make_scheme(spec, d_model=16, num_heads=2, causal=True)
     assert (scheme.num_relative > MAX_LOOP_ROWS) == (spec["name"] != "shaw")
     for layout in ("plain", "packed"):
@@ -242,6 +243,63 @@ def test_owned_rows_match_eager(causal, one_row):
     ref = BACKENDS["eager"](q, k, v, scheme, qp, kp, causal=causal)
     want = (ref, *_grads(ref, scheme, q, k, v, grad_out))
     _assert_all_close(got, want, 1e-4, f"causal={causal} one_row={one_row}")
+
+
+@pytest.mark.parametrize(
+    ("causal", "one_row"),
+    [
+        pytest.param(True, True, id="causal-one-row"),
+        pytest.param(False, False, id="bidirectional-per-pair"),
+        pytest.param(True, False, id="causal-per-pair", marks=pytest.mark.slow),
+        pytest.param(False, True, id="bidirectional-one-row", marks=pytest.mark.slow),
+    ],
+)
+def test_tables_read_per_entry_own_their_rows(causal, one_row, deterministic):
+    """DeBERTa over plain positions, past :data:`MAX_LOOP_ROWS` rows that are log buckets (not
+    the clip's distances shifted): ``fused`` hands the kernels both tables read per entry of the
+    clip (``row_base`` 0), so each query's and each key's entries are its own and both kernels
+    store them (``OWN_ROWS``), summing only the clip's end rows, with no atomic add: the call runs
+    in deterministic mode. 160 rows, 201 entries, 230 tokens (tiles wholly past the clip), with
+    ``one_row`` tiles and without: outputs and every gradient against ``eager``."""
+    spec = {"name": "deberta", "position_buckets": 80, "max_relative_positions": 100}
+    n = 230
+    scheme, q, k, v, qp, kp = _case(spec, "plain", causal, 9, n=n)
+    lut = scheme.relative_index(qp[:1], qp)[0, 0]  # rows of distances 0..n-1 from the first
+    assert scheme.num_relative > MAX_LOOP_ROWS and not bool((lut.diff().abs() == 1).all())
+    deterministic(True)
+    assert not fused_sums_atomically(scheme, qp, kp)
+    with launch_config(tile=32, one_row=one_row), recorded_launches() as runs:
+        out = fused_attention(q, k, v, scheme, qp, kp, causal=causal)
+        torch.autograd.grad(out.sum(), [q, k, *scheme.parameters()])
+    backward = [r for r in runs if r.kernel.__name__ != "_forward_kernel"]
+    assert [r.constexprs["OWN_ROWS"] for r in backward] == [True, True]
+    grad_out = torch.randn(*q.shape, device=DEVICE)
+    with launch_config(tile=32, one_row=one_row):
+        out = fused_attention(q, k, v, scheme, qp, kp, causal=causal)
+        got = (out, *_grads(out, scheme, q, k, v, grad_out))
+    ref = BACKENDS["eager"](q, k, v, scheme, qp, kp, causal=causal)
+    want = (ref, *_grads(ref, scheme, q, k, v, grad_out))
+    _assert_all_close(got, want, 1e-4, f"causal={causal} one_row={one_row}")
+
+
+def test_tables_read_per_entry_take_one_load_in_half_precision():
+    """In half precision DeBERTa's tables read per entry are read in one load (``SHIFTED``, row
+    ``= entry``) by every kernel, both still storing their own rows, with the numbers of the path
+    that reads the row from ``lut`` first (``lut_only``): outputs and every gradient."""
+    spec = {"name": "deberta", "position_buckets": 80, "max_relative_positions": 100}
+    scheme, q, k, v, qp, kp = _case(spec, "plain", True, 4, n=140, dtype=torch.float16)
+    grad_out = torch.randn(*q.shape, device=DEVICE)
+    results = []
+    for lut_only in (False, True):
+        with launch_config(tile=32, lut_only=lut_only), recorded_launches() as runs:
+            out = fused_attention(q, k, v, scheme, qp, kp, causal=True)
+            torch.autograd.grad(out.sum(), [q, k])
+        assert {r.constexprs["SHIFTED"] for r in runs} == {not lut_only}
+        assert [r.constexprs["OWN_ROWS"] for r in runs[1:]] == [True, True]
+        with launch_config(tile=32, lut_only=lut_only):
+            out = fused_attention(q, k, v, scheme, qp, kp, causal=True)
+            results.append((out, *_grads(out, scheme, q, k, v, grad_out)))
+    _assert_all_close(*results, 1e-3, "one load against lut_only")
 
 
 @pytest.mark.parametrize("causal", [True, False])
@@ -509,7 +567,7 @@ def test_tile_options_default_to_what_the_gpu_measured(variant, dtype, one_row, 
     "spec",
     [
         {"name": "music", "max_distance": 129},  # 130 rows: owned over plain positions only
-        {"name": "deberta"},  # a key term past MAX_LOOP_ROWS: always summed
+        {"name": "deberta"},  # 512 rows: read per entry, so owned, over plain positions only
         {"name": "t5"},  # within MAX_LOOP_ROWS: a register sum
         {"name": "shaw"},
         {"name": "learned_alibi"},
@@ -522,7 +580,7 @@ def test_fused_sums_atomically_says_what_the_kernel_does(spec, layout, determini
     scheme, q, k, v, qp, kp = _case(spec, layout, True, 3, n=40)
     deterministic(True)
     summed = fused_sums_atomically(scheme, qp, kp)
-    assert summed == (spec["name"] == "deberta" or (spec["name"] == "music" and layout != "plain"))
+    assert summed == (spec["name"] in ("deberta", "music") and layout != "plain")
     _assert_refused_where_summed(scheme, q, k, v, qp, kp, summed)
 
 

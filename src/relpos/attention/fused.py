@@ -10,7 +10,8 @@ Transformer and Transformer-XL; ``(1, h, 1, R)``: T5's buckets) and the value te
 ``relative_value(mass)`` from the attention mass per row; a key term (DeBERTa's
 position-to-content) is ``relk[b, h, j, row(p_j - p_i)]`` with ``relk = relative_key_logits(k)``.
 The kernel (:mod:`relpos.kernels.relative_attention`) reads ``rel`` per pair (one load: the
-row of a clipped distance is computed, a shared table is read per distance), or, over plain
+row of a clipped distance is computed, a shared table is read per distance, DeBERTa's tables
+are handed read per entry of its clip over plain positions), or, over plain
 positions with :func:`~relpos.kernels.relative_attention.keyed_logits` on, takes ``E`` itself
 and computes each tile's ``q·Eᵀ`` on the tensor cores (no ``(b, h, i, R)`` logits), accumulates
 ``mass`` per row and returns both gradients, so nothing ``(b, h, i, j)`` is built, Shaw's value
@@ -149,11 +150,32 @@ def fused_sums_atomically(scheme: Scheme, q_positions: Positions, k_positions: P
         return False
     if scheme.num_relative <= _kernels().MAX_LOOP_ROWS:
         return False
-    if "key_bias" in scheme.hooks:
-        return True
+    plain = is_contiguous_self(q_positions, k_positions)
     clip = scheme.distance_clip
-    own_rows = clip is not None and clip.shifted and is_contiguous_self(q_positions, k_positions)
-    return "score_bias" in scheme.hooks and not own_rows
+    if plain and clip is not None and clip.shifted:  # each query's rows are its own
+        return "key_bias" in scheme.hooks
+    if _reads_entries(scheme, plain):  # each query's and each key's entries are its own
+        return False
+    return bool(scheme.hooks & {"score_bias", "key_bias"})
+
+
+def _reads_entries(scheme: Scheme, plain: bool) -> bool:
+    """Whether a call reads ``scheme``'s tables per entry of its clip rather than per row:
+    over plain positions, a table per query (per key) of more than
+    :data:`~relpos.kernels.relative_attention.MAX_LOOP_ROWS` rows that are not the clip's
+    distances shifted (DeBERTa's log buckets). The tables' columns are then expanded to the
+    clip's ``E`` entries (``rel[..., lut]``, ``(b, h, i|j, E)``), so that, as for the Music
+    Transformer's shifted clip, each query's and each key's rows are its own pairs' and their
+    gradients are stored, not summed by atomic adds (deterministic), and a pair's term is one
+    load, not a row then its entry; ``E`` is at most the clip's ``2·reach + 1`` (1,029 for
+    DeBERTa's default 512 rows)."""
+    if not plain or not isinstance(scheme, RelativeScheme):
+        return False
+    clip = scheme.distance_clip
+    if clip is None or clip.shifted or scheme.num_relative <= _kernels().MAX_LOOP_ROWS:
+        return False
+    per_query = "score_bias" in scheme.hooks and not scheme.query_independent
+    return per_query or "key_bias" in scheme.hooks
 
 
 #: Per ``(n, device)``: int32 ``0..n-1`` and zeros, ``(1, n)``, what the kernels are handed for
@@ -186,6 +208,12 @@ def _with_runs(lut: Callable[[], Tensor], key: tuple | None) -> Tensor:
         return _kernels().lut_with_runs(lut().to(torch.int32))
 
     return build() if key is None else _GEOMETRY.get_or_build(key, build)
+
+
+def _identity_lut(n: int, device: torch.device) -> Tensor:
+    """int32 ``(2, n)``: a table whose entry ``e`` is row ``e`` (a table of every distance, or
+    one read per entry), with its runs, kept per ``(n, device)``."""
+    return _with_runs(functools.partial(torch.arange, n, device=device), ("identity", n, device))
 
 
 def _kernel_positions(q_positions: Positions, k_positions: Positions) -> tuple[Tensor, ...]:
@@ -261,8 +289,7 @@ def fused_attention(
     elif isinstance(scheme, DistanceBiasScheme):  # one table of every distance, for every query
         lo, table = scheme.distance_table(q_positions, k_positions)
         rows, offset = table.shape[-1], -lo
-        every = functools.partial(torch.arange, rows, device=q.device)
-        lut = _with_runs(every, ("every distance", rows, q.device))
+        lut = _identity_lut(rows, q.device)
         rel = table.float()[None, :, None]
     else:
         rows_of, offset = relative_rows(scheme, q_positions, k_positions, q.device, clipped=True)
@@ -279,6 +306,13 @@ def fused_attention(
         elif "score_bias" in scheme.hooks:
             rel = scheme.relative_logits(q)
         relk = scheme.relative_key_logits(k) if "key_bias" in scheme.hooks else None
+        if _reads_entries(scheme, plain):  # entry e's row is rows_of[e]: read per entry
+            at = rows_of.long()
+            rel, relk = (None if t is None else t.index_select(-1, at) for t in (rel, relk))
+            keys = None if keys is None else keys.index_select(-2, at)
+            row_bias = None if row_bias is None else row_bias.index_select(-1, at)
+            rows, row_base = len(at), 0
+            lut = _identity_lut(rows, q.device)
     value = "value_term" in scheme.hooks
     drop = dropout_p if training else 0.0
     seed = torch.randint(2**31 - 1, (), device=q.device) if drop > 0 else 0  # no sync

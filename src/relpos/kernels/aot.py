@@ -68,7 +68,8 @@ __all__ = [
 #: bias's, past the register rows), per query with
 #: the mass (Shaw's keys and values) or past the register rows (the Music Transformer: its rows
 #: computed from clipped distances, its row sums stored per query, or atomic over general
-#: positions), a key term (DeBERTa), a distance function (ALiBi's learned slopes, KERPLE's two
+#: positions), a key term (DeBERTa: read per entry, or atomic over general positions), a
+#: distance function (ALiBi's learned slopes, KERPLE's two
 #: kernels: their parameters' gradient), dropout, and general positions (padding, packing, a
 #: cache: ``plain=False``).
 VARIANTS: dict[str, dict] = {
@@ -78,7 +79,10 @@ VARIANTS: dict[str, dict] = {
     "shaw-values-dropout": dict(rel="query", rows=33, mass=True, dropout=0.1, row_base=0),
     "music": dict(rel="query", rows=513, row_base=0),
     "music-positions": dict(rel="query", rows=513, plain=False, row_base=0),
-    "deberta": dict(rel="query", rows=256, relk=True, causal=False),
+    # DeBERTa over plain positions: both tables read per entry of its clip, each query's and
+    # key's rows stored (OWN_ROWS); over general positions, summed by atomic adds.
+    "deberta": dict(rel="query", rows=513, relk=True, causal=False, row_base=0),
+    "deberta-positions": dict(rel="query", rows=256, relk=True, causal=False, plain=False),
     "alibi": dict(rows=1, form="linear"),
     "alibi-bidirectional": dict(rows=1, form="symmetric_linear", causal=False),
     "alibi-dropout": dict(rows=1, form="linear", dropout=0.1),

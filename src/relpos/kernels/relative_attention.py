@@ -38,15 +38,18 @@ backward):
   (``(j, R)``) register accumulator, updated once per row present among the tile's allowed pairs
   (one row for a tile past the clipping distance, at most ``BM + BN - 1`` near the diagonal); no
   atomics.
-* More rows, over plain positions, with a shifted clip (the Music Transformer's, Transformer-XL's
-  ``d rel``): no atomics. For one query each key is at another distance, so each row inside the
-  clip is one pair's: stored; the clip's two end rows sum per query in registers.
+* More rows, over plain positions, whose rows are the clip's distances shifted (``row_base``:
+  the Music Transformer's and Transformer-XL's ``d rel``; DeBERTa's ``d rel`` and ``d relk``,
+  whose caller hands the tables read per entry of the clip, so that its log buckets become
+  such rows): no atomics. For one query each key is at another distance, and for one key each
+  query, so each row inside the clip is one pair's: stored; the clip's two end rows sum per
+  query (key) in registers.
 * More rows of a table shared by every query (a distance bias's table of every distance, T5
   past 128 buckets): its gradient by entry, ``(h, n)``, by atomic adds: one per diagonal of a
   tile where its pairs lie on diagonals (``p_j - p_i = j - i + c``: plain, padded, packed or
   cached positions), one per pair otherwise (:func:`_add_by_entry`).
-* More rows otherwise (packed, padded or cached positions; DeBERTa's buckets; ``rel`` per query
-  only): atomic adds at each pair's ``(i, row)`` (``(j, row)``) from the program that owns query
+* More rows otherwise (packed, padded or cached positions, a table per query or key): atomic
+  adds at each pair's ``(i, row)`` (``(j, row)``) from the program that owns query
   block ``i`` (key block ``j``), so no two programs contend; one add per query (key) where the
   whole tile reads one row.
 
@@ -639,23 +642,37 @@ def _sum_by_row(acc, x, row, allowed, one, RP: tl.constexpr):
 
 
 @triton.jit
-def _own_rows(acc, drel_base, ds, row, allowed, one, first, last):
-    """``d rel`` of one tile where each query's rows inside the clip are one pair's (plain
-    positions, a shifted clip: ``p_j - p_i = j - i`` differs for every key): those are stored,
-    not added, and the clip's end rows ``first`` and ``last``, which every farther pair reads,
-    sum per query in ``acc``'s columns 0 and 1 (``(BM, 2)``). No atomics: each program owns its
-    queries' rows. ``ds`` is 0 on the pairs that may not attend."""
+def _own_rows(acc, drel_base, ds, row, allowed, one, first, last, ACROSS: tl.constexpr):
+    """``d rel`` (``ACROSS`` 1: per query) or ``d relk`` (0: per key) of one tile where each
+    query's (key's) rows inside the clip are one pair's (plain positions, rows that are the
+    clip's distances shifted: ``p_j - p_i = j - i`` differs for every key of a query, and every
+    query of a key): those are stored, not added, and the clip's end rows ``first`` and
+    ``last``, which every farther pair reads, sum per query (key) in ``acc``'s columns 0 and 1
+    (``(BM, 2)``, ``(BN, 2)``): the sums run across axis ``ACROSS`` of the ``(BM, BN)`` tile.
+    No atomics: each program owns its queries' (keys') rows. ``drel_base`` points at each
+    owner's row 0 (``(BM, 1)``, ``(1, BN)``). ``ds`` is 0 on the pairs that may not attend."""
     cols = tl.arange(0, 2)[None, :]
     if one >= 0:  # the whole tile reads one end row
-        total = tl.sum(ds, axis=1)[:, None]
+        total = tl.sum(ds, axis=ACROSS)[:, None]
         acc += tl.where(cols == tl.where(one == first, 0, 1), total, 0.0)
     else:
         grad = ds.to(drel_base.dtype.element_ty)  # float32, or q's dtype with the keys
         tl.store(drel_base + row, grad, mask=allowed & (row != first) & (row != last))
-        at_first = tl.sum(tl.where(row == first, ds, 0.0), axis=1)[:, None]
-        at_last = tl.sum(tl.where((row == last) & (row != first), ds, 0.0), axis=1)[:, None]
+        at_first = tl.sum(tl.where(row == first, ds, 0.0), axis=ACROSS)[:, None]
+        at_last = tl.sum(tl.where((row == last) & (row != first), ds, 0.0), axis=ACROSS)[:, None]
         acc += tl.where(cols == 0, at_first, at_last)
     return acc
+
+
+@triton.jit
+def _store_end_rows(grad_base, acc, ok, first, last, RP: tl.constexpr):
+    """The clip's end rows that :func:`_own_rows` summed per query (key) in ``acc`` (columns 0
+    and 1; one row when the clip has one entry), stored at ``grad_base`` (each owner's row 0,
+    ``(BM|BN, 1)``) where ``ok``."""
+    cols = tl.arange(0, RP)[None, :]
+    ends = tl.where(cols == 0, first, last)
+    grad = acc.to(grad_base.dtype.element_ty)
+    tl.store(grad_base + ends, grad, mask=ok[:, None] & ((cols == 0) | (ends != first)))
 
 
 @triton.jit
@@ -954,20 +971,20 @@ def _kv_tiles(
     dk, dv, dkacc, lo, hi, lo2, hi2, k, v, offs_n, n_ok, offs_d, d_ok, drelk_base,
     Q, DO, LSE, DLT, QPOS, QSEG, KPOS, KSEG, REL, RELK, DIST, LUT, row_base, DMASS,
     b, h, bh, sqb, sqh, sqi, spq, spk, srb, srh, sri, NI, NJ, D, R, nlut, offset, scale2,
-    fa, fb, seed, p_drop, keys_base, rowb_base,
+    fa, fb, seed, p_drop, keys_base, rowb_base, first, last,
     BM: tl.constexpr, RP: tl.constexpr, PLAIN: tl.constexpr, CAUSAL: tl.constexpr,
     HAS_REL: tl.constexpr, HAS_MASS: tl.constexpr, HAS_KREL: tl.constexpr,
     DROPOUT: tl.constexpr, DIST_FN: tl.constexpr, KREL_GRAD: tl.constexpr,
     LOOP_ROWS: tl.constexpr, PRECISION: tl.constexpr, ONE_ROW: tl.constexpr,
     SHIFTED: tl.constexpr, BY_DISTANCE: tl.constexpr, MASKED: tl.constexpr,
-    REL_KEYS: tl.constexpr, WIN: tl.constexpr,
+    REL_KEYS: tl.constexpr, WIN: tl.constexpr, OWN_ROWS: tl.constexpr,
 ):  # fmt: skip
     """One key block's gradients, summed over the query tiles ``lo..hi`` and then ``lo2..hi2``
     (``hi - lo`` a multiple of ``BM`` where the second range is not empty). ``MASKED``: see
-    :func:`_pairs`."""
-    first = hi - lo
-    for t in range(0, first + hi2 - lo2, BM):
-        start_m = tl.where(t < first, lo + t, lo2 + t - first)
+    :func:`_pairs`; ``OWN_ROWS``, ``first``, ``last``: :func:`_own_rows`, for ``d relk``."""
+    span = hi - lo
+    for t in range(0, span + hi2 - lo2, BM):
+        start_m = tl.where(t < span, lo + t, lo2 + t - span)
         offs_m = start_m + tl.arange(0, BM)
         m_ok = offs_m < NI
         q, qp, qs = _load_queries(
@@ -993,6 +1010,8 @@ def _kv_tiles(
         if KREL_GRAD:  # d relk[j, r] = Σ_i dS[i, j]·[row = r]: this program owns key block j
             if LOOP_ROWS:
                 dkacc = _sum_by_row(dkacc, tl.trans(ds), tl.trans(row), tl.trans(allowed), one, RP)
+            elif OWN_ROWS:
+                dkacc = _own_rows(dkacc, drelk_base, ds, row, allowed, one, first, last, 0)
             else:
                 rlo, rhi = _tile_rows(row, allowed, one)
                 if rlo == rhi:  # the whole tile reads one row: one add per key
@@ -1013,7 +1032,7 @@ def _backward_kv_kernel(
     HAS_KREL: tl.constexpr, DROPOUT: tl.constexpr, DIST_FN: tl.constexpr,
     KREL_GRAD: tl.constexpr, LOOP_ROWS: tl.constexpr, PRECISION: tl.constexpr,
     ONE_ROW: tl.constexpr, SHIFTED: tl.constexpr, BY_DISTANCE: tl.constexpr,
-    UNMASKED: tl.constexpr, REL_KEYS: tl.constexpr, WIN: tl.constexpr,
+    UNMASKED: tl.constexpr, REL_KEYS: tl.constexpr, WIN: tl.constexpr, OWN_ROWS: tl.constexpr,
 ):  # fmt: skip
     seed = _dropout_seed(SEED, DROPOUT)
     start_n, bh, b, h, offs_n, offs_d, n_ok, d_ok = _program(H, NJ, D, BN, DP)
@@ -1025,6 +1044,11 @@ def _backward_kv_kernel(
     dv = tl.zeros([BN, DP], tl.float32)
     dkacc = tl.zeros([BN, RP], tl.float32)
     drelk_base = DRELK + (bh * NJ + offs_n[None, :]) * R
+    first = 0  # the clip's end rows (OWN_ROWS)
+    last = 0
+    if OWN_ROWS:
+        first = tl.load(LUT)
+        last = tl.load(LUT + nlut - 1)
     begin = 0
     end = NI
     if PLAIN and CAUSAL:  # skip the queries before the block
@@ -1042,17 +1066,17 @@ def _backward_kv_kernel(
             dk, dv, dkacc, lo, hi, hi, hi, k, v, offs_n, n_ok, offs_d, d_ok, drelk_base,
             Q, DO, LSE, DLT, QPOS, QSEG, KPOS, KSEG, REL, RELK, DIST, LUT, row_base, DMASS,
             b, h, bh, sqb, sqh, sqi, spq, spk, srb, srh, sri, NI, NJ, D, R, nlut, offset,
-            scale2, fa, fb, seed, p_drop, keys_base, rowb_base,
+            scale2, fa, fb, seed, p_drop, keys_base, rowb_base, first, last,
             BM, RP, PLAIN, CAUSAL, HAS_REL, HAS_MASS, HAS_KREL, DROPOUT, DIST_FN, KREL_GRAD,
-            LOOP_ROWS, PRECISION, ONE_ROW, SHIFTED, BY_DISTANCE, False, REL_KEYS, WIN,
+            LOOP_ROWS, PRECISION, ONE_ROW, SHIFTED, BY_DISTANCE, False, REL_KEYS, WIN, OWN_ROWS,
         )  # fmt: skip
     dk, dv, dkacc = _kv_tiles(  # the rest: [begin, lo) and [hi, end)
         dk, dv, dkacc, begin, lo, hi, end, k, v, offs_n, n_ok, offs_d, d_ok, drelk_base,
         Q, DO, LSE, DLT, QPOS, QSEG, KPOS, KSEG, REL, RELK, DIST, LUT, row_base, DMASS,
         b, h, bh, sqb, sqh, sqi, spq, spk, srb, srh, sri, NI, NJ, D, R, nlut, offset,
-        scale2, fa, fb, seed, p_drop, keys_base, rowb_base,
+        scale2, fa, fb, seed, p_drop, keys_base, rowb_base, first, last,
         BM, RP, PLAIN, CAUSAL, HAS_REL, HAS_MASS, HAS_KREL, DROPOUT, DIST_FN, KREL_GRAD,
-        LOOP_ROWS, PRECISION, ONE_ROW, SHIFTED, BY_DISTANCE, True, REL_KEYS, WIN,
+        LOOP_ROWS, PRECISION, ONE_ROW, SHIFTED, BY_DISTANCE, True, REL_KEYS, WIN, OWN_ROWS,
     )  # fmt: skip
     out_at = (bh * NJ + offs_n[:, None]) * D + offs_d[None, :]
     kv_ok = n_ok[:, None] & d_ok[None, :]
@@ -1062,6 +1086,8 @@ def _backward_kv_kernel(
         cols = tl.arange(0, RP)
         keys_at = (bh * NJ + offs_n[:, None]) * R + cols[None, :]
         tl.store(DRELK + keys_at, dkacc, mask=n_ok[:, None] & (cols[None, :] < R))
+    if KREL_GRAD and OWN_ROWS:
+        _store_end_rows(DRELK + (bh * NJ + offs_n[:, None]) * R, dkacc, n_ok, first, last, RP)
 
 
 @triton.jit
@@ -1109,7 +1135,7 @@ def _q_tiles(
                     drel_base, ds, delta, allowed, offs_m, offs_n, offset, nlut, BM, BN, WIN
                 )
             elif OWN_ROWS:
-                dracc = _own_rows(dracc, drel_base, ds, row, allowed, one, first, last)
+                dracc = _own_rows(dracc, drel_base, ds, row, allowed, one, first, last, 1)
             else:
                 rlo, rhi = _tile_rows(row, allowed, one)
                 if rlo == rhi:  # the whole tile reads one row: one add per query
@@ -1191,11 +1217,8 @@ def _backward_q_kernel(
         cols = tl.arange(0, RP)
         grad = dracc.to(DREL.dtype.element_ty)
         tl.store(drel_base + cols[None, :], grad, mask=m_ok[:, None] & (cols[None, :] < R))
-    if REL_GRAD and OWN_ROWS:  # the clip's end rows (one row when the clip has one entry)
-        cols = tl.arange(0, RP)[None, :]
-        ends = tl.where(cols == 0, first, last)
-        grad = dracc.to(DREL.dtype.element_ty)
-        tl.store(drel_base + ends, grad, mask=m_ok[:, None] & ((cols == 0) | (ends != first)))
+    if REL_GRAD and OWN_ROWS:
+        _store_end_rows(drel_base, dracc, m_ok, first, last, RP)
 
 
 def block_ranges(
@@ -1450,7 +1473,8 @@ def _backward_op(
         _backward_kv_kernel, (_cdiv(j, launches.keys.bn), b * h),
         q, k, v, do, lse, dlt, qpos, qseg, kpos, kseg, *tables, dmass, dk, dv, drelk,
         *strides, *common, k_ranges, k_ranges.shape[1], KREL_GRAD=relk_grad,
-        tiles=launches.keys, WIN=_window(launches.keys), **flags,
+        OWN_ROWS=own_rows and not loop_rows, tiles=launches.keys, WIN=_window(launches.keys),
+        **flags,
     )  # fmt: skip
     return dq, dk, dv, drel, drelk, dparams
 
@@ -1705,8 +1729,8 @@ def relative_flash_attention(
         RuntimeError: under ``torch.use_deterministic_algorithms(True)`` (a warning with
             ``warn_only``), when ``rel`` (or ``keys``, ``row_bias``, ``q`` with them) or
             ``relk`` needs a gradient over more than :data:`MAX_LOOP_ROWS` rows: those gradients
-            are summed by atomic adds (not ``rel``'s over plain positions with ``row_base``:
-            each query's rows are its own).
+            are summed by atomic adds (not over plain positions with ``row_base``: each query's
+            and each key's rows are its own).
     """
     want_mass = bool(mass)
     _check_shapes(q, k, v, rel, relk, (q_pos, q_seg, k_pos, k_seg), rows)
@@ -1727,7 +1751,7 @@ def relative_flash_attention(
         )
     # Plain positions and a shifted clip: every row inside the clip is one pair's per query.
     own_rows = bool(plain) and row_base is not None
-    atomic = [relk] if own_rows else [rel, relk, *([q, keys, row_bias] if keys is not None else [])]
+    atomic = [] if own_rows else [rel, relk, *([q, keys, row_bias] if keys is not None else [])]
     if rows > MAX_LOOP_ROWS and torch.is_grad_enabled():
         if any(t is not None and t.requires_grad for t in atomic):
             _alert_atomic_row_sums(rows)
