@@ -797,15 +797,18 @@ def test_auto_keeps_fused_to_the_head_dims_it_was_timed_at():
 def test_auto_keeps_fused_off_atomic_sums_in_deterministic_mode(deterministic):
     """In deterministic mode ``auto`` takes ``fused`` only where it sums no table's gradient by
     atomic adds (``fused_sums_atomically``): the Music Transformer over plain positions (each
-    query's rows its own), not over packed ones, and KERPLE (a closed form) on any layout;
-    ``flex`` refuses learned terms there."""
+    query's rows its own) and DeBERTa there (its tables read per entry: each query's and each
+    key's own), not over packed ones, and KERPLE (a closed form) on any layout; ``flex``
+    refuses learned terms there."""
     pytest.importorskip("triton")
-    music = relpos.make_scheme("music", d_model=32, num_heads=2, causal=True)
     deterministic(True)
-    for layout, expected in (("plain", "fused"), ("packed", "chunked")):
-        qp, kp = make_layout(layout, random.Random(0), 4, 4096)
-        q = CudaQuery(4, 2, 4096, 16)
-        assert choose_backend(music, q, qp, kp, needs_grad=True, causal=True) == expected
+    for name in ("music", "deberta"):
+        scheme = relpos.make_scheme(name, d_model=32, num_heads=2, causal=True)
+        for layout, expected in (("plain", "fused"), ("packed", "chunked")):
+            qp, kp = make_layout(layout, random.Random(0), 4, 4096)
+            q = CudaQuery(4, 2, 4096, 16)
+            got = choose_backend(scheme, q, qp, kp, needs_grad=True, causal=True)
+            assert got == expected, (name, layout)
     # KERPLE's closed form sums nothing atomically: fused wherever flex refuses its table; a
     # distance bias with a learned table (DPB) sums it atomically: chunked.
     q = CudaQuery(4, 2, 4096, 16, torch.bfloat16)
