@@ -964,18 +964,20 @@ def test_raw_kernel_refuses_keys_of_the_wrong_shape(keys, row_bias, message):
 def _keyed_specs() -> list:
     """The specs whose logit term is ``q·Eᵀ`` (plus a bias per row): the keys ``fused`` may hand
     the kernels (:func:`keyed_logits`); the first Music Transformer's and Transformer-XL's (its
-    row bias) by default."""
+    row bias) by default; DeBERTa past the register rows (160 rows; its keys read per entry,
+    179 of them at 90 tokens) under ``-m slow``."""
     keyed = [
         spec
         for spec in RELATIVE_SPECS
         if fused_takes_keys(relpos.make_scheme(spec, d_model=8, num_heads=2, causal=True))
     ]
     names = [s["name"] for s in keyed]
+    entries = {"name": "deberta", "position_buckets": 80, "max_relative_positions": 100}
     return [
         pytest.param(s, id=spec_id(s), marks=() if fast else pytest.mark.slow)
         for n, s in enumerate(keyed)
         for fast in [names.index(s["name"]) == n and s["name"] in ("music", "transformer_xl")]
-    ]
+    ] + [pytest.param(entries, id="deberta-read-per-entry", marks=pytest.mark.slow)]
 
 
 @pytest.mark.parametrize("spec", _keyed_specs())
