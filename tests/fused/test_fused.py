@@ -213,15 +213,27 @@ def _queries_backward(runs: list) -> object:
     return launch
 
 
-@pytest.mark.parametrize(
-    ("causal", "one_row"),
-    [
-        pytest.param(True, True, id="causal-one-row"),
-        pytest.param(False, False, id="bidirectional-per-pair"),
-        pytest.param(True, False, id="causal-per-pair", marks=pytest.mark.slow),
-        pytest.param(False, True, id="bidirectional-one-row", marks=pytest.mark.slow),
-    ],
-)
+#: Owned rows' cases: causal and bidirectional, with one-row tiles and without (two by default).
+OWNED_CASES = [
+    pytest.param(True, True, id="causal-one-row"),
+    pytest.param(False, False, id="bidirectional-per-pair"),
+    pytest.param(True, False, id="causal-per-pair", marks=pytest.mark.slow),
+    pytest.param(False, True, id="bidirectional-one-row", marks=pytest.mark.slow),
+]
+
+
+def _assert_tiles_equal_eager(scheme, q, k, v, qp, kp, causal, one_row) -> None:
+    """Outputs and every gradient at 32×32 tiles (``one_row`` on or off) against ``eager``."""
+    grad_out = torch.randn(*q.shape, device=DEVICE)
+    with launch_config(tile=32, one_row=one_row):
+        out = fused_attention(q, k, v, scheme, qp, kp, causal=causal)
+        got = (out, *_grads(out, scheme, q, k, v, grad_out))
+    ref = BACKENDS["eager"](q, k, v, scheme, qp, kp, causal=causal)
+    want = (ref, *_grads(ref, scheme, q, k, v, grad_out))
+    _assert_all_close(got, want, 1e-4, f"causal={causal} one_row={one_row}")
+
+
+@pytest.mark.parametrize(("causal", "one_row"), OWNED_CASES)
 def test_owned_rows_match_eager(causal, one_row):
     """Past :data:`MAX_LOOP_ROWS` rows over plain positions, a shifted clip's ``d rel`` needs no
     atomic adds (``OWN_ROWS``): each query's rows inside the clip are one pair's, stored, and the
@@ -236,24 +248,10 @@ def test_owned_rows_match_eager(causal, one_row):
         torch.autograd.grad(fused_attention(q, k, v, scheme, qp, kp, causal=causal).sum(), q)
     queries = _queries_backward(runs)
     assert queries.constexprs["OWN_ROWS"] and queries.constexprs["ONE_ROW"] == one_row
-    grad_out = torch.randn(*q.shape, device=DEVICE)
-    with launch_config(tile=32, one_row=one_row):
-        out = fused_attention(q, k, v, scheme, qp, kp, causal=causal)
-        got = (out, *_grads(out, scheme, q, k, v, grad_out))
-    ref = BACKENDS["eager"](q, k, v, scheme, qp, kp, causal=causal)
-    want = (ref, *_grads(ref, scheme, q, k, v, grad_out))
-    _assert_all_close(got, want, 1e-4, f"causal={causal} one_row={one_row}")
+    _assert_tiles_equal_eager(scheme, q, k, v, qp, kp, causal, one_row)
 
 
-@pytest.mark.parametrize(
-    ("causal", "one_row"),
-    [
-        pytest.param(True, True, id="causal-one-row"),
-        pytest.param(False, False, id="bidirectional-per-pair"),
-        pytest.param(True, False, id="causal-per-pair", marks=pytest.mark.slow),
-        pytest.param(False, True, id="bidirectional-one-row", marks=pytest.mark.slow),
-    ],
-)
+@pytest.mark.parametrize(("causal", "one_row"), OWNED_CASES)
 def test_tables_read_per_entry_own_their_rows(causal, one_row, deterministic):
     """DeBERTa over plain positions, past :data:`MAX_LOOP_ROWS` rows that are log buckets (not
     the clip's distances shifted): ``fused`` hands the kernels both tables read per entry of the
@@ -273,13 +271,7 @@ def test_tables_read_per_entry_own_their_rows(causal, one_row, deterministic):
         torch.autograd.grad(out.sum(), [q, k, *scheme.parameters()])
     backward = [r for r in runs if r.kernel.__name__ != "_forward_kernel"]
     assert [r.constexprs["OWN_ROWS"] for r in backward] == [True, True]
-    grad_out = torch.randn(*q.shape, device=DEVICE)
-    with launch_config(tile=32, one_row=one_row):
-        out = fused_attention(q, k, v, scheme, qp, kp, causal=causal)
-        got = (out, *_grads(out, scheme, q, k, v, grad_out))
-    ref = BACKENDS["eager"](q, k, v, scheme, qp, kp, causal=causal)
-    want = (ref, *_grads(ref, scheme, q, k, v, grad_out))
-    _assert_all_close(got, want, 1e-4, f"causal={causal} one_row={one_row}")
+    _assert_tiles_equal_eager(scheme, q, k, v, qp, kp, causal, one_row)
 
 
 def test_tables_read_per_entry_take_one_load_in_half_precision():
