@@ -213,6 +213,8 @@ def _queries_backward(runs: list) -> object:
     return launch
 
 
+#: DeBERTa past the register rows: 144 rows of log buckets, a clip of 149 entries (reach 74).
+ENTRIES_SPEC = {"name": "deberta", "position_buckets": 72, "max_relative_positions": 66}
 #: Owned rows' cases: causal and bidirectional, with one-row tiles and without (two by default).
 OWNED_CASES = [
     pytest.param(True, True, id="causal-one-row"),
@@ -257,13 +259,13 @@ def test_tables_read_per_entry_own_their_rows(causal, one_row, deterministic):
     the clip's distances shifted): ``fused`` hands the kernels both tables read per entry of the
     clip (``row_base`` 0), so each query's and each key's entries are its own and both kernels
     store them (``OWN_ROWS``), summing only the clip's end rows, with no atomic add: the call runs
-    in deterministic mode. 160 rows, 201 entries, 230 tokens (tiles wholly past the clip), with
+    in deterministic mode. 144 rows, 149 entries, 160 tokens (tiles wholly past the clip), with
     ``one_row`` tiles and without: outputs and every gradient against ``eager``."""
-    spec = {"name": "deberta", "position_buckets": 80, "max_relative_positions": 100}
-    n = 230
-    scheme, q, k, v, qp, kp = _case(spec, "plain", causal, 9, n=n)
+    n = 160
+    scheme, q, k, v, qp, kp = _case(ENTRIES_SPEC, "plain", causal, 9, n=n)
     lut = scheme.relative_index(qp[:1], qp)[0, 0]  # rows of distances 0..n-1 from the first
     assert scheme.num_relative > MAX_LOOP_ROWS and not bool((lut.diff().abs() == 1).all())
+    assert 2 * scheme.config.reach + 1 > MAX_LOOP_ROWS and _one_row_tiles(scheme, n, 32) > 0
     deterministic(True)
     assert not fused_sums_atomically(scheme, qp, kp)
     with launch_config(tile=32, one_row=one_row), recorded_launches() as runs:
@@ -278,8 +280,7 @@ def test_tables_read_per_entry_take_one_load_in_half_precision():
     """In half precision DeBERTa's tables read per entry are read in one load (``SHIFTED``, row
     ``= entry``) by every kernel, both still storing their own rows, with the numbers of the path
     that reads the row from ``lut`` first (``lut_only``): outputs and every gradient."""
-    spec = {"name": "deberta", "position_buckets": 80, "max_relative_positions": 100}
-    scheme, q, k, v, qp, kp = _case(spec, "plain", True, 4, n=140, dtype=torch.float16)
+    scheme, q, k, v, qp, kp = _case(ENTRIES_SPEC, "plain", True, 4, n=110, dtype=torch.float16)
     grad_out = torch.randn(*q.shape, device=DEVICE)
     results = []
     for lut_only in (False, True):
@@ -956,15 +957,15 @@ def test_raw_kernel_refuses_keys_of_the_wrong_shape(keys, row_bias, message):
 def _keyed_specs() -> list:
     """The specs whose logit term is ``q·Eᵀ`` (plus a bias per row): the keys ``fused`` may hand
     the kernels (:func:`keyed_logits`); the first Music Transformer's and Transformer-XL's (its
-    row bias) by default; DeBERTa past the register rows (160 rows; its keys read per entry,
-    179 of them at 90 tokens) under ``-m slow``."""
+    row bias) by default; DeBERTa past the register rows (:data:`ENTRIES_SPEC`: its keys read
+    per entry, 149 of them at 90 tokens) under ``-m slow``."""
     keyed = [
         spec
         for spec in RELATIVE_SPECS
         if fused_takes_keys(relpos.make_scheme(spec, d_model=8, num_heads=2, causal=True))
     ]
     names = [s["name"] for s in keyed]
-    entries = {"name": "deberta", "position_buckets": 80, "max_relative_positions": 100}
+    entries = ENTRIES_SPEC
     return [
         pytest.param(s, id=spec_id(s), marks=() if fast else pytest.mark.slow)
         for n, s in enumerate(keyed)
