@@ -276,6 +276,21 @@ def test_tables_read_per_entry_own_their_rows(causal, one_row, deterministic):
     _assert_tiles_equal_eager(scheme, q, k, v, qp, kp, causal, one_row)
 
 
+def test_tables_read_per_entry_fit_the_register_rows_on_short_sequences():
+    """A sequence shorter than DeBERTa's clip has fewer entries (79 at 40 tokens) than its 144
+    rows, within :data:`MAX_LOOP_ROWS`: both gradients then sum in registers per query and per
+    key (``LOOP_ROWS``), matching float64 ``eager``, causal and bidirectional."""
+    for causal in (True, False):
+        scheme, q, k, v, qp, kp = _case(ENTRIES_SPEC, "plain", causal, 3, n=40)
+        assert scheme.num_relative > MAX_LOOP_ROWS
+        with recorded_launches() as runs:
+            fused_attention(q, k, v, scheme, qp, kp, causal=causal).sum().backward()
+        assert [r.constexprs["LOOP_ROWS"] for r in runs[1:]] == [True, True]
+        grad_out = torch.randn(*q.shape, device=DEVICE)
+        out = fused_attention(q, k, v, scheme, qp, kp, causal=causal)
+        _assert_equals_eager64(out, scheme, q, k, v, qp, kp, causal, grad_out, f"causal={causal}")
+
+
 def test_tables_read_per_entry_take_one_load_in_half_precision():
     """In half precision DeBERTa's tables read per entry are read in one load (``SHIFTED``, row
     ``= entry``) by every kernel, both still storing their own rows, with the numbers of the path
