@@ -135,11 +135,11 @@ def fused_sums_by_entry(scheme: Scheme) -> bool:
 def fused_sums_atomically(scheme: Scheme, q_positions: Positions, k_positions: Positions) -> bool:
     """Whether :func:`fused_attention`'s backward pass sums a relative table's gradient by atomic
     adds for this call (in an order that varies between runs, so deterministic mode refuses it):
-    past :data:`~relpos.kernels.relative_attention.MAX_LOOP_ROWS` rows, a key term (DeBERTa)
-    always, a logit term unless over plain positions with a shifted clip (each query's rows are
-    then its own: the Music Transformer, Transformer-XL), a distance bias's learned table of
-    every distance. The kernel decides it from the same facts; ``tests/fused`` checks that the
-    two agree."""
+    past :data:`~relpos.kernels.relative_attention.MAX_LOOP_ROWS` rows, a logit or key term
+    unless over plain positions with a shifted clip or read per entry (each query's and each
+    key's rows are then its own: the Music Transformer, Transformer-XL, DeBERTa), a distance
+    bias's learned table of every distance. The kernel decides it from the same facts;
+    ``tests/fused`` checks that the two agree."""
     if _has_form(scheme):
         return False
     if isinstance(scheme, DistanceBiasScheme):  # a table of every distance the call sees
@@ -152,10 +152,8 @@ def fused_sums_atomically(scheme: Scheme, q_positions: Positions, k_positions: P
         return False
     plain = is_contiguous_self(q_positions, k_positions)
     clip = scheme.distance_clip
-    if plain and clip is not None and clip.shifted:  # each query's rows are its own
-        return "key_bias" in scheme.hooks
-    if _reads_entries(scheme, plain):  # each query's and each key's entries are its own
-        return False
+    if (plain and clip is not None and clip.shifted) or _reads_entries(scheme, plain):
+        return False  # each query's and each key's rows are its own (row_base)
     return bool(scheme.hooks & {"score_bias", "key_bias"})
 
 

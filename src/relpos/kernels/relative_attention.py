@@ -1749,7 +1749,8 @@ def relative_flash_attention(
             f"row_base must be in [0, rows - lut.numel()] = [0, {rows - lut.numel()}] (its rows "
             f"row_base..row_base + {lut.numel() - 1} within rows={rows}), got {row_base}"
         )
-    # Plain positions and a shifted clip: every row inside the clip is one pair's per query.
+    # Plain positions and a shifted clip: every row inside the clip is one pair's per query and
+    # per key.
     own_rows = bool(plain) and row_base is not None
     atomic = [] if own_rows else [rel, relk, *([q, keys, row_bias] if keys is not None else [])]
     if rows > MAX_LOOP_ROWS and torch.is_grad_enabled():

@@ -428,9 +428,13 @@ class DistanceBiasScheme(Scheme):
         every distance between real tokens of these queries and keys (a pair with padding may
         fall outside: clamp its index); ``table`` is ``(h, D)`` float32."""
         lo, hi = distance_range(q_positions, k_positions)
-        table = self.distance_bias(torch.arange(lo, hi + 1, device=q_positions.device))
-        table = select_heads(table, self.bias_heads)  # heads left out of ``heads`` get 0
-        return lo, table.to(compute_dtype(table.dtype))
+        return lo, self._bias_of(torch.arange(lo, hi + 1, device=q_positions.device))
+
+    def _bias_of(self, distance: Tensor) -> Tensor:
+        """:meth:`distance_bias` of ``distance`` ``(D,)`` with the heads left out of ``heads`` at
+        0, in its compute dtype: ``(h, D)``."""
+        values = select_heads(self.distance_bias(distance), self.bias_heads)
+        return values.to(compute_dtype(values.dtype))
 
     def score_bias(self, q: Tensor, q_positions: Positions, k_positions: Positions) -> Tensor:
         dist = q_positions.distance(k_positions)  # (b|1, i, j)
@@ -448,8 +452,7 @@ class DistanceBiasScheme(Scheme):
     def pairwise_bias(self, dist: Tensor) -> Tensor:
         """The bias evaluated at each pair's distance, with no range read: ``(b|1, h, i, j)``
         for ``dist`` ``(b|1, i, j)`` (``score_bias``'s numbers, as its table gives them)."""
-        values = select_heads(self.distance_bias(dist.reshape(-1)), self.bias_heads)  # (h, N)
-        values = values.to(compute_dtype(values.dtype))
+        values = self._bias_of(dist.reshape(-1))  # (h, N)
         return values.reshape(self.num_heads, *dist.shape).movedim(0, 1)
 
 
